@@ -1,0 +1,53 @@
+// Autograd of torchops.matmul.
+//
+// Both gradients are matmuls themselves, of transposed views: the kernels
+// accept any strides, so no copies are made, and because the backward calls
+// torchops::matmul through the dispatcher it is differentiable again (double
+// backward) and traceable by torch.compile.
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include "ops.h"
+
+namespace torchops::autograd {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+class Matmul : public torch::autograd::Function<Matmul> {
+ public:
+  static at::Tensor forward(
+      AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b) {
+    ctx->save_for_backward({a, b});
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return ops::matmul(a, b);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& a = saved[0];
+    const at::Tensor& b = saved[1];
+    const at::Tensor& grad = grads[0];
+    at::Tensor grad_a, grad_b;
+    if (ctx->needs_input_grad(0)) {
+      grad_a = ops::matmul(grad, b.transpose(-2, -1));
+    }
+    if (ctx->needs_input_grad(1)) {
+      grad_b = ops::matmul(a.transpose(-2, -1), grad);
+    }
+    return {grad_a, grad_b};
+  }
+};
+
+at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b) {
+  return Matmul::apply(a, b);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(torchops, Autograd, m) {
+  m.impl("matmul", &matmul_autograd);
+}
+
+}  // namespace torchops::autograd

@@ -1,0 +1,25 @@
+// The whole public API of torchops: every operator schema, in one place.
+//
+// Rules every schema here follows (see docs/design.md):
+//  * sizes are SymInt, so torch.compile(dynamic=True) traces one graph;
+//  * nothing returns an input or a view of one, and anything mutated is
+//    annotated Tensor(a!);
+//  * every op is pt2_compliant: it has a fake kernel in torchops.ops and
+//    passes torch.library.opcheck.
+// Backward passes that need a kernel of their own are operators too (leading
+// underscore), so compiled training steps trace straight through them.
+#include <torch/library.h>
+
+TORCH_LIBRARY(torchops, m) {
+  // Fake (meta) kernels live in this Python module; PyTorch's error messages
+  // point users at it when it has not been imported.
+  m.set_python_module("torchops.ops");
+  const std::vector<at::Tag> pt2 = {at::Tag::pt2_compliant_tag};
+
+  // --- linear algebra --------------------------------------------------------
+  m.def("matmul(Tensor a, Tensor b) -> Tensor", pt2);
+
+  // --- elementwise -------------------------------------------------------------
+  m.def("d_sigmoid(Tensor z) -> Tensor", pt2);
+  m.def("_d_sigmoid_backward(Tensor grad, Tensor z) -> Tensor", pt2);
+}

@@ -1,0 +1,3 @@
+from torchops.cli import main
+
+raise SystemExit(main())

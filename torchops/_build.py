@@ -1,0 +1,343 @@
+"""How torchops's two native libraries are built: the one place that lists
+their sources and flags.
+
+``setup.py`` (ahead-of-time build) and the runtime loader (just-in-time build)
+both describe the libraries through :data:`LIBRARIES`, so the two builds can
+never drift apart.  This module imports nothing from ``torchops`` itself:
+``setup.py`` loads it by file path, before the package is importable.
+
+Two libraries, so a CPU-only install works and CUDA stays optional:
+
+* ``torchops_cpu``  -- the schemas (``csrc/schema.cpp``), autograd and CPU kernels;
+* ``torchops_cuda`` -- the CUDA kernels (``csrc/cuda``); it registers kernels
+  only and never defines the namespace, so it loads after ``torchops_cpu``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Library", "CPU", "CUDA", "LIBRARIES", "VERSION", "find_csrc"]
+
+VERSION = "0.1.0"
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+# The architectures built when no GPU can be asked (CI, a build machine, or a
+# JIT build that must not initialise CUDA): Volta .. Hopper, plus PTX so newer
+# GPUs can still run the code.
+DEFAULT_CUDA_ARCHS = "7.0;7.5;8.0;8.6;8.9;9.0+PTX"
+
+MANIFEST_SUFFIX = ".manifest.json"
+
+
+def find_csrc() -> Path | None:
+    """The C++/CUDA source tree: ``csrc/`` beside the package in a checkout or
+    editable install, ``torchops/csrc`` in a wheel (copied there by setup.py)."""
+    for candidate in (PACKAGE_DIR.parent / "csrc", PACKAGE_DIR / "csrc"):
+        if (candidate / "schema.cpp").is_file():
+            return candidate
+    return None
+
+
+def _files(csrc: Path, subdirs: tuple[str, ...], suffixes: tuple[str, ...],
+           recursive: bool) -> list[Path]:
+    out: list[Path] = []
+    for sub in subdirs:
+        folder = csrc / sub if sub else csrc
+        pattern = "**/*" if recursive else "*"
+        out += [p for p in folder.glob(pattern) if p.suffix in suffixes and p.is_file()]
+    return sorted(out)
+
+
+def sources_hash(csrc: Path) -> str:
+    """Hash of every source and header under csrc: a header edit must rebuild."""
+    h = hashlib.sha256()
+    for path in _files(csrc, ("",), (".cpp", ".cu", ".h", ".cuh"), recursive=True):
+        h.update(path.relative_to(csrc).as_posix().encode())
+        h.update(b"\0")
+        h.update(path.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _first_line(cmd: list[str]) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    text = (out.stdout or out.stderr).strip().splitlines()
+    return text[0] if text else None
+
+
+def cxx_compiler() -> str:
+    return os.environ.get("CXX", "c++")
+
+
+def cxx_version() -> str | None:
+    return _first_line([cxx_compiler(), "--version"])
+
+
+def cuda_home() -> str | None:
+    from torch.utils import cpp_extension
+
+    return cpp_extension.CUDA_HOME
+
+
+def nvcc_path() -> str | None:
+    home = cuda_home()
+    if home and (Path(home) / "bin" / "nvcc").is_file():
+        return str(Path(home) / "bin" / "nvcc")
+    return shutil.which("nvcc")
+
+
+def nvcc_version() -> str | None:
+    nvcc = nvcc_path()
+    if nvcc is None:
+        return None
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True)
+    m = re.search(r"release ([\d.]+)", out.stdout)
+    return m.group(1) if m else None
+
+
+def cuda_arch_list() -> str:
+    """Arch list for a CUDA build, without initialising CUDA in this process.
+
+    TORCH_CUDA_ARCH_LIST wins; else the visible GPUs' capabilities as
+    nvidia-smi reports them (a separate process, so no CUDA context here and
+    fork-based data loaders keep working); else DEFAULT_CUDA_ARCHS.
+    """
+    env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if env and env != "native":
+        return env
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=30)
+            caps = sorted({c.strip() for c in out.stdout.split() if re.fullmatch(r"\d+\.\d+", c.strip())})
+            if out.returncode == 0 and caps:
+                return ";".join(caps)
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return DEFAULT_CUDA_ARCHS
+
+
+def torch_tag() -> str:
+    import torch
+
+    return f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
+
+
+def cache_root() -> Path:
+    """$TORCHOPS_CACHE_DIR, else $XDG_CACHE_HOME/torchops, else ~/.cache/torchops."""
+    env = os.environ.get("TORCHOPS_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "torchops"
+
+
+@dataclass(frozen=True)
+class Library:
+    """One native library: its sources, flags, and how to build and find it."""
+
+    name: str          # "torchops_cpu" or "torchops_cuda"
+    cuda: bool         # built with nvcc, holds CUDA kernels
+    description: str
+
+    # -- sources and flags ---------------------------------------------------
+    def sources(self, csrc: Path) -> list[Path]:
+        if self.cuda:
+            return _files(csrc, ("cuda",), (".cu",), recursive=False)
+        return _files(csrc, ("", "autograd", "cpu"), (".cpp",), recursive=False)
+
+    def cxx_flags(self) -> list[str]:
+        # -fopenmp: at::parallel_for is inline, and without it the OpenMP
+        # pragmas inside it are dropped and every "parallel" loop runs on one
+        # thread.
+        flags = ["-O3", "-std=c++17", "-fvisibility=hidden"]
+        if not self.cuda:
+            flags.append("-fopenmp")
+        return flags
+
+    def nvcc_flags(self) -> list[str]:
+        return ["-O3", "-std=c++17", "--extended-lambda", "--expt-relaxed-constexpr",
+                "-lineinfo"]
+
+    def ld_flags(self) -> list[str]:
+        return [] if self.cuda else ["-fopenmp"]
+
+    def include_dirs(self, csrc: Path) -> list[Path]:
+        return [csrc]
+
+    # -- availability ----------------------------------------------------------
+    def unavailable_reason(self) -> str | None:
+        """Why this library cannot be used with the running torch, or None."""
+        if not self.cuda:
+            return None
+        import torch
+
+        if os.environ.get("TORCHOPS_CUDA", "auto") == "0":
+            return "TORCHOPS_CUDA=0"
+        if torch.version.cuda is None:
+            return f"this torch ({torch.__version__}) is a CPU-only build"
+        return None
+
+    def is_available(self) -> bool:
+        return self.unavailable_reason() is None
+
+    def assert_compatible(self) -> None:
+        """Raise if this library cannot be *built* here."""
+        reason = self.unavailable_reason()
+        if reason:
+            raise RuntimeError(f"{self.name}: {reason}")
+        if self.cuda and nvcc_path() is None:
+            raise RuntimeError(
+                f"{self.name}: no CUDA compiler: nvcc was not found "
+                "(set CUDA_HOME to the CUDA toolkit matching torch.version.cuda)")
+        if self.cuda:
+            import torch
+
+            have = nvcc_version()
+            want = torch.version.cuda
+            if have and want and have.split(".")[0] != want.split(".")[0]:
+                raise RuntimeError(
+                    f"{self.name}: nvcc {have} does not match the CUDA {want} this "
+                    "torch was built with (major versions must agree)")
+
+    # -- manifest ----------------------------------------------------------------
+    def manifest(self, csrc: Path, built_by: str, arch_list: str | None = None) -> dict:
+        import torch
+
+        return {
+            "library": self.name,
+            "torchops_version": VERSION,
+            "torch_version": torch.__version__,
+            "cuda_version": torch.version.cuda if self.cuda else None,
+            "nvcc_version": nvcc_version() if self.cuda else None,
+            "arch_list": arch_list if self.cuda else None,
+            "compiler": cxx_version(),
+            "python": platform.python_version(),
+            "sources_hash": sources_hash(csrc),
+            "flags": self.cxx_flags() + (self.nvcc_flags() if self.cuda else []),
+            "built_by": built_by,
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+
+    def manifest_mismatch(self, manifest: dict, csrc: Path | None) -> str | None:
+        """Why a library built with `manifest` cannot be loaded here, or None."""
+        import torch
+
+        if manifest.get("library") != self.name:
+            return f"manifest is for {manifest.get('library')!r}"
+        if manifest.get("torch_version") != torch.__version__:
+            return (f"built for torch {manifest.get('torch_version')}, "
+                    f"running torch {torch.__version__}")
+        if self.cuda and manifest.get("cuda_version") != torch.version.cuda:
+            return (f"built for CUDA {manifest.get('cuda_version')}, "
+                    f"torch uses CUDA {torch.version.cuda}")
+        if csrc is not None and manifest.get("sources_hash") != sources_hash(csrc):
+            return f"sources in {csrc} changed since it was built"
+        return None
+
+    # -- ahead of time (setup.py) ---------------------------------------------------
+    def build_aot(self, root: Path):
+        """The setuptools extension for this library (paths relative to root)."""
+        from torch.utils import cpp_extension
+
+        csrc = root / "csrc"
+        rel = lambda p: p.relative_to(root).as_posix()  # noqa: E731
+        kwargs = dict(
+            name=f"torchops._{self.name}",
+            sources=[rel(p) for p in self.sources(csrc)],
+            include_dirs=[str(d) for d in self.include_dirs(csrc)],
+            extra_link_args=self.ld_flags(),
+            # No Python C-API in these libraries: drop the libtorch_python link.
+            py_limited_api=True,
+        )
+        if self.cuda:
+            return cpp_extension.CUDAExtension(
+                extra_compile_args={"cxx": self.cxx_flags(), "nvcc": self.nvcc_flags()},
+                **kwargs)
+        return cpp_extension.CppExtension(
+            extra_compile_args={"cxx": self.cxx_flags()}, **kwargs)
+
+    def prebuilt_candidates(self) -> list[Path]:
+        return sorted(PACKAGE_DIR.glob(f"_{self.name}*.so"))
+
+    @staticmethod
+    def manifest_path(library_file: Path) -> Path:
+        return library_file.with_name(library_file.name.split(".")[0] + MANIFEST_SUFFIX)
+
+    # -- just in time ------------------------------------------------------------------
+    def jit_key(self, csrc: Path, arch_list: str | None) -> str:
+        h = hashlib.sha256()
+        for part in (sources_hash(csrc), json.dumps(self.cxx_flags()),
+                     json.dumps(self.nvcc_flags() if self.cuda else []),
+                     json.dumps(self.ld_flags()), arch_list or "", cxx_compiler()):
+            h.update(part.encode())
+            h.update(b"\0")
+        return h.hexdigest()[:16]
+
+    def jit_dir(self, csrc: Path, arch_list: str | None) -> Path:
+        """Cache folder keyed by everything that makes a build incompatible:
+        torchops, torch, CPU/CUDA flavour, Python, sources, flags and archs."""
+        import torch
+
+        py = f"py{sys.version_info.major}{sys.version_info.minor}"
+        flavour = f"torchops{VERSION}-torch{torch.__version__.split('+')[0]}-{torch_tag()}-{py}"
+        return cache_root() / flavour / f"{self.name}-{self.jit_key(csrc, arch_list)}"
+
+    def library_file(self, folder: Path) -> Path:
+        return folder / f"{self.name}.so"
+
+    def build_jit(self, csrc: Path, folder: Path, arch_list: str | None,
+                  verbose: bool = False) -> Path:
+        """Compile into `folder` (which must not be in use by anyone else) with
+        torch.utils.cpp_extension.load; this also loads the library into the
+        process.  Returns the library path."""
+        from torch.utils import cpp_extension
+
+        folder.mkdir(parents=True)
+        env_arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
+        if self.cuda:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list or DEFAULT_CUDA_ARCHS
+        try:
+            path = cpp_extension.load(
+                name=self.name,
+                sources=[str(p) for p in self.sources(csrc)],
+                extra_cflags=self.cxx_flags(),
+                extra_cuda_cflags=self.nvcc_flags() if self.cuda else None,
+                extra_ldflags=self.ld_flags(),
+                extra_include_paths=[str(d) for d in self.include_dirs(csrc)],
+                build_directory=str(folder),
+                with_cuda=self.cuda,
+                is_python_module=False,
+                verbose=verbose,
+            )
+        finally:
+            if self.cuda:
+                if env_arch is None:
+                    os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+                else:
+                    os.environ["TORCH_CUDA_ARCH_LIST"] = env_arch
+        return Path(path) if path else self.library_file(folder)
+
+
+CPU = Library("torchops_cpu", cuda=False,
+              description="schemas, autograd and CPU kernels")
+CUDA = Library("torchops_cuda", cuda=True, description="CUDA kernels")
+LIBRARIES = (CPU, CUDA)
