@@ -161,8 +161,16 @@ class Library:
     # -- sources and flags ---------------------------------------------------
     def sources(self, csrc: Path) -> list[Path]:
         if self.cuda:
-            return _files(csrc, ("cuda",), (".cu",), recursive=False)
-        return _files(csrc, ("", "autograd", "cpu"), (".cpp",), recursive=False)
+            files = _files(csrc, ("cuda",), (".cu",), recursive=False)
+        else:
+            files = _files(csrc, ("", "autograd", "cpu"), (".cpp",), recursive=False)
+        # cpp_extension.load names object files by basename only.
+        stems = [p.stem for p in files]
+        dupes = sorted({s for s in stems if stems.count(s) > 1})
+        if dupes:
+            raise RuntimeError(f"{self.name}: source basenames must be unique, "
+                               f"repeated: {dupes} (autograd files end in _autograd)")
+        return files
 
     def cxx_flags(self) -> list[str]:
         # -fopenmp: at::parallel_for is inline, and without it the OpenMP

@@ -193,6 +193,12 @@ def load(verbose: bool = False) -> dict[str, LoadRecord]:
         if "torchops_cpu" not in _records:
             if _namespace_defined():
                 loaded = [p for p in torch.ops.loaded_libraries if "torchops_cpu" in Path(p).name]
+                if len(loaded) == 1:
+                    # Ours, loaded before this module's state was reset
+                    # (importlib.reload): adopt it rather than load again.
+                    _records["torchops_cpu"] = LoadRecord(
+                        "torchops_cpu", loaded=True, path=Path(loaded[0]), how="already-loaded")
+                    return load(verbose)
                 raise LoadError(
                     "the torchops operators are already registered by another copy of the "
                     f"library ({', '.join(loaded) or 'unknown path'}); loading a second one "
@@ -200,7 +206,11 @@ def load(verbose: bool = False) -> dict[str, LoadRecord]:
             _records["torchops_cpu"] = _load_one(_build.CPU, verbose)
         if "torchops_cuda" not in _records:
             reason = _build.CUDA.unavailable_reason()
-            if reason:
+            loaded = [p for p in torch.ops.loaded_libraries if "torchops_cuda" in Path(p).name]
+            if loaded:
+                _records["torchops_cuda"] = LoadRecord(
+                    "torchops_cuda", loaded=True, path=Path(loaded[0]), how="already-loaded")
+            elif reason:
                 _records["torchops_cuda"] = LoadRecord(
                     "torchops_cuda", how="skipped", tried=[f"skipped: {reason}"])
             else:

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The two entry points of the README, on a fresh machine or an existing one:
+#
+#   ./run.sh demo            build (if needed) and load the kernels, run every op
+#   ./run.sh test [ARGS]     run the test suite (ARGS go to pytest)
+#
+# Each installs what it needs into the current Python environment ($PYTHON,
+# default python3).  An installed torch (>= 2.10) is used as it is; with none,
+# torch==$TORCHOPS_TORCH_VERSION (default 2.13.0) is installed, with
+# $TORCHOPS_TORCH_PIP_ARGS passed to pip (e.g. an index of CPU-only wheels).
+# torchops is built with --no-build-isolation, against that torch: pip's
+# build isolation would download a second, multi-GB torch to build against.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+case "$cmd" in demo|test) ;; *) sed -n '2,13p' "$0"; exit 2 ;; esac
+
+pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
+
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  echo "run.sh: no torch in $("$PY" -c 'import sys; print(sys.prefix)'); installing torch==${TORCHOPS_TORCH_VERSION:-2.13.0}"
+  # shellcheck disable=SC2086
+  pip_install "torch==${TORCHOPS_TORCH_VERSION:-2.13.0}" ${TORCHOPS_TORCH_PIP_ARGS:-}
+fi
+"$PY" - <<'PYEOF'
+import sys, torch
+v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+if v < (2, 10):
+    sys.exit(f"run.sh: torch {torch.__version__} is too old; torchops needs torch >= 2.10")
+print(f"run.sh: using torch {torch.__version__} (CUDA {torch.version.cuda or 'none'})")
+PYEOF
+
+# Build requirements (no build isolation), then torchops itself, editable.
+pip_install "setuptools>=64" wheel ninja filelock
+extra=""
+[ "$cmd" = test ] && extra="[test]"
+pip_install --no-build-isolation -e ".${extra}"
+
+if [ "$cmd" = demo ]; then
+  exec "$PY" -m torchops demo "$@"
+fi
+exec "$PY" -m pytest test "$@"

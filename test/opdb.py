@@ -1,0 +1,236 @@
+"""The op database: one entry per public torchops operator.
+
+Every generic test (test_ops.py and friends) is generated from these entries,
+in the spirit of PyTorch's OpInfo: adding an op means adding an entry here,
+not writing a new test file.  An entry says how to call the op, how to make
+sample inputs for a device and dtype, what the float64 pure-PyTorch reference
+is, which tolerances apply, and which invalid inputs must raise what.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+
+import torchops
+
+# ----------------------------------------------------------------------------------
+# Building blocks
+# ----------------------------------------------------------------------------------
+
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+@dataclass
+class Sample:
+    """One call: positional args (tensors and scalars) and kwargs."""
+
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    name: str = ""
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [a for a in self.args if isinstance(a, torch.Tensor)]
+
+    def __repr__(self) -> str:
+        def fmt(a):
+            if isinstance(a, torch.Tensor):
+                return (f"T{tuple(a.shape)}{'' if a.is_contiguous() else '[nc]'}"
+                        f"{'[rg]' if a.requires_grad else ''}")
+            return repr(a)
+        return f"{self.name}({', '.join(map(fmt, self.args))})"
+
+
+@dataclass
+class ErrorInput:
+    """An invalid call and the error it must raise; `match` is a regex that
+    must name the op (and, in the kernels, the offending argument)."""
+
+    sample: Sample
+    match: str
+    error: type = RuntimeError
+
+
+@dataclass
+class Tol:
+    atol: float
+    rtol: float
+
+
+DEFAULT_TOLS = {
+    torch.float64: Tol(1e-9, 1e-7),
+    torch.float32: Tol(1e-5, 1.3e-5),
+    torch.float16: Tol(1e-3, 1e-3),
+    torch.bfloat16: Tol(1e-2, 1.6e-2),
+}
+
+
+@dataclass
+class OpInfo:
+    name: str                                   # public name: torchops.<name>
+    op: torch._ops.OpOverload                   # torch.ops.torchops.<name>.default
+    wrapper: Callable                           # typed Python wrapper
+    reference: Callable                         # pure PyTorch; called on float64 copies
+    sample_inputs: Callable[..., Iterable[Sample]]   # (device, dtype, requires_grad) -> samples
+    error_inputs: Callable[..., Iterable[ErrorInput]]  # (device) -> invalid calls
+    dtypes: dict[str, tuple] = field(default_factory=lambda: {
+        "cpu": FLOAT_DTYPES, "cuda": FLOAT_DTYPES})
+    tols: dict = field(default_factory=dict)    # per-dtype overrides of DEFAULT_TOLS
+    differentiable: bool = True
+    supports_gradgrad: bool = False
+    data_dependent_output: bool = False
+    # Internal ops (backward kernels) that this entry exercises; the coverage
+    # gate accepts them as covered.
+    internal_ops: tuple[str, ...] = ()
+    # Test name -> written reason for not running it on this op.
+    skips: dict[str, str] = field(default_factory=dict)
+
+    def tol(self, dtype: torch.dtype) -> Tol:
+        return self.tols.get(dtype, DEFAULT_TOLS[dtype])
+
+    def qualname(self) -> str:
+        return f"torchops::{self.name}"
+
+
+def make(shape, device, dtype, requires_grad=False, low=-3.0, high=3.0) -> torch.Tensor:
+    """Fresh uniform random values (never zeros), as a leaf tensor."""
+    t = torch.empty(shape, device=device, dtype=torch.float64).uniform_(low, high).to(dtype)
+    return t.requires_grad_(requires_grad)
+
+
+def make_transposed(shape, device, dtype, requires_grad=False, **kw) -> torch.Tensor:
+    """A tensor of `shape` whose last two dimensions are transposed in memory."""
+    s = list(shape)
+    s[-1], s[-2] = s[-2], s[-1]
+    base = make(s, device, dtype, **kw).transpose(-1, -2)
+    return base.detach().requires_grad_(requires_grad)
+
+
+def convert(s: Sample, dtype: torch.dtype | None = None, requires_grad: bool | None = None) -> Sample:
+    """Detached copy of a sample, floating tensors optionally converted to
+    `dtype`; requires_grad kept unless given."""
+    def conv(a):
+        if not isinstance(a, torch.Tensor):
+            return a
+        t = a.detach()
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        rg = a.requires_grad if requires_grad is None else requires_grad
+        return t.requires_grad_(rg and t.is_floating_point())
+    return Sample(tuple(conv(a) for a in s.args), dict(s.kwargs), s.name)
+
+
+# ----------------------------------------------------------------------------------
+# matmul
+# ----------------------------------------------------------------------------------
+
+def _matmul_samples(device, dtype, requires_grad=False):
+    rg = requires_grad
+    shapes = [  # (batch or None, M, K, N)
+        (None, 3, 5, 4), (None, 1, 1, 1), (None, 17, 33, 9), (None, 0, 3, 4),
+        (None, 3, 0, 4), (None, 65, 70, 66), (2, 5, 3, 4), (3, 1, 7, 1), (0, 2, 3, 4),
+        (2, 64, 17, 65),
+    ]
+    for batch, m, k, n in shapes:
+        pre = () if batch is None else (batch,)
+        a_shape, b_shape = (*pre, m, k), (*pre, k, n)
+        tag = f"{'b' if batch is not None else ''}mm{m}x{k}x{n}"
+        yield Sample((make(a_shape, device, dtype, rg), make(b_shape, device, dtype, rg)), name=tag)
+        if m and k and n:
+            yield Sample((make_transposed(a_shape, device, dtype, rg),
+                          make_transposed(b_shape, device, dtype, rg)), name=tag + "_T")
+    # Broadcast: one right-hand matrix expanded (stride 0) over the batch.
+    w = make((1, 6, 5), device, dtype).expand(4, 6, 5)
+    yield Sample((make((4, 3, 6), device, dtype, rg), w.detach().requires_grad_(rg)), name="expanded_b")
+    # Non-contiguous by slicing.
+    a = make((8, 10), device, dtype)[::2, 1:8]
+    yield Sample((a.detach().requires_grad_(rg), make((7, 3), device, dtype, rg)), name="sliced_a")
+
+
+def _matmul_errors(device):
+    f = lambda *s, dt=torch.float32, dev=device: make(s, dev, dt)  # noqa: E731
+    yield ErrorInput(Sample((f(3), f(3, 4))), r"torchops\.matmul.*'a'.*2-D")
+    yield ErrorInput(Sample((f(2, 3, 4, 5), f(5, 4))), r"torchops\.matmul.*'a'")
+    yield ErrorInput(Sample((f(3, 4), f(2, 4, 5))), r"torchops\.matmul.*'b'")
+    yield ErrorInput(Sample((f(3, 4), f(5, 6))), r"torchops\.matmul: inner dimensions")
+    yield ErrorInput(Sample((f(2, 3, 4), f(3, 4, 5))), r"torchops\.matmul: batch dimensions")
+    yield ErrorInput(Sample((f(3, 4), f(4, 5, dt=torch.float64))), r"torchops\.matmul.*'b'.*dtype")
+    yield ErrorInput(Sample((torch.ones(3, 4, dtype=torch.int64, device=device),
+                             torch.ones(4, 5, dtype=torch.int64, device=device))),
+                     r"torchops\.matmul.*'a'.*floating")
+    if device != "cpu":
+        yield ErrorInput(Sample((f(3, 4), f(4, 5, dev="cpu"))), r"torchops\.matmul.*'b'")
+
+
+MATMUL = OpInfo(
+    name="matmul",
+    op=torch.ops.torchops.matmul.default,
+    wrapper=torchops.matmul,
+    reference=lambda a, b: torch.matmul(a, b),
+    sample_inputs=_matmul_samples,
+    error_inputs=_matmul_errors,
+    tols={
+        torch.float32: Tol(1e-4, 1e-4),
+        torch.float16: Tol(1e-2, 2e-3),
+        torch.bfloat16: Tol(5e-2, 2e-2),
+    },
+    supports_gradgrad=True,
+)
+
+
+# ----------------------------------------------------------------------------------
+# d_sigmoid
+# ----------------------------------------------------------------------------------
+
+def _d_sigmoid_ref(z):
+    s = torch.sigmoid(z)
+    return s * (1 - s)
+
+
+def _d_sigmoid_samples(device, dtype, requires_grad=False):
+    rg = requires_grad
+    for shape in [(7,), (0,), (1,), (3, 5), (2, 0, 3), (4, 33, 5), (1000,)]:
+        yield Sample((make(shape, device, dtype, rg, low=-8, high=8),), name=f"z{shape}")
+    yield Sample((make_transposed((6, 9), device, dtype, rg),), name="transposed")
+    z = make((5, 1), device, dtype).expand(5, 7)
+    yield Sample((z.detach().requires_grad_(rg),), name="expanded")
+    yield Sample((make((0, 4), device, dtype, rg),), name="empty2d")
+
+
+def _d_sigmoid_errors(device):
+    yield ErrorInput(Sample((torch.arange(5, device=device),)), r"torchops\.d_sigmoid.*'z'.*floating")
+    yield ErrorInput(Sample((torch.ones(3, dtype=torch.bool, device=device),)),
+                     r"torchops\.d_sigmoid.*'z'")
+
+
+D_SIGMOID = OpInfo(
+    name="d_sigmoid",
+    op=torch.ops.torchops.d_sigmoid.default,
+    wrapper=torchops.d_sigmoid,
+    reference=_d_sigmoid_ref,
+    sample_inputs=_d_sigmoid_samples,
+    error_inputs=_d_sigmoid_errors,
+    internal_ops=("_d_sigmoid_backward",),
+    tols={torch.float16: Tol(2e-3, 2e-3)},
+)
+
+
+OP_DB: list[OpInfo] = [MATMUL, D_SIGMOID]
+
+
+def ops_by_name() -> dict[str, OpInfo]:
+    return {o.name: o for o in OP_DB}
+
+
+def devices() -> list[str]:
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def device_dtype_params(op: OpInfo) -> list[tuple[str, torch.dtype]]:
+    return [(d, dt) for d in devices() for dt in op.dtypes.get(d, ())]
+
+
+__all__ = [n for n in dir() if not n.startswith("_") and n not in ("itertools", "Any")]

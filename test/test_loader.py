@@ -1,0 +1,129 @@
+"""The just-in-time build and the loader, in fresh subprocesses with a
+private cache folder (TORCHOPS_PREBUILT=0 hides the installed library)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+REPORT = """
+import json, torch, torchops
+from torchops import _loader
+r = _loader.records()["torchops_cpu"]
+# Loading again -- directly, after a module reload, or by path -- is harmless.
+_loader.load(); _loader.load()
+import importlib; importlib.reload(_loader); _loader.load()
+torch.ops.load_library(str(r.path)) if r.how == "jit-cache" else None
+x = torch.randn(4, 3); w = torch.randn(3, 2)
+ok = torch.allclose(torchops.matmul(x, w), x @ w, atol=1e-5)
+print("REPORT" + json.dumps({"how": r.how, "path": str(r.path), "ok": ok}))
+"""
+
+LOCK_AND_HANG = """
+import importlib.util, sys, time
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("b", sys.argv[1] + "/torchops/_build.py")
+b = importlib.util.module_from_spec(spec); sys.modules["b"] = b; spec.loader.exec_module(b)
+from filelock import FileLock
+final = b.CPU.jit_dir(b.find_csrc(), None)
+final.parent.mkdir(parents=True, exist_ok=True)
+(final.parent / f".{final.name}.tmp-99999-dead").mkdir()   # a crashed build's leftovers
+lock = FileLock(str(final) + ".lock"); lock.acquire()
+print("LOCKED", flush=True); time.sleep(600)
+"""
+
+
+def _env(cache: Path, **extra) -> dict:
+    env = dict(os.environ, TORCHOPS_CACHE_DIR=str(cache), TORCHOPS_PREBUILT="0",
+               TORCHOPS_CUDA="0")
+    env.update(extra)
+    return env
+
+
+def _report(proc_out: str) -> dict:
+    line = [ln for ln in proc_out.splitlines() if ln.startswith("REPORT")]
+    assert line, proc_out
+    return json.loads(line[-1][len("REPORT"):])
+
+
+@pytest.mark.slow
+def test_jit_build_cache_and_concurrency(tmp_path):
+    cache = tmp_path / "cache"
+    # A builder killed while holding the lock must not block later builds.
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_AND_HANG, str(ROOT)],
+                              stdout=subprocess.PIPE, text=True, env=_env(cache))
+    assert holder.stdout.readline().strip() == "LOCKED"
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+
+    # Two processes started together: one builds, the other waits and loads.
+    t0 = time.time()
+    procs = [subprocess.Popen([sys.executable, "-c", REPORT], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=_env(cache))
+             for _ in range(2)]
+    outs = [p.communicate(timeout=900)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out
+    reports = [_report(o) for o in outs]
+    assert sorted(r["how"] for r in reports) == ["jit-built", "jit-cache"], outs
+    assert all(r["ok"] for r in reports)
+    assert len({r["path"] for r in reports}) == 1
+    builder_out = outs[[r["how"] for r in reports].index("jit-built")]
+    assert "python -m torchops build" in builder_out  # the user is told
+    folders = [p for p in cache.rglob("torchops_cpu-*") if p.is_dir()]
+    assert len(folders) == 1, folders
+    assert not list(cache.rglob(".*.tmp-*")), "temporary build folders left behind"
+    manifest = json.loads((folders[0] / "manifest.json").read_text())
+    assert manifest["built_by"] == "jit" and manifest["sources_hash"]
+    print(f"JIT build took {time.time() - t0:.0f} s")
+
+    # A third process loads from the cache without compiling: with no compiler
+    # or ninja on PATH any build attempt would fail.
+    out = subprocess.run([sys.executable, "-c", REPORT], capture_output=True, text=True,
+                         env=_env(cache, PATH="/nonexistent"), timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    r = _report(out.stdout)
+    assert r["how"] == "jit-cache" and r["ok"]
+    assert "building" not in out.stderr
+
+
+def test_no_prebuilt_and_no_jit_gives_one_clear_error(tmp_path):
+    out = subprocess.run([sys.executable, "-c", "import torchops"], capture_output=True,
+                         text=True, env=_env(tmp_path, TORCHOPS_JIT="0"), timeout=300)
+    assert out.returncode != 0
+    err = out.stderr
+    assert "torchops could not load" in err
+    assert "TORCHOPS_PREBUILT=0" in err and "TORCHOPS_JIT=0" in err
+    assert "Fix:" in err and "python -m torchops build" in err
+
+
+def test_doctor_lists_every_op_with_its_kernels():
+    out = subprocess.run([sys.executable, "-m", "torchops", "doctor"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "torchops_cpu" in out.stdout and "JIT cache" in out.stdout
+    import torch
+
+    import torchops  # noqa: F401
+
+    names = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("torchops::")]
+    assert names
+    for n in names:
+        line = next(ln for ln in out.stdout.splitlines() if ln.startswith(n + " "))
+        assert "CPU" in line and line.rstrip().endswith("yes"), line
+
+
+def test_import_does_not_initialise_cuda():
+    code = "import torch, torchops; print(torch.cuda.is_initialized())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
