@@ -39,4 +39,10 @@ inline at::Tensor d_sigmoid_backward(const at::Tensor& grad, const at::Tensor& z
   return op.call(grad, z);
 }
 
+// --- detection: boxes -------------------------------------------------------------
+
+// --- detection: RoI pooling -------------------------------------------------------
+
+// --- losses -------------------------------------------------------------------------
+
 }  // namespace torchops::ops

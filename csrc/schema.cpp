@@ -22,4 +22,10 @@ TORCH_LIBRARY(torchops, m) {
   // --- elementwise -------------------------------------------------------------
   m.def("d_sigmoid(Tensor z) -> Tensor", pt2);
   m.def("_d_sigmoid_backward(Tensor grad, Tensor z) -> Tensor", pt2);
+
+  // --- detection: boxes -----------------------------------------------------------
+
+  // --- detection: RoI pooling ---------------------------------------------------------
+
+  // --- losses -----------------------------------------------------------------------------
 }

@@ -218,7 +218,19 @@ D_SIGMOID = OpInfo(
 )
 
 
-OP_DB: list[OpInfo] = [MATMUL, D_SIGMOID]
+# --- detection: boxes -------------------------------------------------------------------
+BOX_OPS: list[OpInfo] = []
+
+
+# --- detection: RoI pooling -------------------------------------------------------------
+ROI_OPS: list[OpInfo] = []
+
+
+# --- losses -----------------------------------------------------------------------------
+LOSS_OPS: list[OpInfo] = []
+
+
+OP_DB: list[OpInfo] = [MATMUL, D_SIGMOID, *BOX_OPS, *ROI_OPS, *LOSS_OPS]
 
 
 def ops_by_name() -> dict[str, OpInfo]:

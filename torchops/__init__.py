@@ -26,6 +26,7 @@ except _loader.LoadError as _e:
     load_error = _e
 else:
     load_error = None
-    from torchops.ops import d_sigmoid, matmul  # noqa: F401
+    from torchops import ops
+    from torchops.ops import *  # noqa: F401,F403  (every public op)
 
-__all__ = ["matmul", "d_sigmoid", "__version__"]
+    __all__ = [*ops.__all__, "__version__"]

@@ -8,7 +8,8 @@ never drift apart.  This module imports nothing from ``torchops`` itself:
 
 Two libraries, so a CPU-only install works and CUDA stays optional:
 
-* ``torchops_cpu``  -- the schemas (``csrc/schema.cpp``), autograd and CPU kernels;
+* ``torchops_cpu``  -- the schemas (``csrc/schema.cpp``), autograd, autocast and
+  CPU kernels;
 * ``torchops_cuda`` -- the CUDA kernels (``csrc/cuda``); it registers kernels
   only and never defines the namespace, so it loads after ``torchops_cpu``.
 """
@@ -163,7 +164,7 @@ class Library:
         if self.cuda:
             files = _files(csrc, ("cuda",), (".cu",), recursive=False)
         else:
-            files = _files(csrc, ("", "autograd", "cpu"), (".cpp",), recursive=False)
+            files = _files(csrc, ("", "autograd", "autocast", "cpu"), (".cpp",), recursive=False)
         # cpp_extension.load names object files by basename only.
         stems = [p.stem for p in files]
         dupes = sorted({s for s in stems if stems.count(s) > 1})

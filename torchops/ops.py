@@ -16,7 +16,7 @@ from torchops import _loader
 
 _loader.load()
 
-__all__ = ["matmul", "d_sigmoid"]
+__all__ = ["matmul", "d_sigmoid"]  # each section below adds its ops
 
 _FLOATING = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -80,3 +80,12 @@ def _d_sigmoid_backward_fake(grad: Tensor, z: Tensor) -> Tensor:
     _check_floating("_d_sigmoid_backward", "z", z)
     torch._check(grad.shape == z.shape, lambda: "torchops._d_sigmoid_backward: 'grad' and 'z' differ in shape")
     return torch.empty(z.shape, dtype=z.dtype, device=z.device)
+
+
+# --- detection: boxes -------------------------------------------------------------------
+
+
+# --- detection: RoI pooling -------------------------------------------------------------
+
+
+# --- losses -----------------------------------------------------------------------------

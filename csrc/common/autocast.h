@@ -1,0 +1,49 @@
+// Autocast for torchops operators, the way torchvision does it: under
+// torch.autocast the op computes in float32 and returns the dtype its inputs
+// came in (reduced-precision inputs are upcast, results cast back).
+//
+// Usage, in csrc/autocast/<op>_autocast.cpp:
+//
+//   template <c10::DeviceType D>
+//   at::Tensor roi_align_autocast(const at::Tensor& input, ...) {
+//     const AutocastFloat32<D> guard;            // autocast off below us
+//     return guard.back(ops::roi_align(guard.up(input), ...), input);
+//   }
+//   TORCHOPS_REGISTER_AUTOCAST("roi_align", roi_align_autocast)
+#pragma once
+
+#include <ATen/autocast_mode.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+namespace torchops {
+
+template <c10::DeviceType Device>
+class AutocastFloat32 {
+ public:
+  // Floating tensors to float32 (cached the same way ATen's autocast casts).
+  at::Tensor up(const at::Tensor& t) const {
+    return at::autocast::cached_cast(at::kFloat, t, Device);
+  }
+  // A floating result back to `like`'s dtype; other results unchanged.
+  at::Tensor back(const at::Tensor& result, const at::Tensor& like) const {
+    return result.is_floating_point() ? result.to(like.scalar_type()) : result;
+  }
+
+ private:
+  c10::impl::ExcludeDispatchKeyGuard no_autocast_{
+      at::autocast::get_autocast_dispatch_key_from_device_type(Device)};
+};
+
+}  // namespace torchops
+
+// Registers `fn<CPU>` and `fn<CUDA>` as the op's AutocastCPU/AutocastCUDA
+// kernels.  One use per file (it opens TORCH_LIBRARY_IMPL blocks).
+#define TORCHOPS_REGISTER_AUTOCAST(op_name, fn)                         \
+  TORCH_LIBRARY_IMPL(torchops, AutocastCPU, m) {                        \
+    m.impl(op_name, &fn<c10::DeviceType::CPU>);                         \
+  }                                                                     \
+  TORCH_LIBRARY_IMPL(torchops, AutocastCUDA, m) {                       \
+    m.impl(op_name, &fn<c10::DeviceType::CUDA>);                        \
+  }
