@@ -80,7 +80,20 @@ C10_HOST_DEVICE inline SigmoidBce<T> sigmoid_bce(T x, T t) {
           (pos ? x : T(0)) - x * t + std::log1p(e)};
 }
 
-template <FocalGamma K, typename T>
+// q^gamma and d/dq q^gamma for the General kind.  Kernels may pass their
+// own (the CPU float path has a vectorisable one).
+struct StdPow {
+  template <typename T>
+  C10_HOST_DEVICE static T pow(T q, T gamma) {
+    return std::pow(q, gamma);
+  }
+  template <typename T>
+  C10_HOST_DEVICE static T dpow(T q, T gamma) {
+    return gamma * std::pow(q, gamma - T(1));
+  }
+};
+
+template <FocalGamma K, typename Pow, typename T>
 C10_HOST_DEVICE inline T focal_pow(T q, T gamma) {
   if constexpr (K == FocalGamma::Zero) {
     return T(1);
@@ -89,13 +102,13 @@ C10_HOST_DEVICE inline T focal_pow(T q, T gamma) {
   } else if constexpr (K == FocalGamma::Two) {
     return q * q;
   } else {
-    return std::pow(q, gamma);
+    return Pow::pow(q, gamma);
   }
 }
 
 // d/dq q^gamma.  For 0 < gamma < 1 it is inf at q == 0 (as in the reference),
 // which only happens where p has saturated to 0 or 1.
-template <FocalGamma K, typename T>
+template <FocalGamma K, typename Pow, typename T>
 C10_HOST_DEVICE inline T focal_dpow(T q, T gamma) {
   if constexpr (K == FocalGamma::Zero) {
     return T(0);
@@ -104,27 +117,27 @@ C10_HOST_DEVICE inline T focal_dpow(T q, T gamma) {
   } else if constexpr (K == FocalGamma::Two) {
     return T(2) * q;
   } else {
-    return gamma * std::pow(q, gamma - T(1));
+    return Pow::dpow(q, gamma);
   }
 }
 
-template <FocalGamma K, typename T>
+template <FocalGamma K, typename Pow = StdPow, typename T>
 C10_HOST_DEVICE inline T focal_loss_value(
     const SigmoidBce<T>& s, T t, const FocalParams<T>& prm) {
   const T q = s.p * (T(1) - t) + s.pm * t;
-  return (prm.a0 + prm.a1 * t) * s.ce * focal_pow<K>(q, prm.gamma);
+  return (prm.a0 + prm.a1 * t) * s.ce * focal_pow<K, Pow>(q, prm.gamma);
 }
 
 // g * d loss / dx.
-template <FocalGamma K, typename T>
+template <FocalGamma K, typename Pow = StdPow, typename T>
 C10_HOST_DEVICE inline T focal_loss_grad(
     const SigmoidBce<T>& s, T t, T g, const FocalParams<T>& prm) {
   const T q = s.p * (T(1) - t) + s.pm * t;
   const T dce = s.p * (T(1) - t) - s.pm * t;  // p - t
-  T d = dce * focal_pow<K>(q, prm.gamma);
+  T d = dce * focal_pow<K, Pow>(q, prm.gamma);
   if constexpr (K != FocalGamma::Zero) {
     const T dq = s.p * s.pm * (T(1) - T(2) * t);
-    d += focal_dpow<K>(q, prm.gamma) * dq * s.ce;
+    d += focal_dpow<K, Pow>(q, prm.gamma) * dq * s.ce;
   }
   return g * (prm.a0 + prm.a1 * t) * d;
 }

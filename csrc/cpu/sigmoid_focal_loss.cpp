@@ -29,12 +29,12 @@ constexpr int64_t kChunk = 1024;
 // so tasks can be smaller than kElementwiseGrain elements.
 constexpr int64_t kGrainChunks = 8;
 
-// The float path of sigmoid_bce (common/sigmoid_focal_loss.h), written so
-// the loops below vectorise.
-inline SigmoidBce<float> sigmoid_bce_vec(float x, float t) {
+// sigmoid_bce (common/sigmoid_focal_loss.h) for float, written so the loops
+// below vectorise.
+inline SigmoidBce<float> sbce(float x, float t) {
   using namespace vec_math;
   const bool neg = sign_bit(x);
-  const float e = exp_neg_abs(bits_of(x) & 0x7FFFFFFFu);
+  const float e = exp_vec(float_of(bits_of(x) | 0x80000000u));  // exp(-|x|)
   const float inv = 1.0f / (1.0f + e);
   const float big = inv;
   const float small = e * inv;
@@ -42,37 +42,41 @@ inline SigmoidBce<float> sigmoid_bce_vec(float x, float t) {
           select(neg, 0.0f, x) - x * t + log1p_unit(e)};
 }
 
-inline SigmoidBce<float> sbce(float x, float t) {
-  return sigmoid_bce_vec(x, t);
-}
-
 inline SigmoidBce<double> sbce(double x, double t) {
   return sigmoid_bce(x, t);
 }
+
+// The General gamma's powers: vectorisable for float, libm for double.
+struct CpuPow {
+  static float pow(float q, float gamma) {
+    return vec_math::pow_vec(q, gamma);
+  }
+  static float dpow(float q, float gamma) {
+    return gamma * vec_math::pow_vec(q, gamma - 1.0f);
+  }
+  static double pow(double q, double gamma) {
+    return StdPow::pow(q, gamma);
+  }
+  static double dpow(double q, double gamma) {
+    return StdPow::dpow(q, gamma);
+  }
+};
 
 template <FocalGamma K, typename T>
 TORCHOPS_CPU_MULTIVERSION void loss_loop(
     const T* __restrict__ x, const T* __restrict__ t, T* __restrict__ out,
     int64_t n, FocalParams<T> prm) {
   for (int64_t i = 0; i < n; ++i) {
-    out[i] = focal_loss_value<K>(sbce(x[i], t[i]), t[i], prm);
+    out[i] = focal_loss_value<K, CpuPow>(sbce(x[i], t[i]), t[i], prm);
   }
 }
 
-// g == nullptr: every element's upstream gradient is g_scalar.
 template <FocalGamma K, typename T>
 TORCHOPS_CPU_MULTIVERSION void grad_loop(
-    const T* __restrict__ g, T g_scalar, const T* __restrict__ x,
-    const T* __restrict__ t, T* __restrict__ out, int64_t n,
-    FocalParams<T> prm) {
-  if (g == nullptr) {
-    for (int64_t i = 0; i < n; ++i) {
-      out[i] = focal_loss_grad<K>(sbce(x[i], t[i]), t[i], g_scalar, prm);
-    }
-  } else {
-    for (int64_t i = 0; i < n; ++i) {
-      out[i] = focal_loss_grad<K>(sbce(x[i], t[i]), t[i], g[i], prm);
-    }
+    const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ t,
+    T* __restrict__ out, int64_t n, FocalParams<T> prm) {
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = focal_loss_grad<K, CpuPow>(sbce(x[i], t[i]), t[i], g[i], prm);
   }
 }
 
@@ -167,13 +171,20 @@ void loss_grad(const scalar_t* g, at::opmath_type<scalar_t> g_scalar,
   using T = at::opmath_type<scalar_t>;
   for_each_chunk(n, [&](int64_t, int64_t begin, int64_t len) {
     T gb[kChunk], xb[kChunk], tb[kChunk], ob[kChunk];
-    const T* gc = g == nullptr ? nullptr : load_chunk(g + begin, gb, len);
+    // A scalar upstream gradient is spread over the chunk, so one loop
+    // serves both cases.
+    const T* gc = gb;
+    if (g == nullptr) {
+      std::fill(gb, gb + len, g_scalar);
+    } else {
+      gc = load_chunk(g + begin, gb, len);
+    }
     const T* xc = load_chunk(x + begin, xb, len);
     const T* tc = load_chunk(t + begin, tb, len);
     if constexpr (std::is_same_v<T, scalar_t>) {
-      grad_loop<K>(gc, g_scalar, xc, tc, out + begin, len, prm);
+      grad_loop<K>(gc, xc, tc, out + begin, len, prm);
     } else {
-      grad_loop<K>(gc, g_scalar, xc, tc, ob, len, prm);
+      grad_loop<K>(gc, xc, tc, ob, len, prm);
       for (int64_t i = 0; i < len; ++i) {
         out[begin + i] = static_cast<scalar_t>(ob[i]);
       }
