@@ -12,8 +12,8 @@
 // p and 1 - p are both formed from e = exp(-|x|) (one is 1/(1+e), the other
 // e/(1+e)), so neither suffers the cancellation of computing 1 - p, and
 // p - t and q are written as p(1-t) -/+ (1-p)t for the same reason: for hard
-// targets they are then exact products, not differences of nearly equal
-// numbers.
+// targets one term vanishes and nothing cancels, so a confident right answer
+// keeps its tiny loss and gradient instead of rounding them to 0.
 #pragma once
 
 #include <c10/macros/Macros.h>
