@@ -28,4 +28,10 @@ TORCH_LIBRARY(torchops, m) {
   // --- detection: RoI pooling ---------------------------------------------------------
 
   // --- losses -----------------------------------------------------------------------------
+  m.def(
+      "sigmoid_focal_loss(Tensor inputs, Tensor targets, float alpha=0.25, "
+      "float gamma=2., str reduction=\"none\") -> Tensor", pt2);
+  m.def(
+      "_sigmoid_focal_loss_backward(Tensor grad, Tensor inputs, Tensor targets, "
+      "float alpha, float gamma, str reduction) -> Tensor", pt2);
 }
