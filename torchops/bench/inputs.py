@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import torch
 
 __all__ = ["matrices", "vector", "nms_args", "batched_nms_args", "box_pairs", "roi_align_args",
-           "roi_pool_args", "focal_loss_args", "random_boxes", "BOX_COVERAGE"]
+           "roi_pool_args", "focal_loss_args", "random_boxes", "BOX_REGIMES"]
 
 P = Mapping[str, Any]
 
@@ -36,18 +36,32 @@ def vector(p: P, device: str, dtype: torch.dtype, requires_grad: bool) -> tuple:
     return (_leaf(torch.empty(p["n"]).uniform_(-8, 8), device, dtype, requires_grad),)
 
 
-# Mean box area over the square it is scattered in.  "sparse": most boxes
-# overlap nothing, nms keeps almost all; "dense": every point lies under ~10
-# boxes, nms suppresses most of them.
-BOX_COVERAGE = {"sparse": 0.25, "dense": 10.0}
+# Two overlap regimes for NMS.  "sparse": boxes scattered uniformly (a
+# quarter of the area covered on average), almost none overlap, NMS keeps
+# ~99%.  "dense": like a detector's raw output, clusters of ~20 jittered
+# copies (+-10% of the size) around n/20 objects, NMS keeps ~5%.
+BOX_REGIMES = ("sparse", "dense")
+
+
+def _scattered(n: int, coverage: float = 0.25) -> tuple[torch.Tensor, torch.Tensor]:
+    """Centres and sizes of n boxes with sides uniform in 16..128 pixels,
+    scattered over a square sized so the boxes cover `coverage` of it."""
+    wh = torch.empty(n, 2).uniform_(16, 128)
+    side = math.sqrt(max(n, 1) * 72.0**2 / coverage)
+    return torch.rand(n, 2) * side, wh
 
 
 def random_boxes(n: int, regime: str = "sparse") -> torch.Tensor:
-    """``(n, 4)`` float32 boxes ``(x1, y1, x2, y2)``: sides uniform in 16..128
-    pixels, centres uniform in a square sized for the regime's coverage."""
-    wh = torch.empty(n, 2).uniform_(16, 128)
-    side = math.sqrt(max(n, 1) * 72.0**2 / BOX_COVERAGE[regime])
-    ctr = torch.rand(n, 2) * side
+    """``(n, 4)`` float32 boxes ``(x1, y1, x2, y2)`` in one of BOX_REGIMES."""
+    if regime == "sparse":
+        ctr, wh = _scattered(n)
+    elif regime == "dense":
+        obj_ctr, obj_wh = _scattered(max(1, n // 20))
+        pick = torch.randint(0, obj_ctr.shape[0], (n,))
+        wh = obj_wh[pick] * torch.empty(n, 2).uniform_(0.85, 1.15)
+        ctr = obj_ctr[pick] + obj_wh[pick] * torch.empty(n, 2).uniform_(-0.1, 0.1)
+    else:
+        raise ValueError(f"unknown box regime {regime!r}; known: {BOX_REGIMES}")
     return torch.cat([ctr - wh / 2, ctr + wh / 2], dim=1)
 
 

@@ -76,7 +76,7 @@ def _notes(rows: list[Row], case_notes: dict[str, str]) -> list[str]:
     out = [case_notes[rows[0].case]] if case_notes.get(rows[0].case) else []
     per_row = []
     for r in rows:
-        where = r.size + (f", {r.threads} threads" if r.threads else "")
+        where = r.size + (_at(str(r.threads)).replace(" at", ",") if r.threads else "")
         per_row += [(where, n) for n in r.notes]
         if r.check.startswith("MISMATCH"):
             per_row.append((where, r.check))

@@ -333,18 +333,36 @@ def _progress_line(i: int, n: int, row: Row) -> str:
     return line
 
 
+def _deadlines(todo: list, budget: float | None) -> list[float]:
+    """Seconds from the start by which each row must have started.  With
+    several devices the budget is shared in proportion to their row counts
+    (time one leaves unused passes to the next), so a slow GPU run cannot
+    starve the CPU rows."""
+    if budget is None:
+        return [math.inf] * len(todo)
+    devices = list(dict.fromkeys(device for _, device, _, _ in todo))
+    count = {d: sum(1 for _, dev, _, _ in todo if dev == d) for d in devices}
+    ends, acc = {}, 0
+    for d in devices:
+        acc += count[d]
+        ends[d] = budget * acc / len(todo)
+    return [ends[device] for _, device, _, _ in todo]
+
+
 def run(cases: list[Case], devices: list[str], opts: Options) -> tuple[list[Row], dict]:
     """Run every row of `cases` on `devices`; returns the rows and the rooflines."""
     todo = plan(cases, devices, opts.quick, opts.threads)
+    deadlines = _deadlines(todo, opts.time_budget)
     runner = Runner(opts)
     rows: list[Row] = []
     start = time.monotonic()
-    for i, (case, device, size, threads) in enumerate(todo, 1):
-        if opts.time_budget is not None and time.monotonic() - start > opts.time_budget:
+    for i, ((case, device, size, threads), deadline) in enumerate(zip(todo, deadlines), 1):
+        if time.monotonic() - start > deadline:
             row = Row(case=case.name, op=case.op, device=device, size=size.label,
                       dtype=str(size.dtype).removeprefix("torch."), threads=threads,
                       backward=case.backward, deterministic=case.deterministic, names={},
-                      skipped=True, notes=[f"not run: time budget of {opts.time_budget:.0f} s spent"])
+                      skipped=True, notes=[f"not run: its share of the {opts.time_budget:.0f} s "
+                                           "time budget was spent"])
         else:
             row = runner.run_row(case, device, size, threads)
         rows.append(row)
