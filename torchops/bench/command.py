@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
                         "roi_align backward: tens of seconds and GBs)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
     p.add_argument("--min-time", type=float, default=None, metavar="S",
-                   help="seconds of timed calls per variant (default 0.2 on CUDA, 0.3 on CPU)")
+                   help="seconds of timed calls per variant (default 0.1 on CUDA, 0.15 on CPU)")
     p.add_argument("--time-budget", type=float, default=None, metavar="S",
                    help="stop starting new rows after S seconds (the rest are reported as not run)")
     p.add_argument("--threads", default=None, metavar="LIST",

@@ -229,6 +229,7 @@ def write_plot(rows: list[Row], path: Path) -> str | None:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
     except ImportError:
         return "matplotlib is not installed (pip install matplotlib): no plot written"
     panels = [(d, c, rs) for d, c, rs in _groups(rows)
@@ -245,18 +246,22 @@ def write_plot(rows: list[Row], path: Path) -> str | None:
             for v in VARIANTS[1:]:
                 s = r.speedup(v)
                 if s:
-                    key = r.names.get(v, v) + (f" ({r.threads} thr)" if r.threads else "")
+                    who = r.names.get(v, v).split(".")[0] if v == "peer" else v
+                    key = f"vs {who}" + (_at(str(r.threads)).replace(" at", ",") if r.threads else "")
                     series.setdefault(key, {})[f"{r.size}\n{r.dtype}"] = s
         for key, pts in series.items():
             xs = [labels.index(k) for k in pts]
-            ax.plot(xs, list(pts.values()), marker="o", label=key[:60])
+            ax.plot(xs, list(pts.values()), marker="o", label=key)
         ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}x"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, fontsize=7, rotation=30, ha="right")
         ax.set_title(f"{case} [{device}]", fontsize=10)
-        ax.set_ylabel("speedup of torchops (x)")
-        ax.legend(fontsize=6)
+        ax.set_ylabel("torchops speedup")
+        ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.tight_layout()

@@ -44,8 +44,8 @@ class Options:
     progress: TextIO = field(default_factory=lambda: sys.stderr)
 
     def timing(self, device: str) -> dict:
-        min_time = self.min_time or (0.02 if self.quick else (0.2 if device == "cuda" else 0.3))
-        return dict(min_time=min_time, max_time=max(10 * min_time, 1.0 if self.quick else 3.0),
+        min_time = self.min_time or (0.02 if self.quick else (0.1 if device == "cuda" else 0.15))
+        return dict(min_time=min_time, max_time=max(10 * min_time, 0.5 if self.quick else 1.5),
                     min_samples=3 if self.quick else 7)
 
 
