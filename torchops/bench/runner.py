@@ -2,10 +2,9 @@
 
 Per row: seed, make the inputs (enough sets to overflow the last-level cache,
 else a flush before every call), set the CPU thread count, then per variant:
-one call whose output is kept for the cross-check, then
-:func:`torchops.bench.timing.measure` (whose warm-up absorbs
-``torch.compile``'s compilation).  Failures of one variant become a note in
-the row; they never stop the run.
+a first, untimed call (it compiles, autotunes; its output is kept for the
+cross-check), then :func:`torchops.bench.timing.measure`.  Failures of one
+variant become a note in the row; they never stop the run.
 """
 
 from __future__ import annotations
@@ -290,7 +289,7 @@ class Runner:
                     del out
                     row.results[name] = measure(self._step(fn, sets, diff_inputs, grads),
                                                 device=device, n_sets=n_sets, flush=flush,
-                                                **timing)
+                                                first_call_done=True, **timing)
                 except Exception as e:  # noqa: BLE001  (one variant's failure is a note)
                     msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
                     row.notes.append(f"{name}: {type(e).__name__}: {msg}")
@@ -357,6 +356,10 @@ def run(cases: list[Case], devices: list[str], opts: Options) -> tuple[list[Row]
     rows: list[Row] = []
     start = time.monotonic()
     for i, ((case, device, size, threads), deadline) in enumerate(zip(todo, deadlines), 1):
+        if i == 1 or device != todo[i - 2][1]:
+            n = sum(1 for _, d, _, _ in todo if d == device)
+            what = torch.cuda.get_device_name() if device == "cuda" else f"{ALL_THREADS} threads"
+            print(f"bench: {device} ({what}): {n} rows", file=opts.progress, flush=True)
         if time.monotonic() - start > deadline:
             row = Row(case=case.name, op=case.op, device=device, size=size.label,
                       dtype=str(size.dtype).removeprefix("torch."), threads=threads,

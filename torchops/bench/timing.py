@@ -81,18 +81,21 @@ def _quartiles(xs: list[float]) -> tuple[float, float, float]:
 
 def measure(call: Callable[[int], object], *, device: str, n_sets: int = 1,
             flush: Callable[[], None] | None = None, min_time: float = 0.1,
-            max_time: float = 2.0, min_samples: int = 5) -> Measurement:
+            max_time: float = 2.0, min_samples: int = 5, first_call_done: bool = False
+            ) -> Measurement:
     """Time ``call(i)`` (``i`` picks the input set, ``0 <= i < n_sets``).
 
     Samples are taken until they add up to ``min_time`` seconds and number at
     least ``min_samples``, or until ``max_time`` seconds of wall time have
     passed (at least one sample is always taken).  With ``flush``, every call
     is a sample and is preceded by an untimed flush; otherwise samples are
-    blocks of calls rotating through the input sets.
+    blocks of calls rotating through the input sets.  ``first_call_done``:
+    the caller already made the first (compiling, autotuning) call.
     """
     # Warm-up: the first call compiles/autotunes; then a few more calls
     # estimate the cost of one (host-synchronised, so an upper bound).
-    call(0)
+    if not first_call_done:
+        call(0)
     _sync(device)
     warm_until = min_time / 4
     n, start = 0, time.perf_counter()
