@@ -173,7 +173,9 @@ def _deterministic(on: bool):
 
 
 def _tolerance(dtype: torch.dtype) -> float:
-    return {torch.float16: 5e-3, torch.bfloat16: 3e-2}.get(dtype, 1e-3)
+    # Loose enough for another summation order or cuBLAS's reduced-precision
+    # half accumulation; a wrong kernel is off by O(1).
+    return {torch.float16: 1e-2, torch.bfloat16: 5e-2}.get(dtype, 1e-3)
 
 
 def _compare(ours, theirs, dtype: torch.dtype) -> str | None:

@@ -18,6 +18,7 @@ Rules (the reasons are in docs/benchmarks.md):
 from __future__ import annotations
 
 import functools
+import os
 import re
 import statistics
 import time
@@ -52,18 +53,33 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+_UNITS = {"": 0, "K": 10, "M": 20, "G": 30}
+
+
 @functools.lru_cache(maxsize=None)
 def cache_bytes(device: str) -> int:
-    """Size of the last-level cache that a cold-cache measurement must defeat."""
+    """Size of the last-level cache that a cold-cache measurement must defeat:
+    the GPU's L2, or the CPU's last level summed over its distinct instances
+    (one per socket or core complex) that the threads may run on."""
     if device == "cuda":
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         return int(getattr(props, "L2_cache_size", 0) or 50 << 20)
-    best = 0
-    for size_file in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        m = re.fullmatch(r"(\d+)([KMG]?)", size_file.read_text().strip())
-        if m:
-            best = max(best, int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)])
-    return best or 32 << 20
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else {0}
+    instances: dict[tuple[int, str], int] = {}
+    for cpu in cpus:
+        for index in Path(f"/sys/devices/system/cpu/cpu{cpu}/cache").glob("index*"):
+            try:
+                level = int((index / "level").read_text())
+                shared = (index / "shared_cpu_list").read_text().strip()
+                m = re.fullmatch(r"(\d+)([KMG]?)", (index / "size").read_text().strip())
+            except (OSError, ValueError):
+                continue
+            if m:
+                instances[(level, shared)] = int(m.group(1)) << _UNITS[m.group(2)]
+    if not instances:
+        return 32 << 20
+    top = max(level for level, _ in instances)
+    return sum(size for (level, _), size in instances.items() if level == top)
 
 
 def make_flush(device: str) -> Callable[[], None]:
