@@ -9,10 +9,11 @@
 #              TORCHOPS_CUDA=1 (CPU + CUDA libraries ahead of time), then a smoke
 #              test that both load prebuilt and compute right on the GPU
 #   jit-build  a fresh cache and TORCHOPS_PREBUILT=0: both libraries built just in
-#              time, then the same smoke test                  } these three run
-#   tests      the whole suite incl. the GPU tests, long profile } at the same
-#   memcheck   compute-sanitizer memcheck on one op family's     } time
-#   racecheck  CUDA tests, racecheck on the shared-memory kernels }
+#              time, then the same smoke test                    } these run
+#   precompile torch.compile of every benchmarked reference, once  } at the
+#   tests      the whole suite incl. the GPU tests, long profile   } same time
+#   memcheck   compute-sanitizer memcheck on one op family's       }
+#   racecheck  CUDA tests, racecheck on the shared-memory kernels  }
 #   bench      python -m torchops bench --device cuda,cpu, regenerating
 #              docs/performance.md
 # then a summary table, printed last.  OUTDIR receives six files:
@@ -38,7 +39,7 @@ RACECHECK_K=${GPU_CHECK_RACECHECK_K:-"matmul and correctness"}
 T0=$(date +%s)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-STEPS=(env build-aot jit-build tests memcheck racecheck bench)
+STEPS=(env build-aot jit-build precompile tests memcheck racecheck bench)
 rm -f "$OUT"/{summary.txt,gpu_check.log,bench.csv,bench.json,bench.png,performance.md}
 
 say() { echo "[gpu_check $(( $(date +%s) - T0 ))s] $*"; }
@@ -108,10 +109,17 @@ finished build-aot
 # The benchmarks need the machine to themselves afterwards: keep ~200 s for them.
 WINDOW=$(( $(left) - 200 ))
 [ "$WINDOW" -lt 60 ] && WINDOW=60
-say "jit-build, tests, memcheck+racecheck in parallel (at most ${WINDOW}s) ..."
+say "jit-build, precompile, tests, memcheck+racecheck in parallel (at most ${WINDOW}s) ..."
 ( step jit-build "$(cap 300 "$WINDOW")" env TORCHOPS_PREBUILT=0 TORCHOPS_CUDA=1 \
     TORCHOPS_CACHE_DIR="$TMP/jit-cache" MAX_JOBS=8 "$PY" scripts/smoke.py --expect jit-built ) &
 JIT_PID=$!
+# Fill torch.compile's on-disk caches (inductor's FX graph cache, Triton's and
+# the C++ kernels') with every compiled variant the benchmarks will time, so
+# the bench step below compiles from them instead of spending its budget.
+# shellcheck disable=SC2086
+( step precompile "$(cap 300 "$WINDOW")" "$PY" -m torchops bench --device cuda,cpu \
+    --compile-only ${GPU_CHECK_BENCH_ARGS:-} ) &
+PRE_PID=$!
 if command -v "$SANITIZER" > /dev/null; then
   (
     # No caching allocator: an out-of-bounds access lands outside any
@@ -137,6 +145,7 @@ step tests "$(cap 330 "$WINDOW")" env TORCHOPS_TEST_PROFILE=full "$PY" -m pytest
   -p no:cacheprovider -rfEs ${GPU_CHECK_TEST_ARGS:-}
 finished tests
 wait "$JIT_PID"; finished jit-build
+wait "$PRE_PID"; finished precompile
 if [ -n "$SAN_PID" ]; then wait "$SAN_PID"; finished memcheck; finished racecheck; fi
 
 # --- bench ------------------------------------------------------------------------------------
@@ -163,6 +172,7 @@ note() {  # the line of a step's log that says how it went
     tests) grep -E '(passed|failed|error)' "$TMP/$1.log" | grep -E ' in [0-9.]+s' | tail -n 1 | tr -d '=' | sed 's/^ *//' ;;
     memcheck|racecheck) grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$TMP/$1.log" | tail -n 1 | sed 's/^=* *//' ;;
     bench) grep -E '^bench: [0-9]+ rows' "$TMP/$1.log" | tail -n 1 ;;
+    precompile) grep -E '^bench: compiled' "$TMP/$1.log" | tail -n 1 ;;
     build-aot|jit-build) grep -E 'smoke ok|SMOKE FAILED|error:|Error' "$TMP/$1.log" | tail -n 1 | cut -c1-150 ;;
   esac | grep . || grep . "$TMP/$1.log" | tail -n 1 | cut -c1-150
 }

@@ -46,6 +46,9 @@ def add_parser(sub) -> None:
     p.add_argument("--write-doc", default=None, metavar="PATH",
                    help="also write the results as Markdown (docs/performance.md)")
     p.add_argument("--list", action="store_true", help="list the rows that would run, and exit")
+    p.add_argument("--compile-only", action="store_true",
+                   help="only run every row's torch.compile variant once and exit: fills "
+                        "torch.compile's on-disk caches, so a later timing run compiles from them")
 
 
 def _devices(spec: str | None) -> list[str]:
@@ -95,9 +98,16 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
         return 0
 
     opts = Options(quick=args.quick, slow=args.slow, compile=not args.no_compile,
-                   min_time=args.min_time, time_budget=args.time_budget, threads=threads)
+                   min_time=args.min_time, time_budget=args.time_budget, threads=threads,
+                   compile_only=args.compile_only)
     command = shlex.join(["python", "-m", "torchops", *argv])
     rows, rooflines = run(cases, devices, opts)
+    if args.compile_only:
+        done = sum(1 for r in rows if any(n.startswith("compiled in") for n in r.notes))
+        failed = [f"{r.device} {r.case} {r.size}: {n}" for r in rows for n in r.notes
+                  if n.startswith("compiled:")]
+        print(f"bench: compiled {done} rows" + "".join(f"\n  {f}" for f in failed))
+        return 1 if failed else 0
     meta = {"environment": environment(devices, command, ALL_THREADS), "roofline": rooflines,
             "options": {k: v for k, v in vars(args).items() if k != "func"}}
     case_notes = {c.name: c.note for c in cases}

@@ -40,6 +40,7 @@ class Options:
     min_time: float | None = None        # seconds of timed calls per variant
     time_budget: float | None = None     # seconds for the whole run
     threads: tuple[int | str, ...] | None = None  # CPU thread counts for every row (else the case's)
+    compile_only: bool = False           # only compile every row's compiled variant, time nothing
     progress: TextIO = field(default_factory=lambda: sys.stderr)
 
     def timing(self, device: str) -> dict:
@@ -208,11 +209,13 @@ class Runner:
             self.rooflines[device] = Roofline(device, quick=self.opts.quick)
         return self.rooflines[device]
 
-    def _compiled(self, case: Case, device: str, size: Size) -> Callable:
-        # One compilation per (case, device, size), shared by its thread rows.
-        # Resetting dynamo between sizes compiles each size statically, as a
-        # user with that one shape would, and never hits the recompile limit.
-        key = (case.name, device, size.label)
+    def _compiled(self, case: Case, device: str, size: Size, threads: int) -> Callable:
+        # One compilation per row.  Resetting dynamo first compiles each size
+        # statically, as a user with that one shape would, and never hits the
+        # recompile limit.  CPU rows also differ by thread count: inductor's
+        # C++ kernels are generated for the thread count at compile time
+        # (see _inductor_threads).
+        key = (case.name, device, size.label, threads)
         if key != self._compiled_key:
             torch._dynamo.reset()
             reference = case.reference
@@ -230,7 +233,7 @@ class Runner:
             out["eager"] = case.reference
             row.names["eager"] = case.reference_name
             if case.compile and self.opts.compile:
-                out["compiled"] = self._compiled(case, device, size)
+                out["compiled"] = self._compiled(case, device, size, row.threads)
                 row.names["compiled"] = f"torch.compile({case.reference_name})"
         if case.peer is not None:
             row.names["peer"] = case.peer.name
@@ -255,12 +258,48 @@ class Runner:
         if threads:
             torch.set_num_threads(threads)
         try:
-            self._run_row(case, device, size, threads, row)
+            with self._inductor_threads(device, threads):
+                if self.opts.compile_only:
+                    self._compile_row(case, device, size, row)
+                else:
+                    self._run_row(case, device, size, threads, row)
         finally:
             torch.set_num_threads(ALL_THREADS)
             if device == "cuda":
                 torch.cuda.empty_cache()
         return row
+
+    def _inductor_threads(self, device: str, threads: int):
+        """Pin the thread count inductor generates CPU code for (and keys its
+        on-disk cache by) to the row's, so a compiled CPU variant runs on the
+        row's threads and a cached compilation for another count is never
+        reused."""
+        if device != "cpu" or not threads or not self.opts.compile:
+            return contextlib.nullcontext()
+        import torch._inductor.config as inductor_config
+
+        return inductor_config.patch({"cpp.threads": threads})
+
+    def _compile_row(self, case: Case, device: str, size: Size, row: Row) -> None:
+        """Compile the row's compiled variant (one call, forward and backward
+        as timed), which fills torch.compile's on-disk caches for a later run."""
+        if case.reference is None or not case.compile:
+            row.notes.append("nothing to compile")
+            return
+        torch.manual_seed(0)
+        args = case.inputs(size.params, device, size.dtype, case.backward)
+        t0 = time.perf_counter()
+        try:
+            with _deterministic(case.deterministic):
+                out = self._compiled(case, device, size, row.threads)(*args)
+                if case.backward:
+                    diff = [t for t in _tensors(out) if t.requires_grad]
+                    torch.autograd.grad(diff, [t for t in _tensors(list(args)) if t.requires_grad],
+                                        [torch.ones_like(t) for t in diff])
+        except Exception as e:  # noqa: BLE001
+            row.notes.append(f"compiled: {type(e).__name__}: {str(e).strip()[:200]}")
+            return
+        row.notes.append(f"compiled in {time.perf_counter() - t0:.1f} s")
 
     def _run_row(self, case: Case, device: str, size: Size, threads: int, row: Row) -> None:
         torch.manual_seed(0)
@@ -323,6 +362,8 @@ def _progress_line(i: int, n: int, row: Row) -> str:
     head = f"[{i}/{n}] {where} {row.case} {row.size} {row.dtype}:"
     if row.skipped:
         return f"{head} skipped ({'; '.join(row.notes)})"
+    if not row.results:
+        return f"{head} {'; '.join(row.notes) or 'nothing timed'}"
     parts = []
     for v in VARIANTS:
         if v in row.results:
