@@ -156,7 +156,8 @@ else
   say "bench: cuda then cpu (at most ${BENCH_LIMIT}s) ..."
   # shellcheck disable=SC2086
   step bench "$BENCH_LIMIT" "$PY" -m torchops bench --device cuda,cpu --out "$OUT" \
-    --write-doc docs/performance.md --time-budget $(( BENCH_LIMIT - 60 )) ${GPU_CHECK_BENCH_ARGS:-}
+    --write-doc docs/performance.md --time-budget $(( BENCH_LIMIT - 60 )) --strict \
+    ${GPU_CHECK_BENCH_ARGS:-}
   finished bench
   [ -f docs/performance.md ] && cp docs/performance.md "$OUT/performance.md"
 fi

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchops.bench import cases, inputs, references
+from torchops.bench import cases, inputs, references, report
 from torchops.bench.case import Case, Size
 from torchops.bench.runner import Options, run
 from torchops.bench.timing import measure
@@ -61,6 +61,31 @@ def test_a_case_whose_op_is_missing_is_skipped_with_a_note():
     rows, _ = run([case], ["cpu"], Options(quick=True, progress=open(os.devnull, "w")))
     assert len(rows) == 1 and rows[0].skipped and not rows[0].results
     assert "no_such_op_anywhere is not registered" in rows[0].notes[0]
+
+
+def _run_quietly(case: Case):
+    rows, _ = run([case], ["cpu"], Options(quick=True, threads=(1,), progress=open(os.devnull, "w")))
+    return rows[0]
+
+
+def test_a_failing_variant_becomes_a_note_and_a_failed_row():
+    bad_shapes = lambda p, dev, dt, rg: (torch.randn(3, 4), torch.randn(5, 6))  # noqa: E731
+    row = _run_quietly(Case(name="bad", op="matmul", inputs=bad_shapes,
+                            sizes={"cpu": [Size("3x4 @ 5x6")]}, reference=torch.matmul,
+                            compile=False))
+    assert not row.results and not row.skipped
+    assert any(n.startswith("torchops: RuntimeError: torchops.matmul") for n in row.notes), row.notes
+    assert report.failed_rows([row]) == [row]
+
+
+def test_a_wrong_result_is_a_mismatch():
+    row = _run_quietly(Case(name="off", op="matmul", inputs=inputs.matrices,
+                            sizes={"cpu": [Size("8^3", {"m": 8, "k": 8, "n": 8})]},
+                            reference=lambda a, b: a @ b + 1, compile=False))
+    assert set(row.results) == {"torchops", "eager"}
+    assert row.check.startswith("MISMATCH vs eager: relative error")
+    assert report.failed_rows([row]) == [row]
+    assert "1 mismatches" in report.summary_line([row])
 
 
 def test_registry_declarations_are_consistent():

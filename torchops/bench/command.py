@@ -45,6 +45,9 @@ def add_parser(sub) -> None:
                    help="folder for bench.csv, bench.json, bench.png (default: %(default)s)")
     p.add_argument("--write-doc", default=None, metavar="PATH",
                    help="also write the results as Markdown (docs/performance.md)")
+    p.add_argument("--strict", action="store_true",
+                   help="exit with status 1 when torchops failed on a row or its output "
+                        "disagreed with an alternative's")
     p.add_argument("--list", action="store_true", help="list the rows that would run, and exit")
     p.add_argument("--compile-only", action="store_true",
                    help="only run every row's torch.compile variant once and exit: fills "
@@ -129,4 +132,5 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
         written.append(doc)
     print(report.text_report(rows, meta, case_notes))
     print("bench: wrote " + ", ".join(map(str, written)), file=sys.stderr)
-    return 0
+    bad = report.failed_rows(rows)
+    return 1 if args.strict and bad else 0

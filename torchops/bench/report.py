@@ -10,7 +10,7 @@ from torchops.bench.case import VARIANTS
 from torchops.bench.runner import Row, fmt_time
 
 __all__ = ["text_report", "markdown_report", "write_csv", "write_json", "write_plot",
-           "summary_line"]
+           "summary_line", "failed_rows"]
 
 _KEY_COLUMNS = ("size", "dtype", "threads", "torchops")
 
@@ -176,6 +176,12 @@ def markdown_report(rows: list[Row], meta: dict, case_notes: dict[str, str]) -> 
             out += [""] + [f"- {n}" for n in notes]
     out += ["", summary_line(rows), ""]
     return "\n".join(out)
+
+
+def failed_rows(rows: list[Row]) -> list[Row]:
+    """Rows where torchops raised, or disagreed with an alternative."""
+    return [r for r in rows if r.check.startswith("MISMATCH")
+            or (not r.skipped and "torchops" not in r.results)]
 
 
 def summary_line(rows: list[Row]) -> str:
