@@ -367,8 +367,8 @@ def _progress_line(i: int, n: int, row: Row) -> str:
     parts = []
     for v in VARIANTS:
         if v in row.results:
-            s = row.speedup(v)
-            parts.append(f"{v} {fmt_time(row.seconds(v))}" + (f" ({s:.2f}x)" if s and v != "torchops" else ""))
+            s = row.speedup(v) if v != "torchops" else None
+            parts.append(f"{v} {fmt_time(row.seconds(v))}" + (f" ({s:.2f}x)" if s else ""))
     line = f"{head} " + " | ".join(parts or ["nothing timed"])
     if row.check.startswith("MISMATCH"):
         line += f"  [{row.check}]"
