@@ -24,7 +24,8 @@
 # GPU_CHECK_BUDGET (seconds for the whole check, default 570),
 # GPU_CHECK_TEST_ARGS (extra pytest arguments), GPU_CHECK_MEMCHECK_K and
 # GPU_CHECK_RACECHECK_K (pytest -k expressions for the sanitizer runs),
-# GPU_CHECK_BENCH_ARGS (extra bench arguments, e.g. --slow).
+# GPU_CHECK_BENCH_ARGS (extra bench arguments, e.g. --slow), TORCHOPS_COMMIT
+# (the commit to name in the reports where the checkout has no .git).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -188,7 +189,7 @@ note() {  # the line of a step's log that says how it went
 TOTAL=$(( $(date +%s) - T0 ))
 FAILED=0
 {
-  echo "GPU check of $(git -C "$ROOT" log -1 --format='%h %s' 2>/dev/null | cut -c1-70) on" \
+  echo "GPU check of ${TORCHOPS_COMMIT:-$(git -C "$ROOT" log -1 --format='%h %s' 2>/dev/null | cut -c1-70)} on" \
        "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1): ${TOTAL}s (budget ${BUDGET}s)"
   printf '%-10s %-11s %7s  %s\n' step status seconds note
   for s in "${STEPS[@]}"; do

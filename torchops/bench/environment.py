@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -33,6 +34,10 @@ def _version(dist: str) -> str | None:
 
 
 def _git_commit() -> str | None:
+    """The checkout's commit; TORCHOPS_COMMIT names it where there is no .git
+    (a copied working tree)."""
+    if os.environ.get("TORCHOPS_COMMIT"):
+        return os.environ["TORCHOPS_COMMIT"]
     root = Path(torchops.__file__).resolve().parents[1]
     if not (root / ".git").exists():
         return None
