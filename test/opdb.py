@@ -509,12 +509,6 @@ def _focal_errors(device):
                          op + r".*'targets'")
 
 
-def _optional_fields(**fields):
-    """Fields that only newer OpInfo versions have (dropped when absent)."""
-    known = OpInfo.__dataclass_fields__
-    return {k: v for k, v in fields.items() if k in known}
-
-
 SIGMOID_FOCAL_LOSS = OpInfo(
     name="sigmoid_focal_loss",
     op=torch.ops.torchops.sigmoid_focal_loss.default,
@@ -525,7 +519,8 @@ SIGMOID_FOCAL_LOSS = OpInfo(
     internal_ops=("_sigmoid_focal_loss_backward",),
     # Sums of a few hundred half-precision terms: rounding of the result.
     tols={torch.float16: Tol(2e-3, 2e-3), torch.bfloat16: Tol(2e-2, 2e-2)},
-    **_optional_fields(autocast=True, sample_inputs_large=_focal_large),
+    autocast=True,
+    sample_inputs_large=_focal_large,
 )
 
 LOSS_OPS: list[OpInfo] = [SIGMOID_FOCAL_LOSS]
