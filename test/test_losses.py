@@ -26,7 +26,7 @@ def _data(shape, device="cpu", dtype=torch.float32, hard=True, seed=0, scale=4.0
     g = torch.Generator().manual_seed(seed)
     x = (torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1) * scale
     if hard:
-        t = torch.randint(0, 2, shape, generator=g).double()
+        t = torch.randint(0, 2, tuple(torch.Size(shape) if not isinstance(shape, int) else (shape,)), generator=g).double()
     else:
         t = torch.rand(shape, generator=g, dtype=torch.float64)
     return x.to(device, dtype), t.to(device, dtype)
