@@ -1,0 +1,62 @@
+// What nms and batched_nms share between their CPU and CUDA kernels: the
+// argument checks and the suppression test.
+//
+// Semantics (torchvision's): boxes are visited in order of decreasing score;
+// a box is kept unless a kept box of higher score (of the same category, for
+// batched_nms) overlaps it with IoU > iou_threshold.  Equal scores keep their
+// input order (stable sort), so results are deterministic on both devices.
+//
+// The threshold is converted once to the op math type with round-to-nearest
+// and compared there (torchvision's CUDA kernel does the same in float).
+// Consequence: an IoU that equals the threshold exactly never suppresses, in
+// any precision.
+#pragma once
+
+#include <cmath>
+
+#include "common/boxes.h"
+
+namespace torchops {
+
+// Checks of nms (idxs == nullptr) and batched_nms (op names the caller).
+inline void check_nms(
+    const char* op, const at::Tensor& boxes, const at::Tensor& scores,
+    const at::Tensor* idxs, double iou_threshold, c10::DeviceType device) {
+  if (idxs != nullptr) {
+    check_devices(op, device,
+                  {{boxes, "boxes"}, {scores, "scores"}, {*idxs, "idxs"}});
+  } else {
+    check_devices(op, device, {{boxes, "boxes"}, {scores, "scores"}});
+  }
+  check_boxes(op, {boxes, "boxes"});
+  check_floating(op, {scores, "scores"});
+  check_same_dtype(op, {boxes, "boxes"}, {scores, "scores"});
+  check_per_box(op, {scores, "scores"}, {boxes, "boxes"});
+  if (idxs != nullptr) {
+    TORCH_CHECK(
+        idxs->scalar_type() == at::kLong, "torchops.", op,
+        ": expected 'idxs' (the category of each box) to be an int64 tensor, "
+        "but got ", idxs->scalar_type());
+    check_per_box(op, {*idxs, "idxs"}, {boxes, "boxes"});
+  }
+  TORCH_CHECK(
+      !std::isnan(iou_threshold), "torchops.", op,
+      ": expected 'iou_threshold' to be a number, but got nan");
+}
+
+// The suppression test of the CUDA kernel: does box `a` (higher score)
+// suppress box `b`?  Areas are computed inline, exactly like torchvision's
+// CUDA kernel, so nvcc sees (and contracts) the same expression tree.
+// Not symmetric in a and b once contracted into FMAs: always pass the
+// higher-scored box as `a`.
+template <typename T>
+C10_HOST_DEVICE inline bool nms_suppresses(
+    const Box<T>& a, const Box<T>& b, T threshold) {
+  const T inter =
+      box_intersection(a.x1, a.y1, a.x2, a.y2, b.x1, b.y1, b.x2, b.y2);
+  const T area_a = (a.x2 - a.x1) * (a.y2 - a.y1);
+  const T area_b = (b.x2 - b.x1) * (b.y2 - b.y1);
+  return iou_of(inter, area_a, area_b) > threshold;
+}
+
+}  // namespace torchops
