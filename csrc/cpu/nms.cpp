@@ -36,7 +36,7 @@ namespace {
 
 constexpr int64_t kBlock = 64;       // candidates resolved sequentially per round
 constexpr int64_t kTile = 512;       // tail elements kept in L1 across kept boxes
-constexpr int64_t kTaskPairs = 1 << 15;  // IoU tests per thread task, at least
+constexpr int64_t kTaskPairs = 1 << 16;  // IoU tests per thread task, at least
 
 // Integer of the op math width: flags and categories are stored in it so the
 // suppression loop compares and blends in lanes of one width.
