@@ -34,7 +34,7 @@
 namespace torchops::cpu {
 namespace {
 
-constexpr int64_t kBlock = 64;       // candidates resolved sequentially per round
+constexpr int64_t kBlock = 256;      // candidates resolved sequentially per round
 constexpr int64_t kTile = 512;       // tail elements kept in L1 across kept boxes
 constexpr int64_t kTaskPairs = 1 << 16;  // IoU tests per thread task, at least
 
