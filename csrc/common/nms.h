@@ -7,9 +7,13 @@
 // input order (stable sort), so results are deterministic on both devices.
 //
 // The threshold is converted once to the op math type with round-to-nearest
-// and compared there (torchvision's CUDA kernel does the same in float).
-// Consequence: an IoU that equals the threshold exactly never suppresses, in
-// any precision.
+// and compared there, as torchvision's CUDA kernel does for float32.  So an
+// IoU that equals the threshold exactly never suppresses, in any precision
+// (torchvision's CPU kernel compares in double instead: a float32 IoU of
+// exactly 0.3 is above 0.3 there, because float(0.3) > 0.3).  The IoU is
+// evaluated in torchvision's order -- inter / (area_a + area_b - inter) --
+// with precomputed areas on the CPU and inline ones on CUDA, like
+// torchvision's kernels.
 #pragma once
 
 #include <cmath>
@@ -54,6 +58,12 @@ C10_HOST_DEVICE inline bool nms_suppresses(
     const Box<T>& a, const Box<T>& b, T threshold) {
   const T inter =
       box_intersection(a.x1, a.y1, a.x2, a.y2, b.x1, b.y1, b.x2, b.y2);
+  // Boxes that do not overlap have IoU 0 (NaN for empty boxes), which no
+  // threshold >= 0 is below: skip the division, as for most pairs of a
+  // sparse scene.  Exact -- the full test would return false too.
+  if (threshold >= T(0) && !(inter > T(0))) {
+    return false;
+  }
   const T area_a = (a.x2 - a.x1) * (a.y2 - a.y1);
   const T area_b = (b.x2 - b.x1) * (b.y2 - b.y1);
   return iou_of(inter, area_a, area_b) > threshold;
