@@ -12,7 +12,7 @@
 //  4. compact the tail once a quarter of it is suppressed, so dead boxes stop
 //     costing work; repeat from 2.
 // Work is O(kept * remaining) IoU tests like the textbook greedy loop, but
-// kBlock kept boxes share each pass over the tail, which amortises the
+// the boxes kept in a block share each pass over the tail, which amortises the
 // threading overhead and keeps a tile of the tail in L1 across them.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -26,6 +26,7 @@
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "common/nms.h"
