@@ -67,7 +67,9 @@ def random_boxes(n: int, regime: str = "sparse") -> torch.Tensor:
 
 def nms_args(p: P, device: str, dtype: torch.dtype, requires_grad: bool) -> tuple:
     boxes = random_boxes(p["n"], p.get("regime", "sparse"))
-    scores = torch.rand(p["n"])
+    # Distinct scores: with ties, torchvision's (unstable) sort may order the
+    # kept boxes differently, and the check would flag a non-difference.
+    scores = (torch.randperm(p["n"]) + torch.rand(p["n"])) / p["n"]
     return boxes.to(device, dtype), scores.to(device, dtype), float(p.get("iou", 0.5))
 
 
