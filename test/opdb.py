@@ -387,6 +387,9 @@ def _d_sigmoid_samples(device, dtype, requires_grad=False):
     z = make((5, 1), device, dtype).expand(5, 7)
     yield Sample((z.detach().requires_grad_(rg),), name="expanded")
     yield Sample((make((0, 4), device, dtype, rg),), name="empty2d")
+    # Contiguous but not 16-byte aligned: the kernels' unvectorised path.
+    z = make((67,), device, dtype, low=-8, high=8)[3:]
+    yield Sample((z.detach().requires_grad_(rg),), name="offset")
 
 
 def _d_sigmoid_errors(device):

@@ -21,10 +21,11 @@ at::Tensor d_sigmoid(const at::Tensor& z_in) {
         using opmath_t = at::opmath_type<scalar_t>;
         const scalar_t* zp = z.const_data_ptr<scalar_t>();
         scalar_t* op = out.mutable_data_ptr<scalar_t>();
-        launch_elementwise(z.numel(), [=] __device__(int64_t i) {
-          op[i] = static_cast<scalar_t>(
-              d_sigmoid_value(static_cast<opmath_t>(zp[i])));
-        });
+        launch_map(z.numel(), op, std::array<const scalar_t*, 1>{zp},
+                   [] __device__(const scalar_t(&v)[1]) {
+                     return static_cast<scalar_t>(
+                         d_sigmoid_value(static_cast<opmath_t>(v[0])));
+                   });
       });
   return out;
 }
@@ -42,10 +43,11 @@ at::Tensor d_sigmoid_backward(const at::Tensor& grad_in, const at::Tensor& z_in)
         const scalar_t* zp = z.const_data_ptr<scalar_t>();
         const scalar_t* gp = grad.const_data_ptr<scalar_t>();
         scalar_t* op = out.mutable_data_ptr<scalar_t>();
-        launch_elementwise(z.numel(), [=] __device__(int64_t i) {
-          op[i] = static_cast<scalar_t>(d_sigmoid_grad(
-              static_cast<opmath_t>(gp[i]), static_cast<opmath_t>(zp[i])));
-        });
+        launch_map(z.numel(), op, std::array<const scalar_t*, 2>{gp, zp},
+                   [] __device__(const scalar_t(&v)[2]) {
+                     return static_cast<scalar_t>(d_sigmoid_grad(
+                         static_cast<opmath_t>(v[0]), static_cast<opmath_t>(v[1])));
+                   });
       });
   return out;
 }
