@@ -29,12 +29,13 @@ namespace torchops::cpu {
 namespace {
 
 // The input indices along one axis that each output index p reads, with
-// their summed weights: entries [offsets[p], offsets[p + 1]).
+// their summed weights: entries [offsets[p], offsets[p + 1]), ascending.
 template <typename T>
 struct AxisTaps {
   std::vector<int64_t> offsets;
   std::vector<int64_t> index;
   std::vector<T> weight;
+  int64_t first = 0, last = -1;  // smallest and largest index used
 
   // `scratch` holds `size` zeros on entry and on exit.
   void build(T start, T bin, int64_t grid, int64_t size, int64_t pooled,
@@ -42,8 +43,10 @@ struct AxisTaps {
     offsets.assign(1, 0);
     index.clear();
     weight.clear();
+    first = size;
+    last = -1;
     for (int64_t p = 0; p < pooled; ++p) {
-      int64_t first = size, last = -1;
+      int64_t lo_p = size, hi_p = -1;
       for (int64_t i = 0; i < grid; ++i) {
         int64_t lo, hi;
         T w_lo, w_hi;
@@ -53,27 +56,37 @@ struct AxisTaps {
         }
         scratch[lo] += w_lo * scale;
         scratch[hi] += w_hi * scale;
-        first = std::min(first, lo);
-        last = std::max(last, hi);
+        lo_p = std::min(lo_p, lo);
+        hi_p = std::max(hi_p, hi);
       }
-      // Samples move monotonically along the axis, so their taps lie in
-      // [first, last]; collect the non-zero ones in order.
-      for (int64_t j = first; j <= last; ++j) {
+      for (int64_t j = lo_p; j <= hi_p; ++j) {
         if (scratch[j] != T(0)) {
           index.push_back(j);
           weight.push_back(scratch[j]);
           scratch[j] = T(0);
+          first = std::min(first, j);
+          last = std::max(last, j);
         }
       }
       offsets.push_back(static_cast<int64_t>(index.size()));
     }
   }
+
+  int64_t taps() const { return offsets.back(); }
+  int64_t begin(int64_t p) const { return offsets[p]; }
+  int64_t end(int64_t p) const { return offsets[p + 1]; }
 };
 
 template <typename T>
 struct RoiTaps {
   int64_t batch = 0;
   AxisTaps<T> rows, cols;
+  // Pass over every column in [cols.first, cols.last] of the rows a bin row
+  // needs (vectorised), instead of visiting each (row, column) tap of each
+  // bin: cheaper unless the bins' columns are sparse in that range.
+  bool dense = false;
+
+  int64_t span() const { return cols.last - cols.first + 1; }
 };
 
 struct RoiAlignParams {
@@ -100,24 +113,99 @@ std::vector<RoiTaps<T>> build_taps(const scalar_t* rois, int64_t k,
                    p.pooled_height, box.inv_count, scratch);
       t.cols.build(box.start_w, box.bin_w, box.grid_w, width, p.pooled_width,
                    T(1), scratch);
+      t.dense = t.cols.taps() > 0 && t.span() <= 2 * t.cols.taps();
     }
   });
   return taps;
 }
 
-// One (RoI, channel): out[ph, pw] = sum_r wy * sum_q wx * plane[r, q].
+// acc[j] (+)= sum_r w[r] * plane[rows[r], x0 + j] for j < n: the vectorised
+// row pass, compiled per input dtype for AVX2 and the baseline.
 template <typename scalar_t, typename T>
-inline void pool_plane(const scalar_t* __restrict__ plane, int64_t width,
-                       const RoiTaps<T>& t, int64_t pooled_height,
-                       int64_t pooled_width, scalar_t* __restrict__ out) {
+inline __attribute__((always_inline)) void weighted_rows_impl(
+    const scalar_t* __restrict__ plane, int64_t width,
+    const int64_t* __restrict__ rows, const T* __restrict__ w, int64_t nr,
+    int64_t x0, int64_t n, T* __restrict__ acc) {
+  for (int64_t j = 0; j < n; ++j) {
+    acc[j] = T(0);
+  }
+  for (int64_t r = 0; r < nr; ++r) {
+    const scalar_t* __restrict__ row = plane + rows[r] * width + x0;
+    const T wr = w[r];
+    for (int64_t j = 0; j < n; ++j) {
+      acc[j] += wr * static_cast<T>(row[j]);
+    }
+  }
+}
+
+// plane[rows[r], x0 + j] += w[r] * g[j]: the transpose of the row pass.
+template <typename T>
+inline __attribute__((always_inline)) void add_weighted_rows_impl(
+    T* __restrict__ plane, int64_t width, const int64_t* __restrict__ rows,
+    const T* __restrict__ w, int64_t nr, int64_t x0, int64_t n,
+    const T* __restrict__ g) {
+  for (int64_t r = 0; r < nr; ++r) {
+    T* __restrict__ row = plane + rows[r] * width + x0;
+    const T wr = w[r];
+    for (int64_t j = 0; j < n; ++j) {
+      row[j] += wr * g[j];
+    }
+  }
+}
+
+#define TORCHOPS_ROI_ROWS(scalar_t, T)                                        \
+  TORCHOPS_CPU_MULTIVERSION void weighted_rows(                               \
+      const scalar_t* plane, int64_t width, const int64_t* rows, const T* w,  \
+      int64_t nr, int64_t x0, int64_t n, T* acc) {                            \
+    weighted_rows_impl(plane, width, rows, w, nr, x0, n, acc);                \
+  }
+TORCHOPS_ROI_ROWS(float, float)
+TORCHOPS_ROI_ROWS(double, double)
+TORCHOPS_ROI_ROWS(c10::Half, float)
+TORCHOPS_ROI_ROWS(c10::BFloat16, float)
+#undef TORCHOPS_ROI_ROWS
+
+TORCHOPS_CPU_MULTIVERSION void add_weighted_rows(
+    float* plane, int64_t width, const int64_t* rows, const float* w,
+    int64_t nr, int64_t x0, int64_t n, const float* g) {
+  add_weighted_rows_impl(plane, width, rows, w, nr, x0, n, g);
+}
+
+TORCHOPS_CPU_MULTIVERSION void add_weighted_rows(
+    double* plane, int64_t width, const int64_t* rows, const double* w,
+    int64_t nr, int64_t x0, int64_t n, const double* g) {
+  add_weighted_rows_impl(plane, width, rows, w, nr, x0, n, g);
+}
+
+// One (RoI, channel): out[ph, pw] = sum_r wy * sum_q wx * plane[r, q].
+// `buf` holds at least `width` values.
+template <typename scalar_t, typename T>
+void pool_plane(const scalar_t* __restrict__ plane, int64_t width,
+                const RoiTaps<T>& t, int64_t pooled_height,
+                int64_t pooled_width, T* __restrict__ buf,
+                scalar_t* __restrict__ out) {
   const int64_t* ri = t.rows.index.data();
   const T* rw = t.rows.weight.data();
   const int64_t* ci = t.cols.index.data();
   const T* cw = t.cols.weight.data();
   for (int64_t ph = 0; ph < pooled_height; ++ph) {
-    const int64_t r0 = t.rows.offsets[ph], r1 = t.rows.offsets[ph + 1];
+    const int64_t r0 = t.rows.begin(ph), r1 = t.rows.end(ph);
+    scalar_t* o = out + ph * pooled_width;
+    if (t.dense) {
+      // buf[x - first] = sum_r wy[r] * plane[r, x], then gather per bin.
+      const int64_t x0 = t.cols.first;
+      weighted_rows(plane, width, ri + r0, rw + r0, r1 - r0, x0, t.span(), buf);
+      for (int64_t pw = 0; pw < pooled_width; ++pw) {
+        T acc = T(0);
+        for (int64_t q = t.cols.begin(pw); q < t.cols.end(pw); ++q) {
+          acc += cw[q] * buf[ci[q] - x0];
+        }
+        o[pw] = static_cast<scalar_t>(acc);
+      }
+      continue;
+    }
     for (int64_t pw = 0; pw < pooled_width; ++pw) {
-      const int64_t q0 = t.cols.offsets[pw], q1 = t.cols.offsets[pw + 1];
+      const int64_t q0 = t.cols.begin(pw), q1 = t.cols.end(pw);
       T acc = T(0);
       for (int64_t r = r0; r < r1; ++r) {
         const scalar_t* row = plane + ri[r] * width;
@@ -127,29 +215,41 @@ inline void pool_plane(const scalar_t* __restrict__ plane, int64_t width,
         }
         acc += rw[r] * s;
       }
-      out[ph * pooled_width + pw] = static_cast<scalar_t>(acc);
+      o[pw] = static_cast<scalar_t>(acc);
     }
   }
 }
 
 // The transpose of pool_plane: plane[r, q] += g[ph, pw] * wy * wx.
-template <typename scalar_t, typename acc_t>
-inline void scatter_plane(const scalar_t* __restrict__ grad,
-                          const RoiTaps<acc_t>& t, int64_t pooled_height,
-                          int64_t pooled_width, int64_t width,
-                          acc_t* __restrict__ plane) {
+template <typename scalar_t, typename T>
+void scatter_plane(const scalar_t* __restrict__ grad, const RoiTaps<T>& t,
+                   int64_t pooled_height, int64_t pooled_width, int64_t width,
+                   T* __restrict__ buf, T* __restrict__ plane) {
   const int64_t* ri = t.rows.index.data();
-  const acc_t* rw = t.rows.weight.data();
+  const T* rw = t.rows.weight.data();
   const int64_t* ci = t.cols.index.data();
-  const acc_t* cw = t.cols.weight.data();
+  const T* cw = t.cols.weight.data();
   for (int64_t ph = 0; ph < pooled_height; ++ph) {
-    const int64_t r0 = t.rows.offsets[ph], r1 = t.rows.offsets[ph + 1];
+    const int64_t r0 = t.rows.begin(ph), r1 = t.rows.end(ph);
+    const scalar_t* g = grad + ph * pooled_width;
+    if (t.dense) {
+      const int64_t x0 = t.cols.first, n = t.span();
+      std::fill(buf, buf + n, T(0));
+      for (int64_t pw = 0; pw < pooled_width; ++pw) {
+        const T gv = static_cast<T>(g[pw]);
+        for (int64_t q = t.cols.begin(pw); q < t.cols.end(pw); ++q) {
+          buf[ci[q] - x0] += gv * cw[q];
+        }
+      }
+      add_weighted_rows(plane, width, ri + r0, rw + r0, r1 - r0, x0, n, buf);
+      continue;
+    }
     for (int64_t pw = 0; pw < pooled_width; ++pw) {
-      const int64_t q0 = t.cols.offsets[pw], q1 = t.cols.offsets[pw + 1];
-      const acc_t g = static_cast<acc_t>(grad[ph * pooled_width + pw]);
+      const int64_t q0 = t.cols.begin(pw), q1 = t.cols.end(pw);
+      const T gv = static_cast<T>(g[pw]);
       for (int64_t r = r0; r < r1; ++r) {
-        acc_t* row = plane + ri[r] * width;
-        const acc_t gr = g * rw[r];
+        T* row = plane + ri[r] * width;
+        const T gr = gv * rw[r];
         for (int64_t q = q0; q < q1; ++q) {
           row[ci[q]] += gr * cw[q];
         }
@@ -161,6 +261,17 @@ inline void scatter_plane(const scalar_t* __restrict__ grad,
 // Items of (pooled_height * pooled_width)-sized work per parallel chunk.
 int64_t grain_for(int64_t bins) {
   return std::max<int64_t>(1, 4096 / std::max<int64_t>(1, bins));
+}
+
+// RoIs of each image, in index order.
+template <typename T>
+std::vector<std::vector<int64_t>> rois_by_image(
+    const std::vector<RoiTaps<T>>& taps, int64_t batch_size) {
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(batch_size));
+  for (size_t i = 0; i < taps.size(); ++i) {
+    out[static_cast<size_t>(taps[i].batch)].push_back(static_cast<int64_t>(i));
+  }
+  return out;
 }
 
 at::Tensor roi_align(const at::Tensor& input_in, const at::Tensor& rois_in,
@@ -190,16 +301,40 @@ at::Tensor roi_align(const at::Tensor& input_in, const at::Tensor& rois_in,
         const std::vector<RoiTaps<T>> taps =
             build_taps<scalar_t, T>(rp, k, height, width, p);
         const scalar_t* in = input.const_data_ptr<scalar_t>();
-        scalar_t* op_ = out.mutable_data_ptr<scalar_t>();
+        scalar_t* o = out.mutable_data_ptr<scalar_t>();
         const int64_t bins = pooled_height * pooled_width;
         const int64_t plane = height * width;
+        const int64_t n_images = input.size(0);
+        if (n_images * channels >= 4 * at::get_num_threads()) {
+          // Plane-major: a thread takes whole (image, channel) planes and
+          // pools every RoI of that image from it while it sits in cache,
+          // so each plane is read from memory once, not once per RoI.
+          const auto by_image = rois_by_image(taps, n_images);
+          const int64_t per_image = std::max<int64_t>(1, k / n_images);
+          at::parallel_for(0, n_images * channels,
+                           std::max<int64_t>(1, grain_for(bins) / per_image),
+                           [&](int64_t begin, int64_t end) {
+            std::vector<T> buf(static_cast<size_t>(width));
+            for (int64_t bc = begin; bc < end; ++bc) {
+              const int64_t b = bc / channels, c = bc % channels;
+              for (const int64_t i : by_image[static_cast<size_t>(b)]) {
+                pool_plane(in + bc * plane, width, taps[static_cast<size_t>(i)],
+                           pooled_height, pooled_width, buf.data(),
+                           o + (i * channels + c) * bins);
+              }
+            }
+          });
+          return;
+        }
+        // Few planes: parallel over (RoI, channel) instead.
         at::parallel_for(0, k * channels, grain_for(bins),
                          [&](int64_t begin, int64_t end) {
+          std::vector<T> buf(static_cast<size_t>(width));
           for (int64_t i = begin; i < end; ++i) {
             const RoiTaps<T>& t = taps[static_cast<size_t>(i / channels)];
             const int64_t c = i % channels;
             pool_plane(in + (t.batch * channels + c) * plane, width, t,
-                       pooled_height, pooled_width, op_ + i * bins);
+                       pooled_height, pooled_width, buf.data(), o + i * bins);
           }
         });
       });
@@ -236,25 +371,23 @@ at::Tensor roi_align_backward(const at::Tensor& grad_in,
         }
         const std::vector<RoiTaps<T>> taps =
             build_taps<scalar_t, T>(rp, k, height, width, p);
-        std::vector<std::vector<int64_t>> rois_of(static_cast<size_t>(batch_size));
-        for (int64_t i = 0; i < k; ++i) {
-          rois_of[static_cast<size_t>(taps[static_cast<size_t>(i)].batch)].push_back(i);
-        }
+        const auto by_image = rois_by_image(taps, batch_size);
         const scalar_t* gp = grad.const_data_ptr<scalar_t>();
         T* gi = grad_input.mutable_data_ptr<T>();
         const int64_t bins = pooled_height * pooled_width;
         const int64_t plane = height * width;
-        const int64_t rois_per_image = std::max<int64_t>(1, k / std::max<int64_t>(1, batch_size));
+        const int64_t per_image = std::max<int64_t>(1, k / batch_size);
         at::parallel_for(
             0, batch_size * channels,
-            std::max<int64_t>(1, grain_for(bins) / rois_per_image),
+            std::max<int64_t>(1, grain_for(bins) / per_image),
             [&](int64_t begin, int64_t end) {
+              std::vector<T> buf(static_cast<size_t>(width));
               for (int64_t bc = begin; bc < end; ++bc) {
                 const int64_t b = bc / channels, c = bc % channels;
-                for (const int64_t i : rois_of[static_cast<size_t>(b)]) {
+                for (const int64_t i : by_image[static_cast<size_t>(b)]) {
                   scatter_plane(gp + (i * channels + c) * bins,
                                 taps[static_cast<size_t>(i)], pooled_height,
-                                pooled_width, width, gi + bc * plane);
+                                pooled_width, width, buf.data(), gi + bc * plane);
                 }
               }
             });
