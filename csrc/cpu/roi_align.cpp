@@ -8,10 +8,10 @@
 // only: samples closer than a pixel share taps, so small bins read each
 // pixel once instead of up to four times per sample.
 //
-// Forward: parallel over (RoI, channel) pairs.  Backward: parallel over the
-// (image, channel) planes of grad_input; each plane is written by one thread,
-// RoI after RoI in index order, so the result is deterministic and does not
-// depend on the number of threads.
+// Both passes run plane-major (cpu/common/roi_loops.h): each input plane is
+// read once for all RoIs of its image, and in the backward each plane of
+// grad_input is written by one thread, RoI after RoI in index order, so the
+// result is deterministic and independent of the number of threads.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
@@ -24,6 +24,7 @@
 
 #include "common/roi_align.h"
 #include "cpu/common/parallel.h"
+#include "cpu/common/roi_loops.h"
 
 namespace torchops::cpu {
 namespace {
@@ -258,20 +259,23 @@ void scatter_plane(const scalar_t* __restrict__ grad, const RoiTaps<T>& t,
   }
 }
 
-// Items of (pooled_height * pooled_width)-sized work per parallel chunk.
-int64_t grain_for(int64_t bins) {
-  return std::max<int64_t>(1, 4096 / std::max<int64_t>(1, bins));
-}
-
-// RoIs of each image, in index order.
 template <typename T>
-std::vector<std::vector<int64_t>> rois_by_image(
-    const std::vector<RoiTaps<T>>& taps, int64_t batch_size) {
-  std::vector<std::vector<int64_t>> out(static_cast<size_t>(batch_size));
+std::vector<int64_t> images_of(const std::vector<RoiTaps<T>>& taps) {
+  std::vector<int64_t> out(taps.size());
   for (size_t i = 0; i < taps.size(); ++i) {
-    out[static_cast<size_t>(taps[i].batch)].push_back(static_cast<int64_t>(i));
+    out[i] = taps[i].batch;
   }
   return out;
+}
+
+// Scratch row of `width` values, one per thread.
+template <typename T>
+T* thread_buffer(int64_t width) {
+  thread_local std::vector<T> buf;
+  if (static_cast<int64_t>(buf.size()) < width) {
+    buf.resize(static_cast<size_t>(width));
+  }
+  return buf.data();
 }
 
 at::Tensor roi_align(const at::Tensor& input_in, const at::Tensor& rois_in,
@@ -304,39 +308,14 @@ at::Tensor roi_align(const at::Tensor& input_in, const at::Tensor& rois_in,
         scalar_t* o = out.mutable_data_ptr<scalar_t>();
         const int64_t bins = pooled_height * pooled_width;
         const int64_t plane = height * width;
-        const int64_t n_images = input.size(0);
-        if (n_images * channels >= 4 * at::get_num_threads()) {
-          // Plane-major: a thread takes whole (image, channel) planes and
-          // pools every RoI of that image from it while it sits in cache,
-          // so each plane is read from memory once, not once per RoI.
-          const auto by_image = rois_by_image(taps, n_images);
-          const int64_t per_image = std::max<int64_t>(1, k / n_images);
-          at::parallel_for(0, n_images * channels,
-                           std::max<int64_t>(1, grain_for(bins) / per_image),
-                           [&](int64_t begin, int64_t end) {
-            std::vector<T> buf(static_cast<size_t>(width));
-            for (int64_t bc = begin; bc < end; ++bc) {
-              const int64_t b = bc / channels, c = bc % channels;
-              for (const int64_t i : by_image[static_cast<size_t>(b)]) {
-                pool_plane(in + bc * plane, width, taps[static_cast<size_t>(i)],
-                           pooled_height, pooled_width, buf.data(),
-                           o + (i * channels + c) * bins);
-              }
-            }
-          });
-          return;
-        }
-        // Few planes: parallel over (RoI, channel) instead.
-        at::parallel_for(0, k * channels, grain_for(bins),
-                         [&](int64_t begin, int64_t end) {
-          std::vector<T> buf(static_cast<size_t>(width));
-          for (int64_t i = begin; i < end; ++i) {
-            const RoiTaps<T>& t = taps[static_cast<size_t>(i / channels)];
-            const int64_t c = i % channels;
-            pool_plane(in + (t.batch * channels + c) * plane, width, t,
-                       pooled_height, pooled_width, buf.data(), o + i * bins);
-          }
-        });
+        parallel_over_roi_channels(
+            images_of(taps), input.size(0), channels, bins * 4,
+            [&](int64_t i, int64_t c) {
+              const RoiTaps<T>& t = taps[static_cast<size_t>(i)];
+              pool_plane(in + (t.batch * channels + c) * plane, width, t,
+                         pooled_height, pooled_width, thread_buffer<T>(width),
+                         o + (i * channels + c) * bins);
+            });
       });
   return out;
 }
@@ -371,25 +350,17 @@ at::Tensor roi_align_backward(const at::Tensor& grad_in,
         }
         const std::vector<RoiTaps<T>> taps =
             build_taps<scalar_t, T>(rp, k, height, width, p);
-        const auto by_image = rois_by_image(taps, batch_size);
         const scalar_t* gp = grad.const_data_ptr<scalar_t>();
         T* gi = grad_input.mutable_data_ptr<T>();
         const int64_t bins = pooled_height * pooled_width;
         const int64_t plane = height * width;
-        const int64_t per_image = std::max<int64_t>(1, k / batch_size);
-        at::parallel_for(
-            0, batch_size * channels,
-            std::max<int64_t>(1, grain_for(bins) / per_image),
-            [&](int64_t begin, int64_t end) {
-              std::vector<T> buf(static_cast<size_t>(width));
-              for (int64_t bc = begin; bc < end; ++bc) {
-                const int64_t b = bc / channels, c = bc % channels;
-                for (const int64_t i : by_image[static_cast<size_t>(b)]) {
-                  scatter_plane(gp + (i * channels + c) * bins,
-                                taps[static_cast<size_t>(i)], pooled_height,
-                                pooled_width, width, buf.data(), gi + bc * plane);
-                }
-              }
+        parallel_over_planes(
+            images_of(taps), batch_size, channels, bins * 4,
+            [&](int64_t i, int64_t c) {
+              const RoiTaps<T>& t = taps[static_cast<size_t>(i)];
+              scatter_plane(gp + (i * channels + c) * bins, t, pooled_height,
+                            pooled_width, width, thread_buffer<T>(width),
+                            gi + (t.batch * channels + c) * plane);
             });
       });
   return grad_input.to(dtype);

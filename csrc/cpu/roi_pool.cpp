@@ -1,9 +1,9 @@
 // CPU kernels of torchops.roi_pool and its backward.
 //
-// Forward: parallel over (RoI, channel) pairs; each RoI's bin ranges are
-// computed once per chunk.  Backward: parallel over the (image, channel)
-// planes of grad_input; each plane is written by one thread, RoI after RoI
-// in index order, so the result is deterministic.
+// Each RoI's bin ranges are computed once.  Both passes run plane-major
+// (cpu/common/roi_loops.h); in the backward each plane of grad_input is
+// written by one thread, RoI after RoI in index order, so the result is
+// deterministic.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "common/roi_pool.h"
-#include "cpu/common/parallel.h"
+#include "cpu/common/roi_loops.h"
 
 namespace torchops::cpu {
 namespace {
@@ -68,41 +68,40 @@ std::tuple<at::Tensor, at::Tensor> roi_pool(const at::Tensor& input_in,
         if (out.numel() == 0) {
           return;
         }
+        std::vector<BinRanges> ranges(static_cast<size_t>(k));
+        std::vector<int64_t> images(static_cast<size_t>(k));
+        for (int64_t i = 0; i < k; ++i) {
+          ranges[i].build<T>(rp + i * 5, static_cast<T>(spatial_scale),
+                             pooled_height, pooled_width, height, width);
+          images[i] = ranges[i].batch;
+        }
         const scalar_t* in = input.const_data_ptr<scalar_t>();
         scalar_t* o = out.mutable_data_ptr<scalar_t>();
         int64_t* am = argmax.mutable_data_ptr<int64_t>();
         const int64_t bins = pooled_height * pooled_width;
         const int64_t plane = height * width;
-        const int64_t grain = std::max<int64_t>(1, 4096 / bins);
-        at::parallel_for(0, k * channels, grain, [&](int64_t begin, int64_t end) {
-          BinRanges r;
-          int64_t built = -1;
-          for (int64_t i = begin; i < end; ++i) {
-            const int64_t roi = i / channels, c = i % channels;
-            if (roi != built) {
-              r.build<T>(rp + roi * 5, static_cast<T>(spatial_scale),
-                         pooled_height, pooled_width, height, width);
-              built = roi;
-            }
-            const scalar_t* pl = in + (r.batch * channels + c) * plane;
-            for (int64_t ph = 0; ph < pooled_height; ++ph) {
-              for (int64_t pw = 0; pw < pooled_width; ++pw) {
-                const bool empty =
-                    r.h_hi[ph] <= r.h_lo[ph] || r.w_hi[pw] <= r.w_lo[pw];
-                T best = empty ? T(0) : roi_pool_initial_max<T>();
-                int64_t best_at = -1;
-                for (int64_t h = r.h_lo[ph]; h < r.h_hi[ph]; ++h) {
-                  for (int64_t w = r.w_lo[pw]; w < r.w_hi[pw]; ++w) {
-                    const T v = static_cast<T>(pl[h * width + w]);
-                    if (v > best) {
-                      best = v;
-                      best_at = h * width + w;
-                    }
+        parallel_over_roi_channels(images, input.size(0), channels, bins * 4,
+                                   [&](int64_t i, int64_t c) {
+          const BinRanges& r = ranges[static_cast<size_t>(i)];
+          const scalar_t* pl = in + (r.batch * channels + c) * plane;
+          const int64_t base = (i * channels + c) * bins;
+          for (int64_t ph = 0; ph < pooled_height; ++ph) {
+            for (int64_t pw = 0; pw < pooled_width; ++pw) {
+              const bool empty =
+                  r.h_hi[ph] <= r.h_lo[ph] || r.w_hi[pw] <= r.w_lo[pw];
+              T best = empty ? T(0) : roi_pool_initial_max<T>();
+              int64_t best_at = -1;
+              for (int64_t h = r.h_lo[ph]; h < r.h_hi[ph]; ++h) {
+                for (int64_t w = r.w_lo[pw]; w < r.w_hi[pw]; ++w) {
+                  const T v = static_cast<T>(pl[h * width + w]);
+                  if (v > best) {
+                    best = v;
+                    best_at = h * width + w;
                   }
                 }
-                o[i * bins + ph * pooled_width + pw] = static_cast<scalar_t>(best);
-                am[i * bins + ph * pooled_width + pw] = best_at;
               }
+              o[base + ph * pooled_width + pw] = static_cast<scalar_t>(best);
+              am[base + ph * pooled_width + pw] = best_at;
             }
           }
         });
@@ -141,33 +140,28 @@ at::Tensor roi_pool_backward(const at::Tensor& grad_in,
         if (grad_input.numel() == 0 || k == 0) {
           return;
         }
-        std::vector<std::vector<int64_t>> rois_of(static_cast<size_t>(batch_size));
+        std::vector<int64_t> images(static_cast<size_t>(k));
         for (int64_t i = 0; i < k; ++i) {
-          rois_of[static_cast<size_t>(roi_batch_index(static_cast<T>(rp[i * 5])))]
-              .push_back(i);
+          images[i] = roi_batch_index(static_cast<T>(rp[i * 5]));
         }
         const scalar_t* gp = grad.const_data_ptr<scalar_t>();
         const int64_t* am = argmax.const_data_ptr<int64_t>();
         T* gi = grad_input.mutable_data_ptr<T>();
         const int64_t bins = pooled_height * pooled_width;
         const int64_t plane = height * width;
-        at::parallel_for(0, batch_size * channels, 1, [&](int64_t begin, int64_t end) {
-          for (int64_t bc = begin; bc < end; ++bc) {
-            const int64_t b = bc / channels, c = bc % channels;
-            T* dst = gi + bc * plane;
-            for (const int64_t i : rois_of[static_cast<size_t>(b)]) {
-              const int64_t base = (i * channels + c) * bins;
-              for (int64_t j = 0; j < bins; ++j) {
-                const int64_t a = am[base + j];
-                if (a == -1) {
-                  continue;  // empty bin: nothing was pooled
-                }
-                TORCH_CHECK(a >= 0 && a < plane,
-                            "torchops._roi_pool_backward: 'argmax' holds ", a,
-                            ", outside the ", height, "x", width, " plane");
-                dst[a] += static_cast<T>(gp[base + j]);
-              }
+        parallel_over_planes(images, batch_size, channels, bins,
+                             [&](int64_t i, int64_t c) {
+          T* dst = gi + (images[i] * channels + c) * plane;
+          const int64_t base = (i * channels + c) * bins;
+          for (int64_t j = 0; j < bins; ++j) {
+            const int64_t a = am[base + j];
+            if (a == -1) {
+              continue;  // empty bin: nothing was pooled
             }
+            TORCH_CHECK(a >= 0 && a < plane,
+                        "torchops._roi_pool_backward: 'argmax' holds ", a,
+                        ", outside the ", height, "x", width, " plane");
+            dst[a] += static_cast<T>(gp[base + j]);
           }
         });
       });
