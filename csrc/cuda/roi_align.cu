@@ -13,9 +13,10 @@
 //    (input pixel, grad element, weight) contributions, sorted by pixel
 //    with a stable sort, and every grad_input element then sums its own
 //    contributions in that fixed order -- a gather with no atomics,
-//    bitwise reproducible.  Scratch memory: 24 bytes per contribution, four
-//    per bilinear sample (K * PH * PW * S * S * 4 contributions; 1000 RoIs
-//    at 7x7 with sampling_ratio 2: 19 MB).
+//    bitwise reproducible.  Scratch memory: about 60 bytes per contribution
+//    (sort included), four contributions per bilinear sample: K * PH * PW *
+//    S * S * 4 of them, e.g. 47 MB for 1000 RoIs at 7x7 with
+//    sampling_ratio 2; plus channels-last copies of grad and grad_input.
 //
 // RoIs whose batch index is not an image of the input (checking it would
 // need a device sync) pool to zeros and get no gradient.
@@ -45,7 +46,7 @@ namespace {
 constexpr int kThreads = 256;
 
 struct Params {
-  int64_t n_images, channels, height, width;
+  int64_t rois, n_images, channels, height, width;
   int64_t pooled_height, pooled_width, sampling_ratio;
   bool aligned;
 };
@@ -66,16 +67,16 @@ __device__ __forceinline__ bool valid_image(int64_t b, const Params& p) {
 // Forward
 // ---------------------------------------------------------------------------
 
-template <typename scalar_t, typename T, typename index_t, bool kChannelsInner>
+template <typename scalar_t, typename T, typename index_t, RoiOrder kOrder>
 __global__ void __launch_bounds__(kThreads) roi_align_forward_kernel(
     const scalar_t* __restrict__ input, Strides4 s,
     const scalar_t* __restrict__ rois, T spatial_scale, Params p,
     index_t total, scalar_t* __restrict__ out) {
   for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
-    const RoiBin b = roi_bin_of<kChannelsInner, index_t>(
+    const RoiBin b = roi_bin_of<kOrder, index_t>(
         i, static_cast<index_t>(p.channels),
         static_cast<index_t>(p.pooled_height),
-        static_cast<index_t>(p.pooled_width));
+        static_cast<index_t>(p.pooled_width), static_cast<index_t>(p.rois));
     const RoiAlignBox<T> box = box_of(rois, b.k, spatial_scale, p);
     T acc = T(0);
     if (valid_image(box.batch, p)) {
@@ -105,8 +106,8 @@ __global__ void __launch_bounds__(kThreads) roi_align_forward_kernel(
       }
       acc *= box.inv_count;
     }
-    out[((b.k * p.channels + b.c) * p.pooled_height + b.ph) * p.pooled_width +
-        b.pw] = static_cast<scalar_t>(acc);
+    out[roi_bin_offset(b, p.channels, p.pooled_height, p.pooled_width)] =
+        static_cast<scalar_t>(acc);
   }
 }
 
@@ -127,7 +128,7 @@ at::Tensor roi_align(const at::Tensor& input, const at::Tensor& rois_in,
   if (total == 0) {
     return out;
   }
-  const Params p{input.size(0), channels, input.size(2), input.size(3),
+  const Params p{k, input.size(0), channels, input.size(2), input.size(3),
                  pooled_height, pooled_width, sampling_ratio, aligned};
   const unsigned int blocks = grid_for(total, kThreads);
   const bool inner = channels_inner(input);
@@ -136,9 +137,8 @@ at::Tensor roi_align(const at::Tensor& input, const at::Tensor& rois_in,
         using T = at::opmath_type<scalar_t>;
         with_index_type(total, blocks, kThreads, [&](auto index) {
           using index_t = decltype(index);
-          auto launch = [&](auto inner_tag) {
-            constexpr bool kInner = decltype(inner_tag)::value;
-            roi_align_forward_kernel<scalar_t, T, index_t, kInner>
+          auto launch = [&](auto order) {
+            roi_align_forward_kernel<scalar_t, T, index_t, decltype(order)::value>
                 <<<blocks, kThreads, 0, current_stream()>>>(
                     input.const_data_ptr<scalar_t>(), strides4(input),
                     rois.const_data_ptr<scalar_t>(),
@@ -147,9 +147,9 @@ at::Tensor roi_align(const at::Tensor& input, const at::Tensor& rois_in,
                     out.mutable_data_ptr<scalar_t>());
           };
           if (inner) {
-            launch(std::true_type{});
+            launch(std::integral_constant<RoiOrder, RoiOrder::kChannelsInner>{});
           } else {
-            launch(std::false_type{});
+            launch(std::integral_constant<RoiOrder, RoiOrder::kChannelsOuter>{});
           }
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         });
@@ -167,10 +167,10 @@ __global__ void __launch_bounds__(kThreads) roi_align_backward_atomic_kernel(
     const scalar_t* __restrict__ rois, T spatial_scale, Params p,
     index_t total, T* __restrict__ grad_input) {
   for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
-    const RoiBin b = roi_bin_of<false, index_t>(
+    const RoiBin b = roi_bin_of<RoiOrder::kChannelsOuter, index_t>(
         i, static_cast<index_t>(p.channels),
         static_cast<index_t>(p.pooled_height),
-        static_cast<index_t>(p.pooled_width));
+        static_cast<index_t>(p.pooled_width), static_cast<index_t>(p.rois));
     const RoiAlignBox<T> box = box_of(rois, b.k, spatial_scale, p);
     if (!valid_image(box.batch, p)) {
       continue;
@@ -236,7 +236,7 @@ __global__ void roi_align_contribution_counts_kernel(
 // where invalid samples keep their slots with the sentinel key).
 template <typename scalar_t, typename T>
 __global__ void __launch_bounds__(kThreads) roi_align_contributions_kernel(
-    const scalar_t* __restrict__ rois, T spatial_scale, Params p, Strides4 gs,
+    const scalar_t* __restrict__ rois, T spatial_scale, Params p,
     int64_t n_bins, const int64_t* __restrict__ offsets, int64_t per_roi,
     int64_t* __restrict__ keys, int64_t* __restrict__ src,
     T* __restrict__ weight) {
@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(kThreads) roi_align_contributions_kernel(
     const int64_t base = (offsets != nullptr ? offsets[k] : k * per_roi) +
                          (ph * p.pooled_width + pw) * gh * gw * 4;
     const int64_t sentinel = p.n_images * p.height * p.width;
-    const int64_t from = k * gs.n + ph * gs.h + pw * gs.w;
+    const int64_t from = t;  // the bin (k, ph, pw), a row of grad_t
     const int64_t plane = box.batch * p.height * p.width;
     for (int64_t iy = 0; iy < gh; ++iy) {
       int64_t y0 = 0, y1 = 0;
@@ -286,49 +286,26 @@ __global__ void __launch_bounds__(kThreads) roi_align_contributions_kernel(
   }
 }
 
-// grad_input[b, c, pix] = sum of weight * grad[src + c * grad_c_stride] over
-// the contributions [bounds[b*HW + pix], bounds[b*HW + pix + 1]), in order.
-// Each thread does kChannels channels of one pixel, so each contribution is
-// loaded once for all of them; adjacent threads take adjacent pixels.
-constexpr int kChannelsPerThread = 4;
-
+// out[d, c] = sum of weight * grad_t[src, c] over the contributions
+// [bounds[d], bounds[d + 1]) of pixel d, in order.  grad_t is grad as
+// (K * PH * PW, C) and out is grad_input as (N * H * W, C): adjacent threads
+// take adjacent channels, so a warp shares one pixel's contribution list
+// (broadcast loads, no divergence) and its grad and output accesses are
+// contiguous.
 template <typename scalar_t, typename T, typename index_t>
 __global__ void __launch_bounds__(kThreads) roi_align_gather_kernel(
-    const scalar_t* __restrict__ grad, int64_t grad_c_stride,
-    const int64_t* __restrict__ bounds, const int64_t* __restrict__ src,
-    const T* __restrict__ weight, int64_t channels, index_t plane,
-    index_t channel_groups, index_t total, scalar_t* __restrict__ grad_input) {
+    const scalar_t* __restrict__ grad_t, const int64_t* __restrict__ bounds,
+    const int64_t* __restrict__ src, const T* __restrict__ weight,
+    index_t channels, index_t total, scalar_t* __restrict__ out) {
   for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
-    const index_t pix = i % plane;
-    const index_t rest = i / plane;
-    const int64_t c0 = static_cast<int64_t>(rest % channel_groups) * kChannelsPerThread;
-    const int64_t b = rest / channel_groups;
-    const int64_t d = b * plane + pix;
-    const int64_t j0 = bounds[d], j1 = bounds[d + 1];
-    const int n = static_cast<int>(
-        channels - c0 < kChannelsPerThread ? channels - c0 : kChannelsPerThread);
-    T acc[kChannelsPerThread];
-#pragma unroll
-    for (int q = 0; q < kChannelsPerThread; ++q) {
-      acc[q] = T(0);
+    const index_t c = i % channels;
+    const index_t d = i / channels;
+    const int64_t j1 = bounds[d + 1];
+    T acc = T(0);
+    for (int64_t j = bounds[d]; j < j1; ++j) {
+      acc += weight[j] * static_cast<T>(grad_t[src[j] * channels + c]);
     }
-    for (int64_t j = j0; j < j1; ++j) {
-      const scalar_t* g = grad + src[j] + c0 * grad_c_stride;
-      const T w = weight[j];
-#pragma unroll
-      for (int q = 0; q < kChannelsPerThread; ++q) {
-        if (q < n) {
-          acc[q] += w * static_cast<T>(g[q * grad_c_stride]);
-        }
-      }
-    }
-    scalar_t* out = grad_input + (b * channels + c0) * plane + pix;
-#pragma unroll
-    for (int q = 0; q < kChannelsPerThread; ++q) {
-      if (q < n) {
-        out[q * static_cast<int64_t>(plane)] = static_cast<scalar_t>(acc[q]);
-      }
-    }
+    out[i] = static_cast<scalar_t>(acc);
   }
 }
 
@@ -378,10 +355,12 @@ at::Tensor roi_align_backward_deterministic(const at::Tensor& grad,
     offsets = offsets.to(rois.device());
   }
 
-  at::Tensor grad_input = at::empty({p.n_images, p.channels, p.height, p.width},
-                                    grad.options());
+  // Written as (N, H, W, C) memory, returned as contiguous NCHW.
+  at::Tensor grad_input =
+      at::empty({p.n_images, p.channels, p.height, p.width}, grad.options(),
+                at::MemoryFormat::ChannelsLast);
   if (grad_input.numel() == 0) {
-    return grad_input;
+    return grad_input.contiguous();
   }
   at::Tensor keys = at::empty({total}, long_opts);
   at::Tensor src = at::empty({total}, long_opts);
@@ -391,7 +370,7 @@ at::Tensor roi_align_backward_deterministic(const at::Tensor& grad,
   if (n_bins > 0 && total > 0) {
     roi_align_contributions_kernel<scalar_t, T>
         <<<grid_for(n_bins, kThreads), kThreads, 0, current_stream()>>>(
-            rp, scale, p, strides4(grad), n_bins,
+            rp, scale, p, n_bins,
             offsets.defined() ? offsets.const_data_ptr<int64_t>() : nullptr,
             per_roi, keys.mutable_data_ptr<int64_t>(),
             src.mutable_data_ptr<int64_t>(), weight.mutable_data_ptr<T>());
@@ -407,23 +386,24 @@ at::Tensor roi_align_backward_deterministic(const at::Tensor& grad,
   const at::Tensor bounds = at::searchsorted(
       std::get<0>(sorted), at::arange(p.n_images * plane + 1, long_opts));
 
-  const int64_t groups = ceil_div(p.channels, kChannelsPerThread);
-  const int64_t threads_total = p.n_images * groups * plane;
+  // Channels innermost on both sides of the gather (see the kernel); the
+  // two transposes cost far less than strided gathers would.
+  const at::Tensor grad_t = grad.permute({0, 2, 3, 1}).contiguous();
+  const int64_t threads_total = grad_input.numel();
   const unsigned int blocks = grid_for(threads_total, kThreads);
   with_index_type(threads_total, blocks, kThreads, [&](auto index) {
     using index_t = decltype(index);
     roi_align_gather_kernel<scalar_t, T, index_t>
         <<<blocks, kThreads, 0, current_stream()>>>(
-            grad.const_data_ptr<scalar_t>(), grad.stride(1),
-            bounds.const_data_ptr<int64_t>(),
+            grad_t.const_data_ptr<scalar_t>(), bounds.const_data_ptr<int64_t>(),
             sorted_src.const_data_ptr<int64_t>(),
-            sorted_weight.const_data_ptr<T>(), p.channels,
-            static_cast<index_t>(plane), static_cast<index_t>(groups),
+            sorted_weight.const_data_ptr<T>(),
+            static_cast<index_t>(p.channels),
             static_cast<index_t>(threads_total),
             grad_input.mutable_data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
-  return grad_input;
+  return grad_input.contiguous();
 }
 
 at::Tensor roi_align_backward(const at::Tensor& grad, const at::Tensor& rois_in,
@@ -437,7 +417,7 @@ at::Tensor roi_align_backward(const at::Tensor& grad, const at::Tensor& rois_in,
   check_roi_align_sampling(op, sampling_ratio);
   const c10::cuda::CUDAGuard guard(grad.device());
   const at::Tensor rois = rois_in.contiguous();
-  const Params p{batch_size, channels, height, width,
+  const Params p{rois.size(0), batch_size, channels, height, width,
                  pooled_height, pooled_width, sampling_ratio, aligned};
   const at::ScalarType dtype = grad.scalar_type();
   if (rois.size(0) == 0 || grad.numel() == 0) {

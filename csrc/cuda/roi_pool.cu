@@ -8,7 +8,7 @@
 // types).  Under torch.use_deterministic_algorithms(True): the destinations
 // are sorted with a stable sort and the first thread of each run of equal
 // destinations sums the run in that fixed order (no atomics, bitwise
-// reproducible; 16-24 bytes of scratch per grad element).
+// reproducible; about 40 bytes of scratch per grad element, sort included).
 //
 // RoIs whose batch index is not an image of the input (checking it would
 // need a device sync) pool to zeros with argmax -1 and get no gradient;
@@ -34,20 +34,28 @@ namespace {
 constexpr int kThreads = 256;
 
 struct Params {
-  int64_t n_images, channels, height, width;
+  int64_t rois, n_images, channels, height, width;
   int64_t pooled_height, pooled_width;
 };
 
-template <typename scalar_t, typename T, typename index_t, bool kChannelsInner>
+template <RoiOrder kOrder, typename index_t>
+__device__ __forceinline__ RoiBin bin_of(index_t i, const Params& p) {
+  return roi_bin_of<kOrder, index_t>(
+      i, static_cast<index_t>(p.channels), static_cast<index_t>(p.pooled_height),
+      static_cast<index_t>(p.pooled_width), static_cast<index_t>(p.rois));
+}
+
+__device__ __forceinline__ int64_t offset_of(const RoiBin& b, const Params& p) {
+  return roi_bin_offset(b, p.channels, p.pooled_height, p.pooled_width);
+}
+
+template <typename scalar_t, typename T, typename index_t, RoiOrder kOrder>
 __global__ void __launch_bounds__(kThreads) roi_pool_forward_kernel(
     const scalar_t* __restrict__ input, Strides4 s,
     const scalar_t* __restrict__ rois, T spatial_scale, Params p,
     index_t total, scalar_t* __restrict__ out, int64_t* __restrict__ argmax) {
   for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
-    const RoiBin b = roi_bin_of<kChannelsInner, index_t>(
-        i, static_cast<index_t>(p.channels),
-        static_cast<index_t>(p.pooled_height),
-        static_cast<index_t>(p.pooled_width));
+    const RoiBin b = bin_of<kOrder>(i, p);
     const RoiPoolBox<T> box = roi_pool_box<T>(rois + b.k * 5, spatial_scale,
                                               p.pooled_height, p.pooled_width);
     T best = T(0);
@@ -70,8 +78,7 @@ __global__ void __launch_bounds__(kThreads) roi_pool_forward_kernel(
         }
       }
     }
-    const int64_t o =
-        ((b.k * p.channels + b.c) * p.pooled_height + b.ph) * p.pooled_width + b.pw;
+    const int64_t o = offset_of(b, p);
     out[o] = static_cast<scalar_t>(best);
     argmax[o] = best_at;
   }
@@ -94,7 +101,7 @@ std::tuple<at::Tensor, at::Tensor> roi_pool(const at::Tensor& input,
   if (total == 0) {
     return {out, argmax};
   }
-  const Params p{input.size(0), channels, input.size(2), input.size(3),
+  const Params p{k, input.size(0), channels, input.size(2), input.size(3),
                  pooled_height, pooled_width};
   const unsigned int blocks = grid_for(total, kThreads);
   const bool inner = channels_inner(input);
@@ -103,9 +110,8 @@ std::tuple<at::Tensor, at::Tensor> roi_pool(const at::Tensor& input,
         using T = at::opmath_type<scalar_t>;
         with_index_type(total, blocks, kThreads, [&](auto index) {
           using index_t = decltype(index);
-          auto launch = [&](auto inner_tag) {
-            constexpr bool kInner = decltype(inner_tag)::value;
-            roi_pool_forward_kernel<scalar_t, T, index_t, kInner>
+          auto launch = [&](auto order) {
+            roi_pool_forward_kernel<scalar_t, T, index_t, decltype(order)::value>
                 <<<blocks, kThreads, 0, current_stream()>>>(
                     input.const_data_ptr<scalar_t>(), strides4(input),
                     rois.const_data_ptr<scalar_t>(),
@@ -115,9 +121,9 @@ std::tuple<at::Tensor, at::Tensor> roi_pool(const at::Tensor& input,
                     argmax.mutable_data_ptr<int64_t>());
           };
           if (inner) {
-            launch(std::true_type{});
+            launch(std::integral_constant<RoiOrder, RoiOrder::kChannelsInner>{});
           } else {
-            launch(std::false_type{});
+            launch(std::integral_constant<RoiOrder, RoiOrder::kChannelsOuter>{});
           }
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         });
@@ -125,13 +131,13 @@ std::tuple<at::Tensor, at::Tensor> roi_pool(const at::Tensor& input,
   return {out, argmax};
 }
 
-// Flat index into grad_input of grad element i's destination, or -1.
+// Flat index into grad_input of bin b's destination, or -1.
 template <typename scalar_t, typename T>
 __device__ __forceinline__ int64_t destination(const scalar_t* rois,
                                                const int64_t* argmax,
-                                               const RoiBin& b, int64_t i,
+                                               const RoiBin& b,
                                                const Params& p) {
-  const int64_t a = argmax[i];
+  const int64_t a = argmax[offset_of(b, p)];
   const int64_t image = roi_batch_index(static_cast<T>(rois[b.k * 5]));
   if (a < 0 || a >= p.height * p.width || image < 0 || image >= p.n_images) {
     return -1;
@@ -145,11 +151,8 @@ __global__ void __launch_bounds__(kThreads) roi_pool_backward_atomic_kernel(
     const scalar_t* __restrict__ rois, const int64_t* __restrict__ argmax,
     Params p, index_t total, T* __restrict__ grad_input) {
   for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
-    const RoiBin b = roi_bin_of<false, index_t>(
-        i, static_cast<index_t>(p.channels),
-        static_cast<index_t>(p.pooled_height),
-        static_cast<index_t>(p.pooled_width));
-    const int64_t d = destination<scalar_t, T>(rois, argmax, b, i, p);
+    const RoiBin b = bin_of<RoiOrder::kChannelsOuter>(i, p);
+    const int64_t d = destination<scalar_t, T>(rois, argmax, b, p);
     if (d >= 0) {
       atomicAdd(grad_input + d,
                 static_cast<T>(grad[b.k * gs.n + b.c * gs.c + b.ph * gs.h +
@@ -165,11 +168,8 @@ __global__ void __launch_bounds__(kThreads) roi_pool_destinations_kernel(
     const scalar_t* __restrict__ rois, const int64_t* __restrict__ argmax,
     Params p, index_t total, int64_t sentinel, int64_t* __restrict__ keys) {
   for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
-    const RoiBin b = roi_bin_of<false, index_t>(
-        i, static_cast<index_t>(p.channels),
-        static_cast<index_t>(p.pooled_height),
-        static_cast<index_t>(p.pooled_width));
-    const int64_t d = destination<scalar_t, T>(rois, argmax, b, i, p);
+    const RoiBin b = bin_of<RoiOrder::kMemory>(i, p);
+    const int64_t d = destination<scalar_t, T>(rois, argmax, b, p);
     keys[i] = d >= 0 ? d : sentinel;
   }
 }
@@ -189,8 +189,7 @@ __global__ void __launch_bounds__(kThreads) roi_pool_run_sums_kernel(
     }
     T acc = T(0);
     for (int64_t j = i; j < total && keys[j] == key; ++j) {
-      const RoiBin b = roi_bin_of<false, int64_t>(
-          order[j], p.channels, p.pooled_height, p.pooled_width);
+      const RoiBin b = bin_of<RoiOrder::kMemory, int64_t>(order[j], p);
       acc += static_cast<T>(
           grad[b.k * gs.n + b.c * gs.c + b.ph * gs.h + b.pw * gs.w]);
     }
@@ -215,7 +214,8 @@ at::Tensor roi_pool_backward(const at::Tensor& grad, const at::Tensor& rois_in,
   const c10::cuda::CUDAGuard guard(grad.device());
   const at::Tensor rois = rois_in.contiguous();
   const at::Tensor argmax = argmax_in.contiguous();
-  const Params p{batch_size, channels, height, width, pooled_height, pooled_width};
+  const Params p{rois.size(0), batch_size, channels, height, width,
+                 pooled_height, pooled_width};
   const at::ScalarType dtype = grad.scalar_type();
   const int64_t total = grad.numel();
   const unsigned int blocks = grid_for(total, kThreads);
