@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/string_view.h>
 
 #include <tuple>
 #include <utility>
@@ -97,5 +98,24 @@ inline at::Tensor roi_pool_backward(
 }
 
 // --- losses -------------------------------------------------------------------------
+
+inline at::Tensor sigmoid_focal_loss(
+    const at::Tensor& inputs, const at::Tensor& targets, double alpha,
+    double gamma, c10::string_view reduction) {
+  static const auto op = detail::handle<at::Tensor(
+      const at::Tensor&, const at::Tensor&, double, double, c10::string_view)>(
+      "torchops::sigmoid_focal_loss");
+  return op.call(inputs, targets, alpha, gamma, reduction);
+}
+
+inline at::Tensor sigmoid_focal_loss_backward(
+    const at::Tensor& grad, const at::Tensor& inputs,
+    const at::Tensor& targets, double alpha, double gamma,
+    c10::string_view reduction) {
+  static const auto op = detail::handle<at::Tensor(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double,
+      c10::string_view)>("torchops::_sigmoid_focal_loss_backward");
+  return op.call(grad, inputs, targets, alpha, gamma, reduction);
+}
 
 }  // namespace torchops::ops

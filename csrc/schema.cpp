@@ -45,4 +45,10 @@ TORCH_LIBRARY(torchops, m) {
         "-> Tensor", pt2);
 
   // --- losses -----------------------------------------------------------------------------
+  m.def(
+      "sigmoid_focal_loss(Tensor inputs, Tensor targets, float alpha=0.25, "
+      "float gamma=2., str reduction=\"none\") -> Tensor", pt2);
+  m.def(
+      "_sigmoid_focal_loss_backward(Tensor grad, Tensor inputs, Tensor targets, "
+      "float alpha, float gamma, str reduction) -> Tensor", pt2);
 }

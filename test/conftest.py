@@ -1,3 +1,15 @@
+"""Test options, markers and hypothesis profiles.
+
+    pytest test                      CPU CI: small samples, hypothesis profile "ci"
+    pytest test --full               larger samples (opdb's sample_inputs_large),
+                                     hypothesis profile "full"
+                                     (also: TORCHOPS_TEST_PROFILE=full)
+    pytest test -m cuda              only the GPU-side tests
+    pytest test --hypothesis-profile=full   only the long property runs' setting
+
+See docs/testing.md.
+"""
+
 import os
 import sys
 
@@ -5,6 +17,36 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))  # so tests can `import opdb`
+
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # the property tests importorskip it
+    settings = None
+else:
+    _common = dict(deadline=None, print_blob=True,
+                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    # CI: few examples, derandomized so that a CI run is reproducible.
+    settings.register_profile("ci", max_examples=12, derandomize=True, **_common)
+    settings.register_profile("full", max_examples=300, **_common)
+    settings.load_profile("ci")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true", default=False,
+                     help="torchops: the long profile (larger samples, more hypothesis examples); "
+                          "same as TORCHOPS_TEST_PROFILE=full")
+
+
+def pytest_configure(config):
+    if config.getoption("--full"):
+        os.environ["TORCHOPS_TEST_PROFILE"] = "full"
+    full = os.environ.get("TORCHOPS_TEST_PROFILE", "ci") == "full"
+    if full and settings is not None and not config.getoption("hypothesis_profile", None):
+        settings.load_profile("full")
+
+
+def pytest_report_header(config):
+    return f"torchops test profile: {os.environ.get('TORCHOPS_TEST_PROFILE', 'ci')}"
 
 
 def pytest_collection_modifyitems(config, items):

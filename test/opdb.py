@@ -1,16 +1,60 @@
 """The op database: one entry per public torchops operator.
 
-Every generic test (test_ops.py and friends) is generated from these entries,
-in the spirit of PyTorch's OpInfo: adding an op means adding an entry here,
-not writing a new test file.  An entry says how to call the op, how to make
-sample inputs for a device and dtype, what the float64 pure-PyTorch reference
-is, which tolerances apply, and which invalid inputs must raise what.
+Every generic test (test_ops.py, test_export.py, test_properties.py,
+test_gates.py) is generated from these entries, in the spirit of PyTorch's
+OpInfo: adding an op means adding an entry here, not writing a new test file.
+An entry says how to call the op, how to make sample inputs for a device and
+dtype, what the float64 pure-PyTorch reference is, which tolerances apply, and
+which invalid inputs must raise what.
+
+Adding an op
+------------
+Write an ``OpInfo`` in your group's section below and add it to that
+section's list (BOX_OPS, ROI_OPS, LOSS_OPS).  Required fields:
+
+``name``            public name (``torchops.<name>``).
+``op``              the overload, ``torch.ops.torchops.<name>.default``.
+``wrapper``         the typed Python wrapper in torchops.ops.
+``reference``       pure PyTorch, called with every floating tensor of a sample
+                    converted to float64 (integer tensors and scalars as they
+                    are); returns what the op returns (a tensor or a tuple).
+                    Integer outputs are compared exactly, dtype included.
+``sample_inputs``   ``(device, dtype, requires_grad=False) -> iterable of
+                    Sample``.  Tensors go in ``Sample.args`` (positionally);
+                    scalars (float/int/bool/str) may go in args or kwargs.
+                    Cover: an empty dim, a size-1 dim, odd sizes, transposed or
+                    sliced (non-contiguous) and expanded (stride 0) inputs, and,
+                    when ``requires_grad`` is true, set it on the floating
+                    inputs that are differentiable (never on integer ones).
+                    ``dtype`` is the floating dtype under test; integer inputs
+                    (indices, ...) keep their own dtype.  Also list >= 3
+                    samples that differ only in their sizes (those >= 2): the
+                    compile and export tests take them (or give
+                    ``sample_inputs_compile``); dims of size 1 are fine when
+                    they are 1 in all three.  test_gates checks the variety.
+``error_inputs``    ``(device) -> iterable of ErrorInput``: invalid calls, the
+                    exception type and a regex that names the op and the
+                    argument ("torchops\\.<name>.*'boxes'").
+
+Optional fields (defaults in brackets): ``dtypes`` [all four float dtypes on
+cpu and cuda], ``tols`` [DEFAULT_TOLS] per dtype, ``differentiable`` [True],
+``supports_gradgrad`` [False], ``data_dependent_output`` [False: the output
+size depends on the values, like nms], ``internal_ops`` [()] (``_<op>_backward``
+ops this entry exercises), ``autocast`` [False: the op has Autocast kernels],
+``contiguous_outputs`` [True], ``sample_inputs_large`` [None: extra, bigger
+samples for the ``--full`` profile], ``sample_inputs_compile`` [None: derived],
+``hypothesis_sample`` [None: derived from ``sample_inputs``; ``(draw, device,
+dtype) -> Sample`` for a real property test, see hyp_tensor], ``gradcheck_kwargs``
+[{}: e.g. nondet_tol for atomics], ``skips`` [{}: generic test name -> written
+reason] and ``opcheck_skips`` [{}: opcheck test_util name -> written reason].
+test_gates rejects empty reasons and unknown names.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -23,6 +67,22 @@ import torchops
 # ----------------------------------------------------------------------------------
 
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+# Generic tests an entry may skip (with a reason), and opcheck's test_utils.
+GENERIC_TESTS = (
+    "correctness", "wrapper", "opcheck", "gradcheck", "gradgradcheck", "grad_vs_reference",
+    "compile", "export", "autocast", "cuda_graph", "cpu_vs_cuda", "error_inputs", "property",
+    "sample_variety",
+)
+OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor",
+                 "test_aot_dispatch_dynamic")
+
+
+def full_profile() -> bool:
+    """True for the long GPU/nightly runs (``pytest --full`` or
+    TORCHOPS_TEST_PROFILE=full): larger samples, more examples."""
+    return os.environ.get("TORCHOPS_TEST_PROFILE", "ci") == "full"
 
 
 @dataclass
@@ -53,6 +113,9 @@ class ErrorInput:
     sample: Sample
     match: str
     error: type = RuntimeError
+    # Call the Python wrapper instead of the dispatcher op (for the
+    # ValueError/TypeError checks that live in the wrapper).
+    via_wrapper: bool = False
 
 
 @dataclass
@@ -71,6 +134,8 @@ DEFAULT_TOLS = {
 
 @dataclass
 class OpInfo:
+    """One operator; see the module docstring for what each field means."""
+
     name: str                                   # public name: torchops.<name>
     op: torch._ops.OpOverload                   # torch.ops.torchops.<name>.default
     wrapper: Callable                           # typed Python wrapper
@@ -86,14 +151,64 @@ class OpInfo:
     # Internal ops (backward kernels) that this entry exercises; the coverage
     # gate accepts them as covered.
     internal_ops: tuple[str, ...] = ()
-    # Test name -> written reason for not running it on this op.
+    # Test name (GENERIC_TESTS) -> written reason for not running it on this op.
     skips: dict[str, str] = field(default_factory=dict)
+    # opcheck test_util (OPCHECK_UTILS) -> written reason for turning it off.
+    opcheck_skips: dict[str, str] = field(default_factory=dict)
+    # The op has AutocastCPU/AutocastCUDA kernels: compute in float32, return
+    # the first floating input's dtype.  The autocast test runs for every op;
+    # with this set it also calls the op with mixed float32/half inputs.
+    autocast: bool = False
+    # Kernels return contiguous outputs (the project rule); the correctness
+    # test checks the strides unless this is False.
+    contiguous_outputs: bool = True
+    # (device, dtype, requires_grad) -> extra, larger samples for --full.
+    sample_inputs_large: Callable[..., Iterable[Sample]] | None = None
+    # (device, dtype, requires_grad) -> >= 3 samples differing only in sizes,
+    # for the compile and export tests; derived from the samples when None.
+    sample_inputs_compile: Callable[..., Iterable[Sample]] | None = None
+    # (draw, device, dtype) -> Sample: a hypothesis-driven sample (see
+    # hyp_tensor); when None the property test draws among sample_inputs.
+    hypothesis_sample: Callable[..., Sample] | None = None
+    # Extra arguments to gradcheck/gradgradcheck (e.g. nondet_tol, atol).
+    gradcheck_kwargs: dict = field(default_factory=dict)
 
     def tol(self, dtype: torch.dtype) -> Tol:
         return self.tols.get(dtype, DEFAULT_TOLS[dtype])
 
     def qualname(self) -> str:
         return f"torchops::{self.name}"
+
+    def samples(self, device, dtype, requires_grad=False) -> Iterable[Sample]:
+        """The entry's samples, plus the large ones in the full profile."""
+        yield from self.sample_inputs(device, dtype, requires_grad=requires_grad)
+        if self.sample_inputs_large is not None and full_profile():
+            yield from self.sample_inputs_large(device, dtype, requires_grad=requires_grad)
+
+    def compile_samples(self, device, dtype, requires_grad=False) -> list[Sample]:
+        """Up to three non-empty samples of one structure (ranks, dtypes,
+        layouts, scalars, and which dims are 0 or 1: dynamo specialises
+        those) and different sizes, for the compile and export tests."""
+        if self.sample_inputs_compile is not None:
+            return list(self.sample_inputs_compile(device, dtype, requires_grad=requires_grad))
+        groups: dict[Any, dict[tuple, Sample]] = {}
+        for s in self.sample_inputs(device, dtype, requires_grad=requires_grad):
+            ts = s.tensors()
+            if not ts or any(t.numel() == 0 for t in ts):
+                continue
+            key = (tuple(_structure(a) for a in s.args),
+                   tuple(sorted((k, repr(v)) for k, v in s.kwargs.items())))
+            groups.setdefault(key, {}).setdefault(tuple(t.shape for t in ts), s)
+        best = max(groups.values(), key=len, default={})
+        return list(best.values())[:3]
+
+
+def _structure(a) -> Any:
+    if not isinstance(a, torch.Tensor):
+        return ("scalar", repr(a))
+    order = tuple(sorted(range(a.dim()), key=lambda d: -a.stride(d)))
+    return ("tensor", a.dtype, a.requires_grad, a.is_contiguous(), order,
+            tuple(st == 0 for st in a.stride()), tuple(d if d < 2 else None for d in a.shape))
 
 
 def make(shape, device, dtype, requires_grad=False, low=-3.0, high=3.0) -> torch.Tensor:
@@ -122,6 +237,57 @@ def convert(s: Sample, dtype: torch.dtype | None = None, requires_grad: bool | N
         rg = a.requires_grad if requires_grad is None else requires_grad
         return t.requires_grad_(rg and t.is_floating_point())
     return Sample(tuple(conv(a) for a in s.args), dict(s.kwargs), s.name)
+
+
+def hyp_tensor(draw, shape, device, dtype, low=-3.0, high=3.0, requires_grad=False) -> torch.Tensor:
+    """For ``hypothesis_sample``: a floating tensor of ``shape`` with drawn
+    values (uniform in [low, high]) and a drawn memory layout: contiguous,
+    permuted, sliced (strided), offset into its storage, or expanded."""
+    from hypothesis import strategies as st
+
+    shape = tuple(int(d) for d in shape)
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1), label="seed"))
+
+    def values(sh):
+        t = torch.empty(tuple(sh), dtype=torch.float64).uniform_(low, high, generator=g)
+        return t.to(dtype).to(device)
+
+    layouts = ["contiguous", "offset"]
+    if shape:
+        layouts += ["sliced", "expanded"]
+    if len(shape) >= 2:
+        layouts.append("permuted")
+    layout = draw(st.sampled_from(layouts), label="layout")
+    if layout == "permuted":
+        perm = draw(st.permutations(range(len(shape))))
+        t = values([shape[p] for p in perm]).permute([perm.index(i) for i in range(len(shape))])
+    elif layout == "sliced":
+        d, step = draw(st.integers(0, len(shape) - 1)), draw(st.integers(2, 3))
+        big = list(shape)
+        big[d] *= step
+        index = [slice(None)] * len(shape)
+        index[d] = slice(None, None, step)
+        t = values(big)[tuple(index)]
+    elif layout == "offset":
+        n = 1
+        for d in shape:
+            n *= d
+        t = values([n + 3])[3:].view(shape)
+    elif layout == "expanded":
+        d = draw(st.integers(0, len(shape) - 1))
+        small = list(shape)
+        small[d] = 1
+        t = values(small).expand(shape)
+    else:
+        t = values(shape)
+    assert t.shape == shape
+    return t.detach().requires_grad_(requires_grad)
+
+
+def hyp_size(draw, high=40) -> int:
+    """A dimension size, 0 and 1 drawn often (they are the edge cases)."""
+    from hypothesis import strategies as st
+    return draw(st.one_of(st.sampled_from([0, 1]), st.integers(2, high)))
 
 
 # ----------------------------------------------------------------------------------
@@ -166,6 +332,27 @@ def _matmul_errors(device):
         yield ErrorInput(Sample((f(3, 4), f(4, 5, dev="cpu"))), r"torchops\.matmul.*'b'")
 
 
+def _matmul_large(device, dtype, requires_grad=False):
+    rg = requires_grad
+    for pre, m, k, n in [((), 300, 257, 129), ((4,), 128, 65, 97), ((), 1, 1000, 513)]:
+        yield Sample((make((*pre, m, k), device, dtype, rg), make((*pre, k, n), device, dtype, rg)),
+                     name=f"large{m}x{k}x{n}")
+    yield Sample((make_transposed((3, 200, 300), device, dtype, rg),
+                  make_transposed((3, 300, 100), device, dtype, rg)), name="large_T")
+
+
+def _matmul_hypothesis(draw, device, dtype):
+    from hypothesis import strategies as st
+    batch = draw(st.one_of(st.none(), st.integers(0, 3)))
+    m, k, n = hyp_size(draw), hyp_size(draw), hyp_size(draw)
+    pre = () if batch is None else (batch,)
+    # Magnitudes stay where float16 cannot overflow (8 * 8 * 40 < 65504).
+    mag = draw(st.sampled_from([1e-2, 1.0, 8.0]))
+    a = hyp_tensor(draw, (*pre, m, k), device, dtype, -mag, mag)
+    b = hyp_tensor(draw, (*pre, k, n), device, dtype, -mag, mag)
+    return Sample((a, b), name=f"hyp{tuple(a.shape)}@{tuple(b.shape)}")
+
+
 MATMUL = OpInfo(
     name="matmul",
     op=torch.ops.torchops.matmul.default,
@@ -179,6 +366,8 @@ MATMUL = OpInfo(
         torch.bfloat16: Tol(5e-2, 2e-2),
     },
     supports_gradgrad=True,
+    sample_inputs_large=_matmul_large,
+    hypothesis_sample=_matmul_hypothesis,
 )
 
 
@@ -193,7 +382,7 @@ def _d_sigmoid_ref(z):
 
 def _d_sigmoid_samples(device, dtype, requires_grad=False):
     rg = requires_grad
-    for shape in [(7,), (0,), (1,), (3, 5), (2, 0, 3), (4, 33, 5), (1000,)]:
+    for shape in [(7,), (0,), (1,), (3, 5), (2, 0, 3), (4, 33, 5), (61,), (1000,)]:
         yield Sample((make(shape, device, dtype, rg, low=-8, high=8),), name=f"z{shape}")
     yield Sample((make_transposed((6, 9), device, dtype, rg),), name="transposed")
     z = make((5, 1), device, dtype).expand(5, 7)
@@ -207,6 +396,19 @@ def _d_sigmoid_errors(device):
                      r"torchops\.d_sigmoid.*'z'")
 
 
+def _d_sigmoid_large(device, dtype, requires_grad=False):
+    yield Sample((make((1 << 20,), device, dtype, requires_grad, low=-20, high=20),), name="z1M")
+    yield Sample((make_transposed((513, 1025), device, dtype, requires_grad),), name="large_T")
+
+
+def _d_sigmoid_hypothesis(draw, device, dtype):
+    from hypothesis import strategies as st
+    shape = draw(st.lists(st.one_of(st.sampled_from([0, 1]), st.integers(2, 9)), max_size=4))
+    # Up to 1e3: deep in both tails, where s * (1 - s) underflows.
+    mag = draw(st.sampled_from([0.5, 4.0, 30.0, 1e3]))
+    return Sample((hyp_tensor(draw, shape, device, dtype, -mag, mag),), name=f"hyp{tuple(shape)}")
+
+
 D_SIGMOID = OpInfo(
     name="d_sigmoid",
     op=torch.ops.torchops.d_sigmoid.default,
@@ -216,6 +418,8 @@ D_SIGMOID = OpInfo(
     error_inputs=_d_sigmoid_errors,
     internal_ops=("_d_sigmoid_backward",),
     tols={torch.float16: Tol(2e-3, 2e-3)},
+    sample_inputs_large=_d_sigmoid_large,
+    hypothesis_sample=_d_sigmoid_hypothesis,
 )
 
 
@@ -437,7 +641,99 @@ ROI_OPS: list[OpInfo] = [ROI_ALIGN, ROI_POOL]
 
 
 # --- losses -----------------------------------------------------------------------------
-LOSS_OPS: list[OpInfo] = []
+
+def _focal_ref(inputs, targets, alpha=0.25, gamma=2.0, reduction="none"):
+    """torchvision.ops.sigmoid_focal_loss, written out in plain PyTorch."""
+    p = torch.sigmoid(inputs)
+    ce = torch.nn.functional.binary_cross_entropy_with_logits(inputs, targets, reduction="none")
+    p_t = p * targets + (1 - p) * (1 - targets)
+    loss = ce * ((1 - p_t) ** gamma)
+    if alpha >= 0:
+        loss = (alpha * targets + (1 - alpha) * (1 - targets)) * loss
+    return {"none": lambda: loss, "mean": loss.mean, "sum": loss.sum}[reduction]()
+
+
+def _focal_targets(shape, device, dtype, hard: bool) -> torch.Tensor:
+    if hard:
+        return torch.randint(0, 2, shape, device=device).to(dtype)
+    return make(shape, device, dtype, low=0.0, high=1.0)
+
+
+def _focal_samples(device, dtype, requires_grad=False):
+    rg = requires_grad
+    reductions = ("none", "mean", "sum")
+
+    def sample(shape, alpha=0.25, gamma=2.0, reduction="none", hard=True, low=-4.0, high=4.0,
+               name=""):
+        x = make(shape, device, dtype, rg, low=low, high=high)
+        t = _focal_targets(shape, device, dtype, hard)
+        return Sample((x, t, alpha, gamma, reduction), name=name or f"focal{shape}_{reduction}")
+
+    # Same structure, three sizes: what the compile tests take.
+    for shape in [(3, 5), (16, 7), (9, 80)]:
+        yield sample(shape, reduction="mean")
+    for r in reductions:
+        for shape in [(7,), (0,), (1,), (2, 0, 3), (4, 33, 5)]:
+            # The mean of nothing is nan, which the generic value comparison
+            # does not accept; test_losses.py covers it.
+            if r != "mean" or 0 not in shape:
+                yield sample(shape, reduction=r)
+        for alpha, gamma in [(0.25, 0.0), (-1.0, 1.5), (0.5, 1.0), (-1.0, 2.0)]:
+            yield sample((6, 11), alpha, gamma, r, hard=False, name=f"focal_a{alpha}_g{gamma}_{r}")
+        # Both inputs transposed in memory.
+        x = make_transposed((6, 9), device, dtype, rg)
+        t = _focal_targets((9, 6), device, dtype, hard=True).t()
+        yield Sample((x, t, 0.25, 2.0, r), name=f"focal_transposed_{r}")
+    # Saturated logits: 1 - p_t underflows for confident right answers.
+    yield sample((5, 40), reduction="none", low=-30.0, high=30.0, name="focal_saturated")
+    yield sample((5, 40), gamma=1.5, reduction="sum", low=-30.0, high=30.0,
+                 name="focal_saturated_g1.5")
+    # Targets expanded along a dim (stride 0), soft.
+    t = make((5, 1), device, dtype, low=0.0, high=1.0).expand(5, 7)
+    yield Sample((make((5, 7), device, dtype, rg), t, 0.25, 2.0, "mean"), name="focal_expanded_t")
+    yield Sample((make((61,), device, dtype, rg), _focal_targets((61,), device, dtype, False)),
+                 {"alpha": 0.3, "gamma": 2.5, "reduction": "sum"}, name="focal_kwargs")
+
+
+def _focal_large(device, dtype, requires_grad=False):
+    # RetinaNet's classification head on one image batch (anchors x classes).
+    for r in ("none", "mean"):
+        x = make((8192, 80), device, dtype, requires_grad, low=-8.0, high=8.0)
+        t = _focal_targets((8192, 80), device, dtype, hard=True)
+        yield Sample((x, t, 0.25, 2.0, r), name=f"focal_retinanet_{r}")
+
+
+def _focal_errors(device):
+    f = lambda *s, dt=torch.float32, dev=device: make(s, dev, dt)  # noqa: E731
+    op = r"torchops\.sigmoid_focal_loss"
+    yield ErrorInput(Sample((f(3, 4), f(3, 4), 0.25, 2.0, "avg")), op + r".*'reduction'")
+    yield ErrorInput(Sample((f(3, 4), f(4, 3), 0.25, 2.0, "none")), op + r".*'targets'.*shape")
+    yield ErrorInput(Sample((f(3, 4), f(3, 1), 0.25, 2.0, "mean")), op + r".*'targets'.*shape")
+    yield ErrorInput(Sample((f(3, 4), f(3, 4, dt=torch.float64), 0.25, 2.0, "none")),
+                     op + r".*'targets'.*dtype")
+    yield ErrorInput(Sample((torch.ones(3, 4, dtype=torch.int64, device=device),
+                             torch.ones(3, 4, dtype=torch.int64, device=device), 0.25, 2.0, "sum")),
+                     op + r".*'inputs'.*floating")
+    if device != "cpu":
+        yield ErrorInput(Sample((f(3, 4), f(3, 4, dev="cpu"), 0.25, 2.0, "none")),
+                         op + r".*'targets'")
+
+
+SIGMOID_FOCAL_LOSS = OpInfo(
+    name="sigmoid_focal_loss",
+    op=torch.ops.torchops.sigmoid_focal_loss.default,
+    wrapper=torchops.sigmoid_focal_loss,
+    reference=_focal_ref,
+    sample_inputs=_focal_samples,
+    error_inputs=_focal_errors,
+    internal_ops=("_sigmoid_focal_loss_backward",),
+    # Sums of a few hundred half-precision terms: rounding of the result.
+    tols={torch.float16: Tol(2e-3, 2e-3), torch.bfloat16: Tol(2e-2, 2e-2)},
+    autocast=True,
+    sample_inputs_large=_focal_large,
+)
+
+LOSS_OPS: list[OpInfo] = [SIGMOID_FOCAL_LOSS]
 
 
 OP_DB: list[OpInfo] = [MATMUL, D_SIGMOID, *BOX_OPS, *ROI_OPS, *LOSS_OPS]
@@ -455,4 +751,5 @@ def device_dtype_params(op: OpInfo) -> list[tuple[str, torch.dtype]]:
     return [(d, dt) for d in devices() for dt in op.dtypes.get(d, ())]
 
 
-__all__ = [n for n in dir() if not n.startswith("_") and n not in ("itertools", "math", "Any")]
+__all__ = [n for n in dir() if not n.startswith("_")
+           and n not in ("itertools", "math", "os", "Any")]

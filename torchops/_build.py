@@ -187,7 +187,12 @@ class Library:
                 "-lineinfo"]
 
     def ld_flags(self) -> list[str]:
-        return [] if self.cuda else ["-fopenmp"]
+        # Link libstdc++ dynamically, ahead of anything the driver adds: some
+        # toolchains (seen: a wrapped GCC 13 on the GPU machine) link it
+        # statically, and a second, uninitialised copy of the iostream/locale
+        # machinery inside our library segfaults the first time an error
+        # message is formatted.
+        return ["-l:libstdc++.so.6"] + ([] if self.cuda else ["-fopenmp"])
 
     def include_dirs(self, csrc: Path) -> list[Path]:
         return [csrc]

@@ -1,10 +1,12 @@
-"""``python -m torchops``: build, doctor and demo.
+"""``python -m torchops``: build, doctor, demo and bench.
 
 * ``build``  -- build (or confirm) the native libraries now, so that the first
   ``import torchops`` in a job does not compile.
 * ``doctor`` -- versions, which library was loaded from where, the cache
   folder, and every registered op with the dispatch keys that have kernels.
 * ``demo``   -- run every op once on small inputs and print the results.
+* ``bench``  -- time every op against PyTorch and peer libraries
+  (torchops/bench; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -97,7 +99,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
+    _require_loaded()
+    from torchops.bench import command
+
+    return command.main(args, argv)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="python -m torchops", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -105,5 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("build", help="build the native libraries now (into the JIT cache)")
     demo = sub.add_parser("demo", help="run every op once and print the results")
     demo.add_argument("--device", default=None, help="cpu or cuda (default: both where present)")
+    from torchops.bench.command import add_parser as add_bench_parser
+
+    add_bench_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        return cmd_bench(args, argv)
     return {"doctor": cmd_doctor, "build": cmd_build, "demo": cmd_demo}[args.command](args)

@@ -35,7 +35,7 @@ def run(device: str | None = None) -> None:
             _report(f"matmul (256x384 @ 384x128, {dtype})", c, a.double() @ b.double(),
                     time.perf_counter() - t0)
         a = torch.randn(8, 64, 32, device=dev)
-        b = torch.randn(8, 96, 64, device=dev).transpose(1, 2)  # non-contiguous
+        b = torch.randn(8, 96, 32, device=dev).transpose(1, 2)  # non-contiguous
         t0 = time.perf_counter()
         c = torchops.matmul(a, b)
         _report("matmul batched, transposed b", c, torch.bmm(a.double(), b.double()),

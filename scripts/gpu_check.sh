@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# The GPU check: everything that needs a GPU, in one command, in under 10 minutes.
+#
+#   scripts/gpu_check.sh [OUTDIR]          (default OUTDIR: gpu-check/)
+#
+# Steps (docs/benchmarks.md explains each):
+#   env        versions of everything involved; which optional tools are missing
+#   build-aot  pip install --no-build-isolation --no-deps --no-index -e . with
+#              TORCHOPS_CUDA=1 (CPU + CUDA libraries ahead of time), then a smoke
+#              test that both load prebuilt and compute right on the GPU
+#   jit-build  a fresh cache and TORCHOPS_PREBUILT=0: both libraries built just in
+#              time, then the same smoke test                    } these run
+#   precompile torch.compile of every benchmarked reference, once  } at the
+#   tests      the whole suite incl. the GPU tests, long profile   } same time
+#   memcheck   compute-sanitizer memcheck on one op family's       }
+#   racecheck  CUDA tests, racecheck on the shared-memory kernels  }
+#   bench      python -m torchops bench --device cuda,cpu, regenerating
+#              docs/performance.md
+# then a summary table, printed last.  OUTDIR receives six files:
+#   summary.txt  gpu_check.log (every step's output)  bench.csv  bench.json
+#   bench.png (with matplotlib)  performance.md (a copy of docs/performance.md)
+#
+# Nothing is downloaded.  Environment knobs: PYTHON (default python3),
+# GPU_CHECK_BUDGET (seconds for the whole check, default 570),
+# GPU_CHECK_TEST_ARGS (extra pytest arguments), GPU_CHECK_MEMCHECK_K and
+# GPU_CHECK_RACECHECK_K (pytest -k expressions for the sanitizer runs),
+# GPU_CHECK_BENCH_ARGS (extra bench arguments, e.g. --slow), TORCHOPS_COMMIT
+# (the commit to name in the reports where the checkout has no .git).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${1:-gpu-check}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+PY=${PYTHON:-python3}
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"   # this checkout's torchops, always
+BUDGET=${GPU_CHECK_BUDGET:-570}
+MEMCHECK_K=${GPU_CHECK_MEMCHECK_K:-"(matmul or d_sigmoid) and (correctness or grad_vs_reference or error_inputs)"}
+RACECHECK_K=${GPU_CHECK_RACECHECK_K:-"matmul and correctness"}
+T0=$(date +%s)
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+STEPS=(env build-aot jit-build precompile tests memcheck racecheck bench)
+rm -f "$OUT"/{summary.txt,gpu_check.log,bench.csv,bench.json,bench.png,performance.md}
+
+say() { echo "[gpu_check $(( $(date +%s) - T0 ))s] $*"; }
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+# min(a, b), at least 1
+cap() { local v=$(( $1 < $2 ? $1 : $2 )); echo $(( v < 1 ? 1 : v )); }
+
+# step NAME LIMIT CMD...: run CMD with a time limit; output to $TMP/NAME.log;
+# exit status and seconds to $TMP/NAME.rc and $TMP/NAME.secs.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local t0
+  t0=$(date +%s)
+  echo "\$ $*" > "$TMP/$name.log"
+  timeout -k 20 "$limit" "$@" >> "$TMP/$name.log" 2>&1
+  echo $? > "$TMP/$name.rc"
+  echo $(( $(date +%s) - t0 )) > "$TMP/$name.secs"
+  echo "$limit" > "$TMP/$name.limit"
+}
+skip() { echo "skipped" > "$TMP/$1.rc"; echo 0 > "$TMP/$1.secs"; echo "$2" > "$TMP/$1.note"; }
+status() {
+  local rc
+  rc=$(cat "$TMP/$1.rc" 2>/dev/null || echo "not run")
+  case "$rc" in
+    0) echo ok ;;
+    124|137) echo TIMEOUT ;;
+    skipped|"not run") echo "$rc" ;;
+    *) echo "FAILED($rc)" ;;
+  esac
+}
+finished() {  # report a step as it ends, with the end of its log when it failed
+  local st
+  st=$(status "$1")
+  say "$1: $st ($(cat "$TMP/$1.secs" 2>/dev/null || echo '?') s)"
+  if [ "$st" != ok ] && [ -f "$TMP/$1.log" ]; then tail -n 25 "$TMP/$1.log" | sed 's/^/    /'; fi
+}
+
+# --- env ----------------------------------------------------------------------------------
+SANITIZER=$(command -v compute-sanitizer)
+for d in "${CUDA_HOME:-/usr/local/cuda}/bin" "$(dirname "$(command -v nvcc || echo /x/nvcc)")"; do
+  [ -z "$SANITIZER" ] && [ -x "$d/compute-sanitizer" ] && SANITIZER=$d/compute-sanitizer
+done
+SANITIZER=${SANITIZER:-compute-sanitizer}
+step env 60 env PY="$PY" SANITIZER="$SANITIZER" bash -c '
+  echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader)"
+  echo "cpus: $(nproc)"
+  "$PY" -c "import sys, torch; print(\"python\", sys.version.split()[0]); print(\"torch\", torch.__version__, \"CUDA\", torch.version.cuda, \"GPU available:\", torch.cuda.is_available())"
+  for m in torchvision matplotlib expecttest hypothesis pytest ninja setuptools; do
+    "$PY" -c "import $m; print(\"$m\", getattr($m, \"__version__\", \"?\"))" 2>/dev/null || echo "MISSING: $m"
+  done
+  echo "nvcc: $(command -v nvcc) $(nvcc --version 2>/dev/null | grep -o "release [0-9.]*")"
+  echo "compute-sanitizer: $SANITIZER"; command -v "$SANITIZER" > /dev/null || echo "MISSING: compute-sanitizer"
+  echo "checkout: $(git log -1 --oneline 2>/dev/null)"'
+finished env
+ENV_NOTE=$(grep '^MISSING: ' "$TMP/env.log" | sed 's/MISSING: //' | sort -u | paste -sd, -)
+[ -n "$ENV_NOTE" ] && echo "missing: $ENV_NOTE (expecttest: torch.library.opcheck needs it; matplotlib: no bench.png)" > "$TMP/env.note"
+
+# --- build-aot ------------------------------------------------------------------------------
+say "build-aot: pip install -e . (CPU + CUDA libraries) ..."
+step build-aot "$(cap 300 "$(left)")" env TORCHOPS_CUDA=1 MAX_JOBS="$(nproc)" bash -c \
+  "'$PY' -m pip install --disable-pip-version-check --no-build-isolation --no-deps --no-index -e . \
+   && '$PY' scripts/smoke.py --expect prebuilt"
+finished build-aot
+
+# --- jit-build, tests, memcheck + racecheck: at the same time -----------------------------------
+# The benchmarks need the machine to themselves afterwards: keep ~200 s for them.
+WINDOW=$(( $(left) - 200 ))
+[ "$WINDOW" -lt 60 ] && WINDOW=60
+say "jit-build, precompile, tests, memcheck+racecheck in parallel (at most ${WINDOW}s) ..."
+( step jit-build "$(cap 300 "$WINDOW")" env TORCHOPS_PREBUILT=0 TORCHOPS_CUDA=1 \
+    TORCHOPS_CACHE_DIR="$TMP/jit-cache" MAX_JOBS=8 "$PY" scripts/smoke.py --expect jit-built ) &
+JIT_PID=$!
+# Fill torch.compile's on-disk caches (inductor's FX graph cache, Triton's and
+# the C++ kernels') with every compiled variant the benchmarks will time, so
+# the bench step below compiles from them instead of spending its budget.
+# shellcheck disable=SC2086
+( step precompile "$(cap 300 "$WINDOW")" "$PY" -m torchops bench --device cuda,cpu \
+    --compile-only ${GPU_CHECK_BENCH_ARGS:-} ) &
+PRE_PID=$!
+if command -v "$SANITIZER" > /dev/null; then
+  (
+    # No caching allocator: an out-of-bounds access lands outside any
+    # allocation instead of inside a cached block.
+    # Only torchops's kernels are instrumented (kns: a substring of the kernel
+    # name; all of them live in namespace torchops): faster, and no reports
+    # about PyTorch's own kernels.
+    step memcheck "$(cap 240 "$WINDOW")" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SANITIZER" \
+      --tool memcheck --kernel-name kns=torchops --error-exitcode 99 --print-limit 20 \
+      "$PY" -m pytest test/test_ops.py -q -p no:cacheprovider -m cuda -k "$MEMCHECK_K"
+    step racecheck "$(cap 180 "$(( WINDOW - $(cat "$TMP/memcheck.secs") ))")" "$SANITIZER" \
+      --tool racecheck --kernel-name kns=torchops --error-exitcode 99 --print-limit 20 \
+      "$PY" -m pytest test/test_ops.py -q -p no:cacheprovider -m cuda -k "$RACECHECK_K"
+  ) &
+  SAN_PID=$!
+else
+  skip memcheck "compute-sanitizer not found"
+  skip racecheck "compute-sanitizer not found"
+  SAN_PID=
+fi
+# shellcheck disable=SC2086
+step tests "$(cap 330 "$WINDOW")" env TORCHOPS_TEST_PROFILE=full "$PY" -m pytest test -q \
+  -p no:cacheprovider -rfEs ${GPU_CHECK_TEST_ARGS:-}
+finished tests
+wait "$JIT_PID"; finished jit-build
+wait "$PRE_PID"; finished precompile
+if [ -n "$SAN_PID" ]; then wait "$SAN_PID"; finished memcheck; finished racecheck; fi
+
+# --- bench ------------------------------------------------------------------------------------
+BENCH_LIMIT=$(( $(left) - 10 ))
+if [ "$BENCH_LIMIT" -lt 30 ]; then
+  skip bench "no time left of the ${BUDGET}s budget"
+else
+  say "bench: cuda then cpu (at most ${BENCH_LIMIT}s) ..."
+  # shellcheck disable=SC2086
+  step bench "$BENCH_LIMIT" "$PY" -m torchops bench --device cuda,cpu --out "$OUT" \
+    --write-doc docs/performance.md --time-budget $(( BENCH_LIMIT - 60 )) --strict \
+    ${GPU_CHECK_BENCH_ARGS:-}
+  finished bench
+  [ -f docs/performance.md ] && cp docs/performance.md "$OUT/performance.md"
+fi
+
+# --- log and summary -----------------------------------------------------------------------------
+note() {  # the line of a step's log that says how it went
+  [ -f "$TMP/$1.note" ] && { cat "$TMP/$1.note"; return; }
+  case "$1:$(cat "$TMP/$1.rc" 2>/dev/null)" in
+    tests:5|memcheck:5|racecheck:5) echo "pytest selected no tests"; return ;;
+  esac
+  [ -f "$TMP/$1.log" ] || return 0
+  case "$1" in
+    tests) grep -E '(passed|failed|error)' "$TMP/$1.log" | grep -E ' in [0-9.]+s' | tail -n 1 | tr -d '=' | sed 's/^ *//' ;;
+    memcheck|racecheck) grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$TMP/$1.log" | tail -n 1 | sed 's/^=* *//' ;;
+    bench) grep -E '^bench: [0-9]+ rows' "$TMP/$1.log" | tail -n 1 ;;
+    precompile) grep -E '^bench: compiled' "$TMP/$1.log" | tail -n 1 ;;
+    build-aot|jit-build) grep -E 'smoke ok|SMOKE FAILED|error:|Error' "$TMP/$1.log" | tail -n 1 | cut -c1-150 ;;
+  esac | grep . || grep . "$TMP/$1.log" | tail -n 1 | cut -c1-150
+}
+{
+  for s in "${STEPS[@]}"; do
+    echo "=================== $s: $(status "$s") ($(cat "$TMP/$s.secs" 2>/dev/null || echo 0) s of at most $(cat "$TMP/$s.limit" 2>/dev/null || echo -) s) ==================="
+    cat "$TMP/$s.log" 2>/dev/null || echo "(no log: $(cat "$TMP/$s.note" 2>/dev/null))"
+    echo
+  done
+} > "$OUT/gpu_check.log"
+
+TOTAL=$(( $(date +%s) - T0 ))
+FAILED=0
+{
+  echo "GPU check of ${TORCHOPS_COMMIT:-$(git -C "$ROOT" log -1 --format='%h %s' 2>/dev/null | cut -c1-70)} on" \
+       "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1): ${TOTAL}s (budget ${BUDGET}s)"
+  printf '%-10s %-11s %7s  %s\n' step status seconds note
+  for s in "${STEPS[@]}"; do
+    st=$(status "$s")
+    case "$st" in ok|skipped) ;; *) FAILED=1 ;; esac
+    printf '%-10s %-11s %7s  %s\n' "$s" "$st" "$(cat "$TMP/$s.secs" 2>/dev/null || echo -)" "$(note "$s")"
+  done
+  echo "files: $(cd "$OUT" && ls | paste -sd' ' -) (in $OUT)"
+} > "$OUT/summary.txt"
+echo
+cat "$OUT/summary.txt"
+exit $FAILED
