@@ -510,12 +510,26 @@ def _roi_pool_ref(input, rois, spatial_scale, pooled_height, pooled_width):
     return out, argmax
 
 
+def _pool_bins_agree(size: int, pooled: int) -> bool:
+    """roi_pool's bin edges floor(p * size / pooled), ceil((p + 1) * size /
+    pooled) come out the same in float32 and float64 arithmetic (they
+    differ for ~0.2% of (size, pooled, p), and the kernels compute in the
+    input's precision, like torchvision's, while the reference uses float64)."""
+    import numpy as np
+    b32, b64 = np.float32(size) / np.float32(pooled), float(size) / pooled
+    return all(math.floor(np.float32(p) * b32) == math.floor(p * b64)
+               and math.ceil(np.float32(p + 1) * b32) == math.ceil((p + 1) * b64)
+               for p in range(pooled))
+
+
 def _random_rois(n_images: int, k: int, height: int, width: int, scale: float, dtype, device,
-                 seed: int, spread: float = 0.3) -> torch.Tensor:
+                 seed: int, pooled: tuple[int, int] = (7, 7), spread: float = 0.3) -> torch.Tensor:
     """k boxes in image coordinates (feature map / scale), mostly inside the
     image, some partly outside (by `spread` of its size) and some tiny.
     Seeded: the boxes are fixed, so a sample never lands exactly on a
-    rounding boundary by chance in one run and not in the next."""
+    rounding boundary by chance in one run and not in the next.  Boxes whose
+    roi_pool bins (for `pooled`) depend on the arithmetic's precision are
+    widened until they do not."""
     g = torch.Generator().manual_seed(seed)
     ih, iw = height / scale, width / scale
     x1 = torch.rand(k, generator=g, dtype=torch.float64) * iw * (1 + 2 * spread) - spread * iw
@@ -526,7 +540,14 @@ def _random_rois(n_images: int, k: int, height: int, width: int, scale: float, d
     bw = torch.where(tiny, bw * 0.02, bw)
     bh = torch.where(tiny, bh * 0.02, bh)
     batch = torch.randint(0, max(n_images, 1), (k,), generator=g).to(torch.float64)
-    rois = torch.stack([batch, x1, y1, x1 + bw, y1 + bh], dim=1)
+    rois = torch.stack([batch, x1, y1, x1 + bw, y1 + bh], dim=1).to(dtype).to(torch.float64)
+    for row in rois:
+        for lo, hi, p in ((1, 3, pooled[1]), (2, 4, pooled[0])):
+            def size():
+                a, b = (_round_half_away(float(v) * scale) for v in (row[lo], row[hi]))
+                return max(b - a + 1, 1)
+            while not _pool_bins_agree(size(), p):
+                row[hi] = torch.tensor(float(row[hi]) + 1 / scale).to(dtype).double()
     return rois.to(dtype=dtype, device=device)
 
 
@@ -557,10 +578,34 @@ def _roi_features(shape, layout, device, dtype, requires_grad):
 
 def _roi_samples(device, dtype, requires_grad, extra):
     for seed, (name, shape, k, scale, (ph, pw), layout) in enumerate(_ROI_CASES):
-        rois = _random_rois(shape[0], k, shape[2], shape[3], scale, dtype, device, seed)
+        rois = _random_rois(shape[0], k, shape[2], shape[3], scale, dtype, device, seed,
+                            (ph, pw))
         x = _roi_features(shape, layout, device, dtype, requires_grad)
         for tag, rest in extra(name):
             yield Sample((x, rois, scale, ph, pw, *rest), name=f"{name}{tag}")
+
+
+def _roi_compile_samples(extra):
+    """Three calls differing only in sizes (N, C, H, W and K), for the
+    compile and export tests."""
+    def samples(device, dtype, requires_grad=False):
+        for seed, (shape, k) in enumerate([((2, 3, 10, 12), 6), ((3, 4, 13, 9), 5),
+                                            ((2, 5, 8, 15), 9)]):
+            x = make(shape, device, dtype, requires_grad)
+            rois = _random_rois(shape[0], k, shape[2], shape[3], 1.0, dtype, device, 100 + seed,
+                                (3, 2))
+            yield Sample((x, rois, 1.0, 3, 2, *extra), name=f"compile{shape}x{k}")
+    return samples
+
+
+def _roi_large_samples(*extras):
+    """Detection-like sizes for the --full profile: many overlapping boxes."""
+    def samples(device, dtype, requires_grad=False):
+        for seed, extra in enumerate(extras):
+            x = make((2, 32, 48, 40), device, dtype, requires_grad)
+            rois = _random_rois(2, 150, 48, 40, 0.25, dtype, device, 200 + seed)
+            yield Sample((x, rois, 0.25, 7, 7, *extra), name=f"large{extra}")
+    return samples
 
 
 def _roi_align_samples(device, dtype, requires_grad=False):
@@ -609,18 +654,35 @@ def _roi_errors(op, extra_args):
             yield ErrorInput(Sample((x, bad, 1.0, 2, 2, *extra_args)), rf"{name}.*'rois'.*batch index")
         else:
             yield ErrorInput(Sample((x, rois.cpu(), 1.0, 2, 2, *extra_args)), rf"{name}.*'rois'")
+        # The torchvision-style wrapper: input, boxes, output_size.
+        for boxes, size, error, what in [
+                (rois[:, 1:], 2, RuntimeError, "'boxes'"),
+                ([rois], 2, RuntimeError, "'boxes'"),
+                ([], 2, ValueError, "'boxes'"),
+                ("boxes", 2, TypeError, "'boxes'"),
+                (rois, (2, 2, 2), ValueError, "'output_size'")]:
+            yield ErrorInput(Sample((x, boxes, size)), rf"{name}.*{what}", error, via_wrapper=True)
     return errors
 
+
+_WRAPPER_SKIP = ("torchops.{op} takes torchvision.ops.{op}'s arguments (boxes as a tensor or "
+                 "a list, output_size), not the op's; test_roi.py checks it against the op")
 
 ROI_ALIGN = OpInfo(
     name="roi_align",
     op=torch.ops.torchops.roi_align.default,
-    wrapper=lambda x, rois, scale, ph, pw, sr, aligned: torchops.roi_align(
-        x, rois, (ph, pw), scale, sr, aligned),
+    wrapper=torchops.roi_align,
     reference=_roi_align_ref,
     sample_inputs=_roi_align_samples,
+    sample_inputs_compile=_roi_compile_samples((2, True)),
     error_inputs=_roi_errors("roi_align", (2, False)),
     internal_ops=("_roi_align_backward",),
+    autocast=True,
+    skips={"wrapper": _WRAPPER_SKIP.format(op="roi_align")},
+    # The CUDA backward adds with atomics (unless deterministic algorithms
+    # are on), so two runs may differ in the last bits.
+    gradcheck_kwargs={"nondet_tol": 1e-12},
+    sample_inputs_large=_roi_large_samples((2, True), (0, False)),
     # Sample coordinates are computed in float32 for the float and half
     # types: an error of ~1 ulp of a coordinate moves the value by up to
     # (coordinate * 2^-24) * (max neighbour difference).
@@ -630,11 +692,16 @@ ROI_ALIGN = OpInfo(
 ROI_POOL = OpInfo(
     name="roi_pool",
     op=torch.ops.torchops.roi_pool.default,
-    wrapper=lambda x, rois, scale, ph, pw: torchops.roi_pool(x, rois, (ph, pw), scale),
+    wrapper=torchops.roi_pool,
     reference=_roi_pool_ref,
     sample_inputs=_roi_pool_samples,
+    sample_inputs_compile=_roi_compile_samples(()),
     error_inputs=_roi_errors("roi_pool", ()),
     internal_ops=("_roi_pool_backward",),
+    autocast=True,
+    skips={"wrapper": _WRAPPER_SKIP.format(op="roi_pool")},
+    gradcheck_kwargs={"nondet_tol": 1e-12},
+    sample_inputs_large=_roi_large_samples(()),
 )
 
 ROI_OPS: list[OpInfo] = [ROI_ALIGN, ROI_POOL]
