@@ -562,6 +562,7 @@ _ROI_CASES = [
     ("no_rois", (2, 3, 6, 6), 0, 1.0, (2, 2), "contiguous"),
     ("no_channels", (1, 0, 6, 6), 3, 1.0, (2, 2), "contiguous"),
     ("one_pixel", (1, 2, 1, 1), 3, 1.0, (2, 2), "contiguous"),
+    ("no_rows", (1, 2, 0, 5), 2, 1.0, (2, 2), "contiguous"),
 ]
 
 
