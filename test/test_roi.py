@@ -295,7 +295,10 @@ def test_cuda_roi_align_matches_torchvision(dtype, sampling_ratio, aligned):
     g = torch.randn_like(want)
     want.backward(g)
     got.backward(g)
-    torch.testing.assert_close(got_x.grad, want_x.grad, **tol)
+    # Both add with atomics, in different orders: allow for the rounding of
+    # sums of hundreds of terms.
+    grad_tol = dict(atol=1e-4, rtol=1e-5) if dtype == torch.float32 else tol
+    torch.testing.assert_close(got_x.grad, want_x.grad, **grad_tol)
 
 
 @pytest.mark.cuda
@@ -312,7 +315,7 @@ def test_cuda_roi_pool_matches_torchvision(dtype):
     g = torch.randn_like(want_out)
     tv.ops.roi_pool(want_x, rois, 7, scale).backward(g)
     torchops.roi_pool(got_x, rois, 7, scale).backward(g)
-    torch.testing.assert_close(got_x.grad, want_x.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_x.grad, want_x.grad, atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.cuda
