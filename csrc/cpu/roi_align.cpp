@@ -78,16 +78,86 @@ struct AxisTaps {
   int64_t end(int64_t p) const { return offsets[p + 1]; }
 };
 
+// How pool_plane / scatter_plane walk one RoI's taps (chosen per RoI by an
+// operation count, in build_taps).
+enum class TapWalk {
+  // Per bin, every (row, column) tap through the index lists.
+  kSparse,
+  // Per bin, exactly 4 x 4 taps from fixed-size tables (padded with zero
+  // weights): no inner loops or list bounds, the common case of
+  // sampling_ratio <= 2 with bins larger than a pixel.
+  kFour,
+  // Per output row, one vectorised pass over every column the RoI uses
+  // (sum of the row taps), then per bin a few reads of that row: cheapest
+  // when the bins' columns cover their range densely (small bins).
+  kDense,
+};
+
 template <typename T>
 struct RoiTaps {
   int64_t batch = 0;
   AxisTaps<T> rows, cols;
-  // Pass over every column in [cols.first, cols.last] of the rows a bin row
-  // needs (vectorised), instead of visiting each (row, column) tap of each
-  // bin: cheaper unless the bins' columns are sparse in that range.
-  bool dense = false;
+  TapWalk walk = TapWalk::kSparse;
+  // kFour tables: per output row 4 (row offset, weight), per output
+  // column 4 (column, weight).
+  std::vector<int64_t> row4, col4;
+  std::vector<T> row4_w, col4_w;
 
   int64_t span() const { return cols.last - cols.first + 1; }
+
+  void choose_walk(int64_t width) {
+    const int64_t ph = static_cast<int64_t>(rows.offsets.size()) - 1;
+    const int64_t pw = static_cast<int64_t>(cols.offsets.size()) - 1;
+    int64_t max_r = 0, max_c = 0, min_r = 4, min_c = 4, sparse = 0;
+    for (int64_t p = 0; p < ph; ++p) {
+      max_r = std::max(max_r, rows.end(p) - rows.begin(p));
+      min_r = std::min(min_r, rows.end(p) - rows.begin(p));
+      sparse += (rows.end(p) - rows.begin(p)) * cols.taps();
+    }
+    for (int64_t p = 0; p < pw; ++p) {
+      max_c = std::max(max_c, cols.end(p) - cols.begin(p));
+      min_c = std::min(min_c, cols.end(p) - cols.begin(p));
+    }
+    // Rough cycle counts (measured on AVX2): a sparse tap about three, a
+    // padded tap one, and a dense row pass over four rows half a cycle per
+    // column plus a fixed cost, then two per column tap.
+    const int64_t cost_sparse = 3 * sparse;
+    // kFour pads with the bin's own first tap, so every bin needs one.
+    const bool four = max_r <= 4 && max_c <= 4 && min_r > 0 && min_c > 0;
+    const int64_t cost_four = four ? ph * pw * 16 : cost_sparse + 1;
+    int64_t cost_dense = cols.taps() == 0 ? cost_sparse + 1 : 2 * ph * cols.taps();
+    for (int64_t p = 0; p < ph && cols.taps() > 0; ++p) {
+      cost_dense += (rows.end(p) - rows.begin(p) + 3) / 4 * (span() / 2 + 8);
+    }
+    walk = TapWalk::kSparse;
+    if (cost_four <= cost_sparse && cost_four <= cost_dense) {
+      walk = TapWalk::kFour;
+    } else if (cost_dense < cost_sparse) {
+      walk = TapWalk::kDense;
+    }
+    if (walk == TapWalk::kFour) {
+      row4.assign(ph * 4, 0);
+      row4_w.assign(ph * 4, T(0));
+      col4.assign(pw * 4, 0);
+      col4_w.assign(pw * 4, T(0));
+      for (int64_t p = 0; p < ph; ++p) {
+        for (int64_t q = 0; q < 4; ++q) {
+          const int64_t j = rows.begin(p) + q;
+          const bool real = j < rows.end(p);
+          row4[p * 4 + q] = rows.index[real ? j : rows.begin(p)] * width;
+          row4_w[p * 4 + q] = real ? rows.weight[j] : T(0);
+        }
+      }
+      for (int64_t p = 0; p < pw; ++p) {
+        for (int64_t q = 0; q < 4; ++q) {
+          const int64_t j = cols.begin(p) + q;
+          const bool real = j < cols.end(p);
+          col4[p * 4 + q] = cols.index[real ? j : cols.begin(p)];
+          col4_w[p * 4 + q] = real ? cols.weight[j] : T(0);
+        }
+      }
+    }
+  }
 };
 
 struct RoiAlignParams {
@@ -114,27 +184,48 @@ std::vector<RoiTaps<T>> build_taps(const scalar_t* rois, int64_t k,
                    p.pooled_height, box.inv_count, scratch);
       t.cols.build(box.start_w, box.bin_w, box.grid_w, width, p.pooled_width,
                    T(1), scratch);
-      t.dense = t.cols.taps() > 0 && t.span() <= 2 * t.cols.taps();
+      t.choose_walk(width);
     }
   });
   return taps;
 }
 
-// acc[j] (+)= sum_r w[r] * plane[rows[r], x0 + j] for j < n: the vectorised
-// row pass, compiled per input dtype for AVX2 and the baseline.
+// acc[j] = sum_r w[r] * plane[rows[r], x0 + j] for j < n: the vectorised
+// row pass, compiled per input dtype for AVX2 and the baseline.  Rows go
+// four at a time (a missing one is the first with weight zero), so acc is
+// stored once per four rows.
 template <typename scalar_t, typename T>
 inline __attribute__((always_inline)) void weighted_rows_impl(
     const scalar_t* __restrict__ plane, int64_t width,
     const int64_t* __restrict__ rows, const T* __restrict__ w, int64_t nr,
     int64_t x0, int64_t n, T* __restrict__ acc) {
-  for (int64_t j = 0; j < n; ++j) {
-    acc[j] = T(0);
+  if (nr == 0) {
+    std::fill(acc, acc + n, T(0));
+    return;
   }
-  for (int64_t r = 0; r < nr; ++r) {
-    const scalar_t* __restrict__ row = plane + rows[r] * width + x0;
-    const T wr = w[r];
-    for (int64_t j = 0; j < n; ++j) {
-      acc[j] += wr * static_cast<T>(row[j]);
+  for (int64_t r = 0; r < nr; r += 4) {
+    const scalar_t* __restrict__ p[4];
+    T wk[4];
+    for (int k = 0; k < 4; ++k) {
+      const bool real = r + k < nr;
+      p[k] = plane + rows[real ? r + k : r] * width + x0;
+      wk[k] = real ? w[r + k] : T(0);
+    }
+    const scalar_t* __restrict__ p0 = p[0];
+    const scalar_t* __restrict__ p1 = p[1];
+    const scalar_t* __restrict__ p2 = p[2];
+    const scalar_t* __restrict__ p3 = p[3];
+    const T w0 = wk[0], w1 = wk[1], w2 = wk[2], w3 = wk[3];
+    if (r == 0) {
+      for (int64_t j = 0; j < n; ++j) {
+        acc[j] = w0 * static_cast<T>(p0[j]) + w1 * static_cast<T>(p1[j]) +
+                 w2 * static_cast<T>(p2[j]) + w3 * static_cast<T>(p3[j]);
+      }
+    } else {
+      for (int64_t j = 0; j < n; ++j) {
+        acc[j] += w0 * static_cast<T>(p0[j]) + w1 * static_cast<T>(p1[j]) +
+                  w2 * static_cast<T>(p2[j]) + w3 * static_cast<T>(p3[j]);
+      }
     }
   }
 }
@@ -189,10 +280,38 @@ void pool_plane(const scalar_t* __restrict__ plane, int64_t width,
   const T* rw = t.rows.weight.data();
   const int64_t* ci = t.cols.index.data();
   const T* cw = t.cols.weight.data();
+  if (t.walk == TapWalk::kFour) {
+    // Padding taps (zero weight) reread the bin's first row or column.
+    for (int64_t ph = 0; ph < pooled_height; ++ph) {
+      const int64_t* ro = t.row4.data() + ph * 4;
+      const T* wr = t.row4_w.data() + ph * 4;
+      const scalar_t* r0 = plane + ro[0];
+      const scalar_t* r1 = plane + ro[1];
+      const scalar_t* r2 = plane + ro[2];
+      const scalar_t* r3 = plane + ro[3];
+      for (int64_t pw = 0; pw < pooled_width; ++pw) {
+        const int64_t* co = t.col4.data() + pw * 4;
+        const T* wc = t.col4_w.data() + pw * 4;
+        T acc = T(0);
+#define TORCHOPS_ROW(r, k)                                                   \
+  acc += wr[k] * (wc[0] * static_cast<T>(r[co[0]]) +                         \
+                  wc[1] * static_cast<T>(r[co[1]]) +                         \
+                  wc[2] * static_cast<T>(r[co[2]]) +                         \
+                  wc[3] * static_cast<T>(r[co[3]]));
+        TORCHOPS_ROW(r0, 0)
+        TORCHOPS_ROW(r1, 1)
+        TORCHOPS_ROW(r2, 2)
+        TORCHOPS_ROW(r3, 3)
+#undef TORCHOPS_ROW
+        out[ph * pooled_width + pw] = static_cast<scalar_t>(acc);
+      }
+    }
+    return;
+  }
   for (int64_t ph = 0; ph < pooled_height; ++ph) {
     const int64_t r0 = t.rows.begin(ph), r1 = t.rows.end(ph);
     scalar_t* o = out + ph * pooled_width;
-    if (t.dense) {
+    if (t.walk == TapWalk::kDense) {
       // buf[x - first] = sum_r wy[r] * plane[r, x], then gather per bin.
       const int64_t x0 = t.cols.first;
       weighted_rows(plane, width, ri + r0, rw + r0, r1 - r0, x0, t.span(), buf);
@@ -230,10 +349,30 @@ void scatter_plane(const scalar_t* __restrict__ grad, const RoiTaps<T>& t,
   const T* rw = t.rows.weight.data();
   const int64_t* ci = t.cols.index.data();
   const T* cw = t.cols.weight.data();
+  if (t.walk == TapWalk::kFour) {
+    for (int64_t ph = 0; ph < pooled_height; ++ph) {
+      const int64_t* ro = t.row4.data() + ph * 4;
+      const T* wr = t.row4_w.data() + ph * 4;
+      for (int64_t pw = 0; pw < pooled_width; ++pw) {
+        const int64_t* co = t.col4.data() + pw * 4;
+        const T* wc = t.col4_w.data() + pw * 4;
+        const T g = static_cast<T>(grad[ph * pooled_width + pw]);
+        for (int k = 0; k < 4; ++k) {
+          T* row = plane + ro[k];
+          const T gr = g * wr[k];
+          row[co[0]] += gr * wc[0];
+          row[co[1]] += gr * wc[1];
+          row[co[2]] += gr * wc[2];
+          row[co[3]] += gr * wc[3];
+        }
+      }
+    }
+    return;
+  }
   for (int64_t ph = 0; ph < pooled_height; ++ph) {
     const int64_t r0 = t.rows.begin(ph), r1 = t.rows.end(ph);
     const scalar_t* g = grad + ph * pooled_width;
-    if (t.dense) {
+    if (t.walk == TapWalk::kDense) {
       const int64_t x0 = t.cols.first, n = t.span();
       std::fill(buf, buf + n, T(0));
       for (int64_t pw = 0; pw < pooled_width; ++pw) {
