@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import torchops
-from opdb import _random_rois
+from opdb import _random_rois, _roi_align_ref
 
 ALIGN = torch.ops.torchops.roi_align.default
 POOL = torch.ops.torchops.roi_pool.default
@@ -130,6 +130,30 @@ def test_cpu_backward_is_thread_count_independent():
     for a, p in results[1:]:
         assert torch.equal(a, results[0][0])
         assert torch.equal(p, results[0][1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cpu_tap_walks(dtype):
+    """Boxes for each of the CPU kernel's three ways of walking the taps
+    (padded 4x4, dense row pass, sparse lists; chosen per RoI by cost):
+    wide bins sampled once (sparse), twice (4x4), small bins (dense)."""
+    x = _features((1, 3, 16, 400), dtype=dtype)
+    rois = torch.tensor([[0, 10.0, 1.0, 360.0, 14.0],   # 50-pixel bins
+                         [0, 20.0, 2.0, 230.0, 13.0],   # 30-pixel bins
+                         [0, 5.0, 3.0, 40.0, 12.0],     # 5-pixel bins
+                         [0, 100.0, 0.5, 103.0, 2.0]],  # sub-pixel bins
+                        dtype=dtype)
+    for sr in (1, 2, 0):
+        xr = x.clone().requires_grad_()
+        out = ALIGN(xr, rois, 1.0, 7, 7, sr, False)
+        xd = x.double().clone().requires_grad_()
+        want = _roi_align_ref(xd, rois.double(), 1.0, 7, 7, sr, False)
+        tol = dict(atol=1e-9, rtol=1e-9) if dtype == torch.float64 else dict(atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(out.double(), want, **tol)
+        g = _features(out.shape, dtype=torch.float64, seed=7)
+        out.backward(g.to(dtype))
+        want.backward(g)
+        torch.testing.assert_close(xr.grad.double(), xd.grad, **tol)
 
 
 # ---------------------------------------------------------------------------------
