@@ -45,6 +45,36 @@ inline at::Tensor d_sigmoid_backward(const at::Tensor& grad, const at::Tensor& z
 
 // --- detection: boxes -------------------------------------------------------------
 
+inline at::Tensor nms(const at::Tensor& boxes, const at::Tensor& scores,
+                      double iou_threshold) {
+  static const auto op = detail::handle<at::Tensor(
+      const at::Tensor&, const at::Tensor&, double)>("torchops::nms");
+  return op.call(boxes, scores, iou_threshold);
+}
+
+inline at::Tensor batched_nms(const at::Tensor& boxes, const at::Tensor& scores,
+                              const at::Tensor& idxs, double iou_threshold) {
+  static const auto op = detail::handle<at::Tensor(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>(
+      "torchops::batched_nms");
+  return op.call(boxes, scores, idxs, iou_threshold);
+}
+
+inline at::Tensor box_iou(const at::Tensor& boxes1, const at::Tensor& boxes2) {
+  static const auto op =
+      detail::handle<at::Tensor(const at::Tensor&, const at::Tensor&)>(
+          "torchops::box_iou");
+  return op.call(boxes1, boxes2);
+}
+
+inline std::tuple<at::Tensor, at::Tensor> box_iou_backward(
+    const at::Tensor& grad, const at::Tensor& boxes1, const at::Tensor& boxes2) {
+  static const auto op = detail::handle<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+      "torchops::_box_iou_backward");
+  return op.call(grad, boxes1, boxes2);
+}
+
 // --- detection: RoI pooling -------------------------------------------------------
 
 inline at::Tensor roi_align(const at::Tensor& input, const at::Tensor& rois,

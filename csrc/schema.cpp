@@ -24,6 +24,18 @@ TORCH_LIBRARY(torchops, m) {
   m.def("_d_sigmoid_backward(Tensor grad, Tensor z) -> Tensor", pt2);
 
   // --- detection: boxes -----------------------------------------------------------
+  // nms / batched_nms return int64 indices into `boxes`, by decreasing score;
+  // their length depends on the data (fake: an unbacked size in [0, N]).
+  m.def("nms(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor", pt2);
+  m.def(
+      "batched_nms(Tensor boxes, Tensor scores, Tensor idxs, "
+      "float iou_threshold) -> Tensor",
+      pt2);
+  m.def("box_iou(Tensor boxes1, Tensor boxes2) -> Tensor", pt2);
+  m.def(
+      "_box_iou_backward(Tensor grad, Tensor boxes1, Tensor boxes2) -> "
+      "(Tensor, Tensor)",
+      pt2);
 
   // --- detection: RoI pooling ---------------------------------------------------------
   // Argument names and meanings follow torch.ops.torchvision so code can

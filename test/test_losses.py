@@ -23,6 +23,7 @@ PARAMS = ((0.25, 2.0), (-1.0, 1.5), (0.25, 0.0), (0.5, 1.0))
 
 
 def _data(shape, device="cpu", dtype=torch.float32, hard=True, seed=0, scale=4.0):
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)  # torch 2.11's randint wants a tuple
     g = torch.Generator().manual_seed(seed)
     x = (torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1) * scale
     if hard:

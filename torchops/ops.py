@@ -84,6 +84,119 @@ def _d_sigmoid_backward_fake(grad: Tensor, z: Tensor) -> Tensor:
 
 # --- detection: boxes -------------------------------------------------------------------
 
+__all__ += ["nms", "batched_nms", "box_iou"]
+
+
+def _check_boxes(op: str, name: str, t: Tensor) -> None:
+    _check_floating(op, name, t)
+    torch._check(
+        t.dim() == 2 and t.shape[1] == 4,
+        lambda: f"torchops.{op}: expected '{name}' to have shape (N, 4), but got shape {tuple(t.shape)}")
+
+
+def _check_nms_args(op: str, boxes: Tensor, scores: Tensor, idxs: Tensor | None) -> None:
+    _check_boxes(op, "boxes", boxes)
+    _check_floating(op, "scores", scores)
+    torch._check(scores.dtype == boxes.dtype,
+                 lambda: f"torchops.{op}: expected 'scores' to have the same dtype as 'boxes' ({boxes.dtype})")
+    torch._check(scores.dim() == 1 and scores.shape[0] == boxes.shape[0],
+                 lambda: f"torchops.{op}: expected 'scores' to have shape (N,) with N = {boxes.shape[0]}")
+    if idxs is not None:
+        torch._check(idxs.dtype == torch.int64,
+                     lambda: f"torchops.{op}: expected 'idxs' to be an int64 tensor, but got {idxs.dtype}")
+        torch._check(idxs.dim() == 1 and idxs.shape[0] == boxes.shape[0],
+                     lambda: f"torchops.{op}: expected 'idxs' to have shape (N,) with N = {boxes.shape[0]}")
+
+
+def _kept_indices_fake(boxes: Tensor) -> Tensor:
+    # How many boxes survive depends on the data: an unbacked size in [0, N].
+    n = boxes.shape[0]
+    ctx = torch.library.get_ctx()
+    kept = ctx.new_dynamic_size(max=n) if isinstance(n, int) else ctx.new_dynamic_size()
+    if not isinstance(n, int):
+        torch._check(kept <= n)
+    return boxes.new_empty((kept,), dtype=torch.int64)
+
+
+def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
+    """Non-maximum suppression (torchvision.ops.nms semantics).
+
+    Visits ``boxes`` ``(N, 4)`` (``x1, y1, x2, y2``) in order of decreasing
+    ``scores`` ``(N,)`` and keeps a box unless a kept box overlaps it with
+    IoU ``> iou_threshold``.  Returns the int64 indices of the kept boxes,
+    sorted by decreasing score; equal scores keep their input order (stable),
+    so the result is deterministic.
+
+    float32, float64, float16, bfloat16 on CPU and CUDA; IoUs are computed in
+    float32 for the half types (double for float64) and compared with
+    ``iou_threshold`` rounded to that type.  Under ``torch.autocast`` the
+    inputs are upcast to float32.  Not differentiable.  The output length
+    depends on the data: under torch.compile set
+    ``torch._dynamo.config.capture_dynamic_output_shape_ops = True`` to keep
+    it in the graph.
+    """
+    return torch.ops.torchops.nms.default(boxes, scores, iou_threshold)
+
+
+@torch.library.register_fake("torchops::nms")
+def _nms_fake(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
+    _check_nms_args("nms", boxes, scores, None)
+    return _kept_indices_fake(boxes)
+
+
+def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float) -> Tensor:
+    """Non-maximum suppression within each category
+    (torchvision.ops.batched_nms semantics), in one call.
+
+    ``idxs`` ``(N,)`` int64 holds each box's category; boxes of different
+    categories never suppress each other.  Returns the int64 indices of the
+    kept boxes sorted by decreasing score (equal scores: input order).  The
+    category test is part of the kernel, so -- unlike torchvision's
+    coordinate-offset trick -- box coordinates are never shifted and any
+    category values (negative, huge) and coordinates (negative) work.
+    Dtypes, devices, autocast and compile as for :func:`nms`.
+    """
+    return torch.ops.torchops.batched_nms.default(boxes, scores, idxs, iou_threshold)
+
+
+@torch.library.register_fake("torchops::batched_nms")
+def _batched_nms_fake(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float) -> Tensor:
+    _check_nms_args("batched_nms", boxes, scores, idxs)
+    return _kept_indices_fake(boxes)
+
+
+def box_iou(boxes1: Tensor, boxes2: Tensor) -> Tensor:
+    """Pairwise IoU of ``boxes1`` ``(N, 4)`` and ``boxes2`` ``(M, 4)``
+    (``x1, y1, x2, y2``): an ``(N, M)`` tensor (torchvision.ops.box_iou
+    semantics).
+
+    float32, float64, float16, bfloat16 on CPU and CUDA (half types computed
+    in float32; unlike torchvision, which returns float32 for half inputs,
+    the result has the inputs' dtype).  Differentiable with respect to both
+    inputs, with the gradient autograd gives torchvision's formula.  Returns
+    a new contiguous tensor.
+    """
+    return torch.ops.torchops.box_iou.default(boxes1, boxes2)
+
+
+@torch.library.register_fake("torchops::box_iou")
+def _box_iou_fake(boxes1: Tensor, boxes2: Tensor) -> Tensor:
+    _check_boxes("box_iou", "boxes1", boxes1)
+    _check_boxes("box_iou", "boxes2", boxes2)
+    torch._check(boxes2.dtype == boxes1.dtype,
+                 lambda: f"torchops.box_iou: expected 'boxes2' to have the same dtype as 'boxes1' ({boxes1.dtype})")
+    return boxes1.new_empty((boxes1.shape[0], boxes2.shape[0]))
+
+
+@torch.library.register_fake("torchops::_box_iou_backward")
+def _box_iou_backward_fake(grad: Tensor, boxes1: Tensor, boxes2: Tensor) -> tuple[Tensor, Tensor]:
+    _check_boxes("_box_iou_backward", "boxes1", boxes1)
+    _check_boxes("_box_iou_backward", "boxes2", boxes2)
+    torch._check(grad.dim() == 2 and grad.shape[0] == boxes1.shape[0] and grad.shape[1] == boxes2.shape[0],
+                 lambda: "torchops._box_iou_backward: expected 'grad' to have shape (N, M)")
+    return boxes1.new_empty((boxes1.shape[0], 4)), boxes2.new_empty((boxes2.shape[0], 4))
+
+
 
 # --- detection: RoI pooling -------------------------------------------------------------
 
