@@ -4,7 +4,6 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <limits>
 
 #include "cuda/common/launch.cuh"
 
@@ -41,8 +40,7 @@ enum class RoiOrder {
   kChannelsInner,
 };
 
-// Flat loop index -> bin.  index_t is int32_t whenever the count fits:
-// 64-bit division is several times slower on the GPU.
+// Flat loop index -> bin (index_t: see with_index_type in launch.cuh).
 template <RoiOrder kOrder, typename index_t>
 __device__ __forceinline__ RoiBin roi_bin_of(index_t i, index_t channels,
                                              index_t pooled_height,
@@ -80,10 +78,6 @@ __device__ __forceinline__ int64_t roi_bin_offset(const RoiBin& b,
   return ((b.k * channels + b.c) * pooled_height + b.ph) * pooled_width + b.pw;
 }
 
-inline bool fits_int32(int64_t n) {
-  return n <= std::numeric_limits<int32_t>::max();
-}
-
 // RoiOrder::kChannelsInner suits inputs whose channels are their densest
 // dimension (channels_last).
 inline bool channels_inner(const at::Tensor& input) {
@@ -92,29 +86,3 @@ inline bool channels_inner(const at::Tensor& input) {
 
 }  // namespace torchops::cuda
 
-namespace torchops::cuda {
-
-// Calls f(index_t{}) with int32_t when a grid-stride loop over `total`
-// items with `blocks` x `threads` threads cannot overflow it, else int64_t.
-template <typename F>
-void with_index_type(int64_t total, unsigned int blocks, int threads, F&& f) {
-  if (fits_int32(total + int64_t(blocks) * threads)) {
-    f(int32_t{});
-  } else {
-    f(int64_t{});
-  }
-}
-
-// The first index of a grid-stride loop and its stride, in index_t.
-template <typename index_t>
-__device__ __forceinline__ index_t grid_start() {
-  return static_cast<index_t>(blockIdx.x) * static_cast<index_t>(blockDim.x) +
-         static_cast<index_t>(threadIdx.x);
-}
-
-template <typename index_t>
-__device__ __forceinline__ index_t grid_stride() {
-  return static_cast<index_t>(gridDim.x) * static_cast<index_t>(blockDim.x);
-}
-
-}  // namespace torchops::cuda
