@@ -10,6 +10,7 @@
 #include <c10/util/string_view.h>
 
 #include <tuple>
+#include <utility>
 
 namespace torchops::ops {
 
@@ -75,6 +76,56 @@ inline std::tuple<at::Tensor, at::Tensor> box_iou_backward(
 }
 
 // --- detection: RoI pooling -------------------------------------------------------
+
+inline at::Tensor roi_align(const at::Tensor& input, const at::Tensor& rois,
+                            double spatial_scale, c10::SymInt pooled_height,
+                            c10::SymInt pooled_width, int64_t sampling_ratio,
+                            bool aligned) {
+  static const auto op = detail::handle<at::Tensor(
+      const at::Tensor&, const at::Tensor&, double, c10::SymInt, c10::SymInt,
+      int64_t, bool)>("torchops::roi_align");
+  return op.call(input, rois, spatial_scale, std::move(pooled_height),
+                 std::move(pooled_width), sampling_ratio, aligned);
+}
+
+inline at::Tensor roi_align_backward(
+    const at::Tensor& grad, const at::Tensor& rois, double spatial_scale,
+    c10::SymInt pooled_height, c10::SymInt pooled_width,
+    c10::SymInt batch_size, c10::SymInt channels, c10::SymInt height,
+    c10::SymInt width, int64_t sampling_ratio, bool aligned) {
+  static const auto op = detail::handle<at::Tensor(
+      const at::Tensor&, const at::Tensor&, double, c10::SymInt, c10::SymInt,
+      c10::SymInt, c10::SymInt, c10::SymInt, c10::SymInt, int64_t, bool)>(
+      "torchops::_roi_align_backward");
+  return op.call(grad, rois, spatial_scale, std::move(pooled_height),
+                 std::move(pooled_width), std::move(batch_size),
+                 std::move(channels), std::move(height), std::move(width),
+                 sampling_ratio, aligned);
+}
+
+inline std::tuple<at::Tensor, at::Tensor> roi_pool(
+    const at::Tensor& input, const at::Tensor& rois, double spatial_scale,
+    c10::SymInt pooled_height, c10::SymInt pooled_width) {
+  static const auto op = detail::handle<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, double, c10::SymInt, c10::SymInt)>(
+      "torchops::roi_pool");
+  return op.call(input, rois, spatial_scale, std::move(pooled_height),
+                 std::move(pooled_width));
+}
+
+inline at::Tensor roi_pool_backward(
+    const at::Tensor& grad, const at::Tensor& rois, const at::Tensor& argmax,
+    double spatial_scale, c10::SymInt pooled_height, c10::SymInt pooled_width,
+    c10::SymInt batch_size, c10::SymInt channels, c10::SymInt height,
+    c10::SymInt width) {
+  static const auto op = detail::handle<at::Tensor(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+      c10::SymInt, c10::SymInt, c10::SymInt, c10::SymInt, c10::SymInt,
+      c10::SymInt)>("torchops::_roi_pool_backward");
+  return op.call(grad, rois, argmax, spatial_scale, std::move(pooled_height),
+                 std::move(pooled_width), std::move(batch_size),
+                 std::move(channels), std::move(height), std::move(width));
+}
 
 // --- losses -------------------------------------------------------------------------
 

@@ -38,6 +38,23 @@ TORCH_LIBRARY(torchops, m) {
       pt2);
 
   // --- detection: RoI pooling ---------------------------------------------------------
+  // Argument names and meanings follow torch.ops.torchvision so code can
+  // switch by changing the namespace.  rois: (K, 5) rows (batch_index, x1,
+  // y1, x2, y2) of the input's dtype.
+  m.def("roi_align(Tensor input, Tensor rois, float spatial_scale, "
+        "SymInt pooled_height, SymInt pooled_width, int sampling_ratio, "
+        "bool aligned) -> Tensor", pt2);
+  m.def("_roi_align_backward(Tensor grad, Tensor rois, float spatial_scale, "
+        "SymInt pooled_height, SymInt pooled_width, SymInt batch_size, "
+        "SymInt channels, SymInt height, SymInt width, int sampling_ratio, "
+        "bool aligned) -> Tensor", pt2);
+  // Returns (output, argmax); argmax is int64 (torchvision's is int32).
+  m.def("roi_pool(Tensor input, Tensor rois, float spatial_scale, "
+        "SymInt pooled_height, SymInt pooled_width) -> (Tensor, Tensor)", pt2);
+  m.def("_roi_pool_backward(Tensor grad, Tensor rois, Tensor argmax, "
+        "float spatial_scale, SymInt pooled_height, SymInt pooled_width, "
+        "SymInt batch_size, SymInt channels, SymInt height, SymInt width) "
+        "-> Tensor", pt2);
 
   // --- losses -----------------------------------------------------------------------------
   m.def(

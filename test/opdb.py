@@ -53,6 +53,7 @@ test_gates rejects empty reasons and unknown names.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -629,7 +630,284 @@ BOX_OPS: list[OpInfo] = [NMS, BATCHED_NMS, BOX_IOU]
 
 
 # --- detection: RoI pooling -------------------------------------------------------------
-ROI_OPS: list[OpInfo] = []
+# References follow torchvision's C++ semantics line by line, in float64, one
+# RoI at a time (tests use few RoIs); everything inside a RoI is tensor math.
+
+def _roi_align_axis_weights(v: torch.Tensor, size: int) -> torch.Tensor:
+    """(n, size) matrix: row i interpolates linearly at coordinate v[i] with
+    torchvision's boundary rules (0 outside [-1, size], clamped inside)."""
+    valid = (v >= -1) & (v <= size)
+    v = v.clamp(min=0)
+    lo = v.floor().long()
+    edge = lo >= size - 1
+    lo = torch.where(edge, torch.full_like(lo, size - 1), lo)
+    hi = torch.where(edge, lo, lo + 1)
+    v = torch.where(edge, lo.to(v.dtype), v)
+    frac = v - lo.to(v.dtype)
+    m = torch.zeros(v.shape[0], size, dtype=v.dtype, device=v.device)
+    if size == 0:
+        return m
+    rows = torch.arange(v.shape[0], device=v.device)
+    keep = valid.to(v.dtype)
+    m.index_put_((rows, lo.clamp(0, size - 1)), (1 - frac) * keep, accumulate=True)
+    m.index_put_((rows, hi.clamp(0, size - 1)), frac * keep, accumulate=True)
+    return m
+
+
+def _roi_align_ref(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio,
+                   aligned):
+    n, c, h, w = input.shape
+    out = input.new_zeros((rois.shape[0], c, pooled_height, pooled_width))
+    offset = 0.5 if aligned else 0.0
+    for k, roi in enumerate(rois.tolist()):
+        b = int(roi[0])
+        x1, y1, x2, y2 = (v * spatial_scale - offset for v in roi[1:])
+        roi_w, roi_h = x2 - x1, y2 - y1
+        if not aligned:
+            roi_w, roi_h = max(roi_w, 1.0), max(roi_h, 1.0)
+        bin_h, bin_w = roi_h / pooled_height, roi_w / pooled_width
+        grid_h = sampling_ratio if sampling_ratio > 0 else math.ceil(bin_h)
+        grid_w = sampling_ratio if sampling_ratio > 0 else math.ceil(bin_w)
+        if grid_h <= 0 or grid_w <= 0:
+            continue
+
+        def coords(start, bin_size, pooled, grid):
+            p = torch.arange(pooled, dtype=input.dtype, device=input.device)[:, None]
+            i = torch.arange(grid, dtype=input.dtype, device=input.device)[None, :]
+            return (start + p * bin_size + (i + 0.5) * bin_size / grid).reshape(-1)
+
+        wy = _roi_align_axis_weights(coords(y1, bin_h, pooled_height, grid_h), h)
+        wx = _roi_align_axis_weights(coords(x1, bin_w, pooled_width, grid_w), w)
+        samples = torch.einsum("yh,chw,xw->cyx", wy, input[b], wx)
+        out[k] = samples.reshape(c, pooled_height, grid_h, pooled_width, grid_w).mean((2, 4))
+    return out
+
+
+def _round_half_away(v: float) -> int:
+    return int(math.copysign(math.floor(abs(v) + 0.5), v))
+
+
+def _roi_pool_ref(input, rois, spatial_scale, pooled_height, pooled_width):
+    n, c, h, w = input.shape
+    shape = (rois.shape[0], c, pooled_height, pooled_width)
+    out = input.new_zeros(shape)
+    argmax = torch.full(shape, -1, dtype=torch.int64, device=input.device)
+    for k, roi in enumerate(rois.tolist()):
+        b = int(roi[0])
+        x1, y1, x2, y2 = (_round_half_away(v * spatial_scale) for v in roi[1:])
+        bin_h = max(y2 - y1 + 1, 1) / pooled_height
+        bin_w = max(x2 - x1 + 1, 1) / pooled_width
+        for ph in range(pooled_height):
+            hs = min(max(math.floor(ph * bin_h) + y1, 0), h)
+            he = min(max(math.ceil((ph + 1) * bin_h) + y1, 0), h)
+            for pw in range(pooled_width):
+                ws = min(max(math.floor(pw * bin_w) + x1, 0), w)
+                we = min(max(math.ceil((pw + 1) * bin_w) + x1, 0), w)
+                if he <= hs or we <= ws or c == 0:
+                    continue
+                region = input[b, :, hs:he, ws:we].reshape(c, -1)
+                value, idx = region.max(dim=1)  # first maximum wins, like the kernels
+                out[k, :, ph, pw] = value
+                argmax[k, :, ph, pw] = (hs + idx // (we - ws)) * w + ws + idx % (we - ws)
+    return out, argmax
+
+
+def _pool_bins_agree(size: int, pooled: int) -> bool:
+    """roi_pool's bin edges floor(p * size / pooled), ceil((p + 1) * size /
+    pooled) come out the same in float32 and float64 arithmetic (they
+    differ for ~0.2% of (size, pooled, p), and the kernels compute in the
+    input's precision, like torchvision's, while the reference uses float64)."""
+    import numpy as np
+    b32, b64 = np.float32(size) / np.float32(pooled), float(size) / pooled
+    return all(math.floor(np.float32(p) * b32) == math.floor(p * b64)
+               and math.ceil(np.float32(p + 1) * b32) == math.ceil((p + 1) * b64)
+               for p in range(pooled))
+
+
+def _random_rois(n_images: int, k: int, height: int, width: int, scale: float, dtype, device,
+                 seed: int, pooled: tuple[int, int] = (7, 7), spread: float = 0.3) -> torch.Tensor:
+    """k boxes in image coordinates (feature map / scale), mostly inside the
+    image, some partly outside (by `spread` of its size) and some tiny.
+    Seeded: the boxes are fixed, so a sample never lands exactly on a
+    rounding boundary by chance in one run and not in the next.  Boxes whose
+    roi_pool bins (for `pooled`) depend on the arithmetic's precision are
+    widened until they do not."""
+    g = torch.Generator().manual_seed(seed)
+    ih, iw = height / scale, width / scale
+    x1 = torch.rand(k, generator=g, dtype=torch.float64) * iw * (1 + 2 * spread) - spread * iw
+    y1 = torch.rand(k, generator=g, dtype=torch.float64) * ih * (1 + 2 * spread) - spread * ih
+    bw = torch.rand(k, generator=g, dtype=torch.float64) * iw * 0.8
+    bh = torch.rand(k, generator=g, dtype=torch.float64) * ih * 0.8
+    tiny = torch.rand(k, generator=g) < 0.2
+    bw = torch.where(tiny, bw * 0.02, bw)
+    bh = torch.where(tiny, bh * 0.02, bh)
+    batch = torch.randint(0, max(n_images, 1), (k,), generator=g).to(torch.float64)
+    rois = torch.stack([batch, x1, y1, x1 + bw, y1 + bh], dim=1).to(dtype).to(torch.float64)
+    for row in rois:
+        for lo, hi, p in ((1, 3, pooled[1]), (2, 4, pooled[0])):
+            def size():
+                a, b = (_round_half_away(float(v) * scale) for v in (row[lo], row[hi]))
+                return max(b - a + 1, 1)
+            while not _pool_bins_agree(size(), p):
+                row[hi] = torch.tensor(float(row[hi]) + 1 / scale).to(dtype).double()
+    return rois.to(dtype=dtype, device=device)
+
+
+# (name, (N, C, H, W), K, spatial_scale, pooled (ph, pw), layout)
+_ROI_CASES = [
+    ("basic", (2, 3, 10, 12), 6, 1.0, (3, 2), "contiguous"),
+    ("scaled", (1, 2, 9, 7), 5, 0.5, (2, 3), "contiguous"),
+    ("one_bin", (1, 1, 5, 6), 3, 1.0, (1, 1), "contiguous"),
+    ("odd", (3, 5, 7, 11), 7, 0.25, (4, 5), "contiguous"),
+    ("channels_last", (2, 4, 8, 9), 5, 1.0, (3, 3), "channels_last"),
+    ("sliced", (2, 3, 9, 8), 4, 1.0, (2, 2), "sliced"),
+    ("no_rois", (2, 3, 6, 6), 0, 1.0, (2, 2), "contiguous"),
+    ("no_channels", (1, 0, 6, 6), 3, 1.0, (2, 2), "contiguous"),
+    ("one_pixel", (1, 2, 1, 1), 3, 1.0, (2, 2), "contiguous"),
+    ("no_rows", (1, 2, 0, 5), 2, 1.0, (2, 2), "contiguous"),
+]
+
+
+def _roi_features(shape, layout, device, dtype, requires_grad):
+    if layout == "channels_last":
+        t = make(shape, device, dtype).contiguous(memory_format=torch.channels_last)
+    elif layout == "sliced":
+        n, c, h, w = shape
+        t = make((n, 2 * c, h, w + 3), device, dtype)[:, ::2, :, 1:w + 1]
+    else:
+        t = make(shape, device, dtype)
+    return t.detach().requires_grad_(requires_grad)
+
+
+def _roi_samples(device, dtype, requires_grad, extra):
+    for seed, (name, shape, k, scale, (ph, pw), layout) in enumerate(_ROI_CASES):
+        rois = _random_rois(shape[0], k, shape[2], shape[3], scale, dtype, device, seed,
+                            (ph, pw))
+        x = _roi_features(shape, layout, device, dtype, requires_grad)
+        for tag, rest in extra(name):
+            yield Sample((x, rois, scale, ph, pw, *rest), name=f"{name}{tag}")
+
+
+def _roi_compile_samples(extra):
+    """Three calls differing only in sizes (N, C, H, W and K), for the
+    compile and export tests."""
+    def samples(device, dtype, requires_grad=False):
+        for seed, (shape, k) in enumerate([((2, 3, 10, 12), 6), ((3, 4, 13, 9), 5),
+                                            ((2, 5, 8, 15), 9)]):
+            x = make(shape, device, dtype, requires_grad)
+            rois = _random_rois(shape[0], k, shape[2], shape[3], 1.0, dtype, device, 100 + seed,
+                                (3, 2))
+            yield Sample((x, rois, 1.0, 3, 2, *extra), name=f"compile{shape}x{k}")
+    return samples
+
+
+def _roi_large_samples(*extras):
+    """Detection-like sizes for the --full profile: many overlapping boxes."""
+    def samples(device, dtype, requires_grad=False):
+        for seed, extra in enumerate(extras):
+            x = make((2, 32, 48, 40), device, dtype, requires_grad)
+            rois = _random_rois(2, 150, 48, 40, 0.25, dtype, device, 200 + seed)
+            yield Sample((x, rois, 0.25, 7, 7, *extra), name=f"large{extra}")
+    return samples
+
+
+def _roi_align_samples(device, dtype, requires_grad=False):
+    def extra(name):
+        yield "", (2, False)
+        if name in ("basic", "odd", "channels_last"):
+            yield "_aligned_adaptive", (0, True)
+        if name in ("basic", "scaled"):
+            yield "_adaptive", (-1, False)
+            yield "_aligned_s3", (3, True)
+    yield from _roi_samples(device, dtype, requires_grad, extra)
+    # Reversed and degenerate boxes (x2 < x1, zero size): aligned keeps the
+    # negative size (no samples when adaptive), unaligned makes them 1x1.
+    x = make((1, 2, 6, 7), device, dtype, requires_grad)
+    rois = torch.tensor([[0, 4.0, 4.5, 1.0, 2.0], [0, 3.0, 3.0, 3.0, 3.0], [0, -1.0, -1.0, 7.5, 6.5]],
+                        dtype=dtype, device=device)
+    for sr, aligned in ((2, True), (0, True), (0, False), (2, False)):
+        yield Sample((x, rois, 1.0, 2, 3, sr, aligned), name=f"reversed_s{sr}_{aligned}")
+
+
+def _roi_pool_samples(device, dtype, requires_grad=False):
+    yield from _roi_samples(device, dtype, requires_grad, lambda name: [("", ())])
+    x = make((1, 2, 6, 7), device, dtype, requires_grad)
+    rois = torch.tensor([[0, 4.0, 4.5, 1.0, 2.0], [0, 3.0, 3.0, 3.0, 3.0], [0, -9.0, -9.0, -3.0, -2.0]],
+                        dtype=dtype, device=device)
+    yield Sample((x, rois, 1.0, 3, 2), name="reversed_and_outside")
+
+
+def _roi_errors(op, extra_args):
+    def errors(device):
+        f = lambda *s, dt=torch.float32, dev=device: make(s, dev, dt)  # noqa: E731
+        rois = torch.tensor([[0, 1.0, 1.0, 4.0, 4.0]], device=device)
+        x = f(1, 2, 6, 6)
+        name = rf"torchops\.{op}"
+        yield ErrorInput(Sample((f(2, 6, 6), rois, 1.0, 2, 2, *extra_args)), rf"{name}.*'input'.*4")
+        yield ErrorInput(Sample((x, rois[:, :4], 1.0, 2, 2, *extra_args)), rf"{name}.*'rois'.*\(K, 5\)")
+        yield ErrorInput(Sample((x, rois[0], 1.0, 2, 2, *extra_args)), rf"{name}.*'rois'")
+        yield ErrorInput(Sample((x, rois.double(), 1.0, 2, 2, *extra_args)), rf"{name}.*'rois'.*dtype")
+        yield ErrorInput(Sample((x.long(), rois.long(), 1.0, 2, 2, *extra_args)),
+                         rf"{name}.*'input'.*floating")
+        yield ErrorInput(Sample((x, rois, 1.0, 0, 2, *extra_args)), rf"{name}.*'pooled_height'")
+        yield ErrorInput(Sample((x, rois, 1.0, 2, -1, *extra_args)), rf"{name}.*'pooled_width'")
+        if device == "cpu":
+            bad = rois.clone()
+            bad[0, 0] = 1
+            yield ErrorInput(Sample((x, bad, 1.0, 2, 2, *extra_args)), rf"{name}.*'rois'.*batch index")
+        else:
+            yield ErrorInput(Sample((x, rois.cpu(), 1.0, 2, 2, *extra_args)), rf"{name}.*'rois'")
+        # The torchvision-style wrapper: input, boxes, output_size.
+        for boxes, size, error, what in [
+                (rois[:, 1:], 2, RuntimeError, "'boxes'"),
+                ([rois], 2, RuntimeError, "'boxes'"),
+                ([], 2, ValueError, "'boxes'"),
+                ("boxes", 2, TypeError, "'boxes'"),
+                (rois, (2, 2, 2), ValueError, "'output_size'")]:
+            yield ErrorInput(Sample((x, boxes, size)), rf"{name}.*{what}", error, via_wrapper=True)
+    return errors
+
+
+_WRAPPER_SKIP = ("torchops.{op} takes torchvision.ops.{op}'s arguments (boxes as a tensor or "
+                 "a list, output_size), not the op's; test_roi.py checks it against the op")
+
+ROI_ALIGN = OpInfo(
+    name="roi_align",
+    op=torch.ops.torchops.roi_align.default,
+    wrapper=torchops.roi_align,
+    reference=_roi_align_ref,
+    sample_inputs=_roi_align_samples,
+    sample_inputs_compile=_roi_compile_samples((2, True)),
+    error_inputs=_roi_errors("roi_align", (2, False)),
+    internal_ops=("_roi_align_backward",),
+    autocast=True,
+    skips={"wrapper": _WRAPPER_SKIP.format(op="roi_align")},
+    # The CUDA backward adds with atomics (unless deterministic algorithms
+    # are on), so two runs may differ in the last bits.
+    gradcheck_kwargs={"nondet_tol": 1e-12},
+    sample_inputs_large=_roi_large_samples((2, True), (0, False)),
+    # Sample coordinates are computed in float32 for the float and half
+    # types: an error of ~1 ulp of a coordinate moves the value by up to
+    # (coordinate * 2^-24) * (max neighbour difference).
+    tols={torch.float32: Tol(1e-4, 1e-4), torch.float16: Tol(2e-3, 2e-3)},
+)
+
+ROI_POOL = OpInfo(
+    name="roi_pool",
+    op=torch.ops.torchops.roi_pool.default,
+    wrapper=torchops.roi_pool,
+    reference=_roi_pool_ref,
+    sample_inputs=_roi_pool_samples,
+    sample_inputs_compile=_roi_compile_samples(()),
+    error_inputs=_roi_errors("roi_pool", ()),
+    internal_ops=("_roi_pool_backward",),
+    autocast=True,
+    skips={"wrapper": _WRAPPER_SKIP.format(op="roi_pool")},
+    gradcheck_kwargs={"nondet_tol": 1e-12},
+    sample_inputs_large=_roi_large_samples(()),
+)
+
+ROI_OPS: list[OpInfo] = [ROI_ALIGN, ROI_POOL]
 
 
 # --- losses -----------------------------------------------------------------------------
@@ -743,4 +1021,5 @@ def device_dtype_params(op: OpInfo) -> list[tuple[str, torch.dtype]]:
     return [(d, dt) for d in devices() for dt in op.dtypes.get(d, ())]
 
 
-__all__ = [n for n in dir() if not n.startswith("_") and n not in ("itertools", "os", "Any")]
+__all__ = [n for n in dir() if not n.startswith("_")
+           and n not in ("itertools", "math", "os", "Any")]

@@ -107,11 +107,15 @@ class TestAPISnapshot(expecttest.TestCase):
         self.assertExpectedInline(schema_snapshot(), """\
 torchops::_box_iou_backward(Tensor grad, Tensor boxes1, Tensor boxes2) -> (Tensor, Tensor)  [pt2_compliant_tag]
 torchops::_d_sigmoid_backward(Tensor grad, Tensor z) -> Tensor  [pt2_compliant_tag]
+torchops::_roi_align_backward(Tensor grad, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width, SymInt batch_size, SymInt channels, SymInt height, SymInt width, int sampling_ratio, bool aligned) -> Tensor  [pt2_compliant_tag]
+torchops::_roi_pool_backward(Tensor grad, Tensor rois, Tensor argmax, float spatial_scale, SymInt pooled_height, SymInt pooled_width, SymInt batch_size, SymInt channels, SymInt height, SymInt width) -> Tensor  [pt2_compliant_tag]
 torchops::_sigmoid_focal_loss_backward(Tensor grad, Tensor inputs, Tensor targets, float alpha, float gamma, str reduction) -> Tensor  [pt2_compliant_tag]
 torchops::batched_nms(Tensor boxes, Tensor scores, Tensor idxs, float iou_threshold) -> Tensor  [pt2_compliant_tag]
 torchops::box_iou(Tensor boxes1, Tensor boxes2) -> Tensor  [pt2_compliant_tag]
 torchops::d_sigmoid(Tensor z) -> Tensor  [pt2_compliant_tag]
 torchops::matmul(Tensor a, Tensor b) -> Tensor  [pt2_compliant_tag]
 torchops::nms(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor  [pt2_compliant_tag]
+torchops::roi_align(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width, int sampling_ratio, bool aligned) -> Tensor  [pt2_compliant_tag]
+torchops::roi_pool(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width) -> (Tensor, Tensor)  [pt2_compliant_tag]
 torchops::sigmoid_focal_loss(Tensor inputs, Tensor targets, float alpha=0.25, float gamma=2., str reduction="none") -> Tensor  [pt2_compliant_tag]
 """)

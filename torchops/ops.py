@@ -200,6 +200,172 @@ def _box_iou_backward_fake(grad: Tensor, boxes1: Tensor, boxes2: Tensor) -> tupl
 
 # --- detection: RoI pooling -------------------------------------------------------------
 
+__all__ += ["roi_align", "roi_pool"]
+
+
+def _roi_rows(op: str, boxes) -> Tensor:
+    """torchvision's two box formats -> one (K, 5) tensor of rows
+    (batch_index, x1, y1, x2, y2)."""
+    if isinstance(boxes, Tensor):
+        torch._check(boxes.dim() == 2 and boxes.shape[1] == 5,
+                     lambda: f"torchops.{op}: expected 'boxes' to be a (K, 5) tensor, "
+                     f"got shape {tuple(boxes.shape)}")
+        return boxes
+    if not isinstance(boxes, (list, tuple)) or not all(isinstance(b, Tensor) for b in boxes):
+        raise TypeError(f"torchops.{op}: expected 'boxes' to be a (K, 5) tensor or a list of "
+                        f"(L, 4) tensors, one per image, got {type(boxes).__name__}")
+    if not boxes:
+        raise ValueError(f"torchops.{op}: 'boxes' is an empty list (one (L, 4) tensor per image)")
+    for b in boxes:
+        torch._check(b.dim() == 2 and b.shape[1] == 4,
+                     lambda: f"torchops.{op}: expected each tensor in 'boxes' to have shape "
+                     f"(L, 4), got {tuple(b.shape)}")
+    cat = torch.cat(list(boxes), dim=0)
+    index = torch.cat([torch.full((b.shape[0], 1), i, dtype=cat.dtype, device=cat.device)
+                       for i, b in enumerate(boxes)], dim=0)
+    return torch.cat([index, cat], dim=1)
+
+
+def _pair(op: str, output_size) -> tuple[int, int]:
+    if isinstance(output_size, (list, tuple)):
+        if len(output_size) != 2:
+            raise ValueError(f"torchops.{op}: expected 'output_size' to be an int or a pair, "
+                             f"got {output_size!r}")
+        return output_size[0], output_size[1]
+    return output_size, output_size
+
+
+def roi_align(input: Tensor, boxes: Tensor | list[Tensor], output_size: int | tuple[int, int],
+              spatial_scale: float = 1.0, sampling_ratio: int = -1,
+              aligned: bool = False) -> Tensor:
+    """RoI Align (Mask R-CNN): bilinear average pooling of each box into an
+    ``output_size`` grid.  A drop-in for ``torchvision.ops.roi_align``: same
+    arguments, same semantics, same results (within float rounding).
+
+    Args:
+        input: features ``(N, C, H, W)``, float32/float64/float16/bfloat16,
+            any strides (CPU copies non-contiguous inputs; CUDA reads them in
+            place).
+        boxes: ``(K, 5)`` rows ``(batch_index, x1, y1, x2, y2)``, or a list
+            of ``(L_i, 4)`` tensors of ``(x1, y1, x2, y2)``, one per image; in
+            ``input``'s dtype, in image coordinates.
+        output_size: ``(pooled_height, pooled_width)`` or one int for both.
+        spatial_scale: maps box coordinates to ``input``'s pixels
+            (e.g. 1/16 for a stride-16 feature map).
+        sampling_ratio: samples per bin along each axis; ``<= 0`` means
+            adaptive, ``ceil(box size / output size)``.
+        aligned: shift boxes by -0.5 pixel (pixel-centre alignment, the
+            Detectron2 default); ``False`` reproduces the original RoIAlign.
+
+    Returns ``(K, C, pooled_height, pooled_width)`` in ``input``'s dtype
+    (half types accumulate in float32).  Differentiable with respect to
+    ``input`` (not ``boxes``).  The CUDA backward uses atomic adds; under
+    ``torch.use_deterministic_algorithms(True)`` it switches to a
+    deterministic sort-and-gather kernel (bitwise reproducible, a few MB of
+    scratch memory).  Under ``torch.autocast`` it computes in float32 and
+    returns the input's dtype.  On CPU a batch index outside ``[0, N)``
+    raises; on CUDA (where checking would need a device sync) such a box
+    pools to zeros and gets no gradient.
+    """
+    ph, pw = _pair("roi_align", output_size)
+    rois = _roi_rows("roi_align", boxes)
+    return torch.ops.torchops.roi_align.default(input, rois, spatial_scale, ph, pw,
+                                                sampling_ratio, aligned)
+
+
+def _check_roi_args(op: str, input: Tensor, rois: Tensor, pooled_height, pooled_width) -> None:
+    _check_floating(op, "input", input)
+    torch._check(input.dim() == 4,
+                 lambda: f"torchops.{op}: expected 'input' to have 4 dimensions, got {input.dim()}")
+    torch._check(rois.dim() == 2 and rois.shape[1] == 5,
+                 lambda: f"torchops.{op}: expected 'rois' to have shape (K, 5), got "
+                 f"{tuple(rois.shape)}")
+    torch._check(rois.dtype == input.dtype,
+                 lambda: f"torchops.{op}: expected 'rois' to have the same dtype as 'input' "
+                 f"({input.dtype}), but got {rois.dtype}")
+    torch._check(pooled_height > 0,
+                 lambda: f"torchops.{op}: expected 'pooled_height' to be positive")
+    torch._check(pooled_width > 0,
+                 lambda: f"torchops.{op}: expected 'pooled_width' to be positive")
+
+
+def _check_roi_backward_args(op: str, grad: Tensor, rois: Tensor, pooled_height, pooled_width,
+                             batch_size, channels, height, width) -> None:
+    _check_floating(op, "grad", grad)
+    torch._check(rois.dim() == 2 and rois.shape[1] == 5,
+                 lambda: f"torchops.{op}: expected 'rois' to have shape (K, 5)")
+    torch._check(grad.dim() == 4, lambda: f"torchops.{op}: expected 'grad' to have 4 dimensions")
+    torch._check(grad.shape[0] == rois.shape[0] and grad.shape[1] == channels
+                 and grad.shape[2] == pooled_height and grad.shape[3] == pooled_width,
+                 lambda: f"torchops.{op}: 'grad' has shape {tuple(grad.shape)}")
+    torch._check(batch_size >= 0 and channels >= 0 and height >= 0 and width >= 0,
+                 lambda: f"torchops.{op}: negative 'batch_size', 'channels', 'height' or 'width'")
+
+
+@torch.library.register_fake("torchops::roi_align")
+def _roi_align_fake(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height,
+                    pooled_width, sampling_ratio: int, aligned: bool) -> Tensor:
+    _check_roi_args("roi_align", input, rois, pooled_height, pooled_width)
+    return input.new_empty((rois.shape[0], input.shape[1], pooled_height, pooled_width))
+
+
+@torch.library.register_fake("torchops::_roi_align_backward")
+def _roi_align_backward_fake(grad: Tensor, rois: Tensor, spatial_scale: float, pooled_height,
+                             pooled_width, batch_size, channels, height, width,
+                             sampling_ratio: int, aligned: bool) -> Tensor:
+    _check_roi_backward_args("_roi_align_backward", grad, rois, pooled_height, pooled_width,
+                             batch_size, channels, height, width)
+    return grad.new_empty((batch_size, channels, height, width))
+
+
+def roi_pool(input: Tensor, boxes: Tensor | list[Tensor], output_size: int | tuple[int, int],
+             spatial_scale: float = 1.0) -> Tensor:
+    """RoI max pooling (Fast R-CNN).  A drop-in for ``torchvision.ops.roi_pool``:
+    same arguments and results, and like it this returns only the pooled
+    values.  The operator ``torch.ops.torchops.roi_pool`` returns
+    ``(output, argmax)`` like ``torch.ops.torchvision.roi_pool``, except that
+    argmax is int64 (torchvision: int32): the index ``h * W + w`` of each
+    maximum in its input plane, -1 for an empty bin.
+
+    Args:
+        input: features ``(N, C, H, W)``, float32/float64/float16/bfloat16.
+        boxes: ``(K, 5)`` rows ``(batch_index, x1, y1, x2, y2)``, or a list
+            of ``(L_i, 4)`` tensors, one per image, in ``input``'s dtype.
+        output_size: ``(pooled_height, pooled_width)`` or one int for both.
+        spatial_scale: maps box coordinates to ``input``'s pixels.
+
+    Box corners are rounded to pixels, each bin is the maximum over its
+    pixels (0 for a bin outside the image).  Returns ``(K, C,
+    pooled_height, pooled_width)`` in ``input``'s dtype, differentiable with
+    respect to ``input``; the CUDA backward honours
+    ``torch.use_deterministic_algorithms``.  Autocast and invalid batch
+    indices behave as in :func:`roi_align`.
+    """
+    ph, pw = _pair("roi_pool", output_size)
+    rois = _roi_rows("roi_pool", boxes)
+    return torch.ops.torchops.roi_pool.default(input, rois, spatial_scale, ph, pw)[0]
+
+
+@torch.library.register_fake("torchops::roi_pool")
+def _roi_pool_fake(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height,
+                   pooled_width) -> tuple[Tensor, Tensor]:
+    _check_roi_args("roi_pool", input, rois, pooled_height, pooled_width)
+    shape = (rois.shape[0], input.shape[1], pooled_height, pooled_width)
+    return input.new_empty(shape), input.new_empty(shape, dtype=torch.int64)
+
+
+@torch.library.register_fake("torchops::_roi_pool_backward")
+def _roi_pool_backward_fake(grad: Tensor, rois: Tensor, argmax: Tensor, spatial_scale: float,
+                            pooled_height, pooled_width, batch_size, channels, height,
+                            width) -> Tensor:
+    _check_roi_backward_args("_roi_pool_backward", grad, rois, pooled_height, pooled_width,
+                             batch_size, channels, height, width)
+    torch._check(argmax.dtype == torch.int64 and argmax.shape == grad.shape,
+                 lambda: "torchops._roi_pool_backward: expected 'argmax' to be an int64 tensor "
+                 "of the shape of 'grad'")
+    return grad.new_empty((batch_size, channels, height, width))
+
+
 
 # --- losses -----------------------------------------------------------------------------
 

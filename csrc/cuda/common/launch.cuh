@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 namespace torchops::cuda {
 
@@ -27,6 +28,34 @@ inline int64_t ceil_div(int64_t a, int64_t b) {
 inline unsigned int grid_for(int64_t n, int threads) {
   const int64_t blocks = std::max<int64_t>(1, ceil_div(n, threads));
   return static_cast<unsigned int>(std::min<int64_t>(blocks, 65535LL * 32));
+}
+
+inline bool fits_int32(int64_t n) {
+  return n <= std::numeric_limits<int32_t>::max();
+}
+
+// Calls f(index_t{}) with int32_t when a grid-stride loop over `total`
+// items with `blocks` x `threads` threads cannot overflow it, else int64_t:
+// index arithmetic (division above all) is several times faster in 32 bits.
+template <typename F>
+void with_index_type(int64_t total, unsigned int blocks, int threads, F&& f) {
+  if (fits_int32(total + int64_t(blocks) * threads)) {
+    f(int32_t{});
+  } else {
+    f(int64_t{});
+  }
+}
+
+// The first index of a grid-stride loop and its stride, in index_t.
+template <typename index_t>
+__device__ __forceinline__ index_t grid_start() {
+  return static_cast<index_t>(blockIdx.x) * static_cast<index_t>(blockDim.x) +
+         static_cast<index_t>(threadIdx.x);
+}
+
+template <typename index_t>
+__device__ __forceinline__ index_t grid_stride() {
+  return static_cast<index_t>(gridDim.x) * static_cast<index_t>(blockDim.x);
 }
 
 }  // namespace torchops::cuda

@@ -1,0 +1,98 @@
+// The geometry of roi_align, written once for the CPU and CUDA kernels, with
+// torchvision's semantics and arithmetic (same expressions, same order, in
+// T = at::opmath_type of the input: float for float/half/bfloat16).
+//
+// A RoI (scaled by spatial_scale, shifted by -0.5 when aligned) is cut into
+// pooled_height x pooled_width bins; each bin averages grid_h x grid_w
+// bilinear samples at the centres of a regular sub-grid.  Bilinear
+// interpolation is separable, and so are torchvision's boundary rules (a
+// sample outside [-1, size] along either axis is zero; inside, coordinates
+// clamp to the edge pixels), so each axis is handled on its own.
+#pragma once
+
+#include <c10/macros/Macros.h>
+
+#include <cmath>
+
+#include "common/roi.h"
+
+namespace torchops {
+
+template <typename T>
+struct RoiAlignBox {
+  int64_t batch;             // image index (not range-checked here)
+  T start_h, start_w;        // top-left corner, in feature-map pixels
+  T bin_h, bin_w;            // bin size (negative for a reversed aligned box)
+  int64_t grid_h, grid_w;    // samples per bin along each axis; <= 0: none
+  T inv_count;               // 1 / samples per bin
+};
+
+template <typename T, typename R>
+C10_HOST_DEVICE inline RoiAlignBox<T> roi_align_box(
+    const R* roi, T spatial_scale, int64_t pooled_height, int64_t pooled_width,
+    int64_t sampling_ratio, bool aligned) {
+  RoiAlignBox<T> b;
+  b.batch = roi_batch_index(static_cast<T>(roi[0]));
+  const T offset = aligned ? T(0.5) : T(0);
+  b.start_w = static_cast<T>(roi[1]) * spatial_scale - offset;
+  b.start_h = static_cast<T>(roi[2]) * spatial_scale - offset;
+  const T end_w = static_cast<T>(roi[3]) * spatial_scale - offset;
+  const T end_h = static_cast<T>(roi[4]) * spatial_scale - offset;
+  T roi_w = end_w - b.start_w;
+  T roi_h = end_h - b.start_h;
+  if (!aligned) {
+    // torchvision forces malformed boxes to 1x1 (NaN stays NaN).
+    roi_w = roi_w < T(1) ? T(1) : roi_w;
+    roi_h = roi_h < T(1) ? T(1) : roi_h;
+  }
+  b.bin_h = roi_h / static_cast<T>(pooled_height);
+  b.bin_w = roi_w / static_cast<T>(pooled_width);
+  // Adaptive: about one sample per pixel, ceil(roi size / pooled size).
+  b.grid_h = sampling_ratio > 0 ? sampling_ratio : saturating_trunc(std::ceil(b.bin_h));
+  b.grid_w = sampling_ratio > 0 ? sampling_ratio : saturating_trunc(std::ceil(b.bin_w));
+  const int64_t count =
+      (b.grid_h > 0 && b.grid_w > 0) ? b.grid_h * b.grid_w : int64_t(1);
+  b.inv_count = T(1) / static_cast<T>(count);
+  return b;
+}
+
+// Coordinate of sample i (of `grid`) in bin p along one axis.
+template <typename T>
+C10_HOST_DEVICE inline T roi_align_sample(T start, T bin, int64_t p, int64_t i,
+                                          int64_t grid) {
+  return start + static_cast<T>(p) * bin +
+         (static_cast<T>(i) + T(0.5)) * bin / static_cast<T>(grid);
+}
+
+// The two pixels a sample at coordinate v reads along an axis of `size`
+// pixels, and their linear weights.  False when the sample lies outside
+// [-1, size] (or is NaN): it then contributes nothing.
+template <typename T>
+C10_HOST_DEVICE inline bool roi_align_axis(T v, int64_t size, int64_t& lo,
+                                           int64_t& hi, T& w_lo, T& w_hi) {
+  if (!(v >= T(-1) && v <= static_cast<T>(size)) || size <= 0) {
+    return false;
+  }
+  if (v <= T(0)) {
+    v = T(0);
+  }
+  lo = static_cast<int64_t>(v);
+  if (lo >= size - 1) {
+    lo = hi = size - 1;
+    v = static_cast<T>(lo);
+  } else {
+    hi = lo + 1;
+  }
+  w_hi = v - static_cast<T>(lo);
+  w_lo = T(1) - w_hi;
+  return true;
+}
+
+inline void check_roi_align_sampling(const char* op, int64_t sampling_ratio) {
+  // Every value is meaningful (<= 0 means adaptive, as in torchvision); the
+  // only limit is the one the kernels' int arithmetic needs.
+  TORCH_CHECK(sampling_ratio <= (int64_t(1) << 31), "torchops.", op,
+              ": 'sampling_ratio' is too large (", sampling_ratio, ")");
+}
+
+}  // namespace torchops

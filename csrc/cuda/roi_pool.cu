@@ -1,0 +1,283 @@
+// CUDA kernels of torchops.roi_pool and its backward.
+//
+// Forward: one thread per output element, reading the input through its
+// strides (channel-inner thread order for channels_last inputs).
+//
+// Backward: each grad element goes to exactly one input pixel, the one its
+// argmax names.  By default with atomicAdd (into a float32 buffer for half
+// types).  Under torch.use_deterministic_algorithms(True): the destinations
+// are sorted with a stable sort and the first thread of each run of equal
+// destinations sums the run in that fixed order (no atomics, bitwise
+// reproducible; about 40 bytes of scratch per grad element, sort included).
+//
+// RoIs whose batch index is not an image of the input (checking it would
+// need a device sync) pool to zeros with argmax -1 and get no gradient;
+// argmax values outside the plane are ignored likewise.
+#include <ATen/Context.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/sort.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <tuple>
+#include <type_traits>
+
+#include "common/roi_pool.h"
+#include "cuda/common/roi.cuh"
+
+namespace torchops::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+struct Params {
+  int64_t rois, n_images, channels, height, width;
+  int64_t pooled_height, pooled_width;
+};
+
+template <RoiOrder kOrder, typename index_t>
+__device__ __forceinline__ RoiBin bin_of(index_t i, const Params& p) {
+  return roi_bin_of<kOrder, index_t>(
+      i, static_cast<index_t>(p.channels), static_cast<index_t>(p.pooled_height),
+      static_cast<index_t>(p.pooled_width), static_cast<index_t>(p.rois));
+}
+
+__device__ __forceinline__ int64_t offset_of(const RoiBin& b, const Params& p) {
+  return roi_bin_offset(b, p.channels, p.pooled_height, p.pooled_width);
+}
+
+template <typename scalar_t, typename T, typename index_t, RoiOrder kOrder>
+__global__ void __launch_bounds__(kThreads) roi_pool_forward_kernel(
+    const scalar_t* __restrict__ input, Strides4 s,
+    const scalar_t* __restrict__ rois, T spatial_scale, Params p,
+    index_t total, scalar_t* __restrict__ out, int64_t* __restrict__ argmax) {
+  for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
+    const RoiBin b = bin_of<kOrder>(i, p);
+    const RoiPoolBox<T> box = roi_pool_box<T>(rois + b.k * 5, spatial_scale,
+                                              p.pooled_height, p.pooled_width);
+    T best = T(0);
+    int64_t best_at = -1;
+    if (box.batch >= 0 && box.batch < p.n_images) {
+      int64_t h0, h1, w0, w1;
+      roi_pool_bin(box.bin_h, b.ph, box.start_h, p.height, h0, h1);
+      roi_pool_bin(box.bin_w, b.pw, box.start_w, p.width, w0, w1);
+      if (h1 > h0 && w1 > w0) {
+        best = roi_pool_initial_max<T>();
+      }
+      const scalar_t* plane = input + box.batch * s.n + b.c * s.c;
+      for (int64_t h = h0; h < h1; ++h) {
+        for (int64_t w = w0; w < w1; ++w) {
+          const T v = static_cast<T>(plane[h * s.h + w * s.w]);
+          if (v > best) {
+            best = v;
+            best_at = h * p.width + w;
+          }
+        }
+      }
+    }
+    const int64_t o = offset_of(b, p);
+    out[o] = static_cast<scalar_t>(best);
+    argmax[o] = best_at;
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> roi_pool(const at::Tensor& input,
+                                            const at::Tensor& rois_in,
+                                            double spatial_scale,
+                                            int64_t pooled_height,
+                                            int64_t pooled_width) {
+  check_roi_forward("roi_pool", input, rois_in, pooled_height, pooled_width,
+                    c10::DeviceType::CUDA);
+  const c10::cuda::CUDAGuard guard(input.device());
+  const at::Tensor rois = rois_in.contiguous();
+  const int64_t k = rois.size(0), channels = input.size(1);
+  at::Tensor out =
+      at::empty({k, channels, pooled_height, pooled_width}, input.options());
+  at::Tensor argmax = at::empty(out.sizes(), input.options().dtype(at::kLong));
+  const int64_t total = out.numel();
+  if (total == 0) {
+    return {out, argmax};
+  }
+  const Params p{k, input.size(0), channels, input.size(2), input.size(3),
+                 pooled_height, pooled_width};
+  const unsigned int blocks = grid_for(total, kThreads);
+  const bool inner = channels_inner(input);
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, input.scalar_type(), "torchops.roi_pool", [&] {
+        using T = at::opmath_type<scalar_t>;
+        with_index_type(total, blocks, kThreads, [&](auto index) {
+          using index_t = decltype(index);
+          auto launch = [&](auto order) {
+            roi_pool_forward_kernel<scalar_t, T, index_t, decltype(order)::value>
+                <<<blocks, kThreads, 0, current_stream()>>>(
+                    input.const_data_ptr<scalar_t>(), strides4(input),
+                    rois.const_data_ptr<scalar_t>(),
+                    static_cast<T>(spatial_scale), p,
+                    static_cast<index_t>(total),
+                    out.mutable_data_ptr<scalar_t>(),
+                    argmax.mutable_data_ptr<int64_t>());
+          };
+          if (inner) {
+            launch(std::integral_constant<RoiOrder, RoiOrder::kChannelsInner>{});
+          } else {
+            launch(std::integral_constant<RoiOrder, RoiOrder::kChannelsOuter>{});
+          }
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        });
+      });
+  return {out, argmax};
+}
+
+// Flat index into grad_input of bin b's destination, or -1.
+template <typename scalar_t, typename T>
+__device__ __forceinline__ int64_t destination(const scalar_t* rois,
+                                               const int64_t* argmax,
+                                               const RoiBin& b,
+                                               const Params& p) {
+  const int64_t a = argmax[offset_of(b, p)];
+  const int64_t image = roi_batch_index(static_cast<T>(rois[b.k * 5]));
+  if (a < 0 || a >= p.height * p.width || image < 0 || image >= p.n_images) {
+    return -1;
+  }
+  return (image * p.channels + b.c) * p.height * p.width + a;
+}
+
+template <typename scalar_t, typename T, typename index_t>
+__global__ void __launch_bounds__(kThreads) roi_pool_backward_atomic_kernel(
+    const scalar_t* __restrict__ grad, Strides4 gs,
+    const scalar_t* __restrict__ rois, const int64_t* __restrict__ argmax,
+    Params p, index_t total, T* __restrict__ grad_input) {
+  for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
+    const RoiBin b = bin_of<RoiOrder::kChannelsOuter>(i, p);
+    const int64_t d = destination<scalar_t, T>(rois, argmax, b, p);
+    if (d >= 0) {
+      atomicAdd(grad_input + d,
+                static_cast<T>(grad[b.k * gs.n + b.c * gs.c + b.ph * gs.h +
+                                    b.pw * gs.w]));
+    }
+  }
+}
+
+// keys[i] = destination of grad element i; ignored elements get `sentinel`
+// (larger than every destination, so they sort last).
+template <typename scalar_t, typename T, typename index_t>
+__global__ void __launch_bounds__(kThreads) roi_pool_destinations_kernel(
+    const scalar_t* __restrict__ rois, const int64_t* __restrict__ argmax,
+    Params p, index_t total, int64_t sentinel, int64_t* __restrict__ keys) {
+  for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
+    const RoiBin b = bin_of<RoiOrder::kMemory>(i, p);
+    const int64_t d = destination<scalar_t, T>(rois, argmax, b, p);
+    keys[i] = d >= 0 ? d : sentinel;
+  }
+}
+
+// The first element of each run of equal sorted keys sums the run's grads
+// in sorted order and writes the destination (grad_input starts at zero).
+template <typename scalar_t, typename T, typename index_t>
+__global__ void __launch_bounds__(kThreads) roi_pool_run_sums_kernel(
+    const scalar_t* __restrict__ grad, Strides4 gs,
+    const int64_t* __restrict__ keys, const int64_t* __restrict__ order,
+    Params p, index_t total, int64_t sentinel,
+    scalar_t* __restrict__ grad_input) {
+  for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
+    const int64_t key = keys[i];
+    if (key == sentinel || (i > 0 && keys[i - 1] == key)) {
+      continue;
+    }
+    T acc = T(0);
+    for (int64_t j = i; j < total && keys[j] == key; ++j) {
+      const RoiBin b = bin_of<RoiOrder::kMemory, int64_t>(order[j], p);
+      acc += static_cast<T>(
+          grad[b.k * gs.n + b.c * gs.c + b.ph * gs.h + b.pw * gs.w]);
+    }
+    grad_input[key] = static_cast<scalar_t>(acc);
+  }
+}
+
+at::Tensor roi_pool_backward(const at::Tensor& grad, const at::Tensor& rois_in,
+                             const at::Tensor& argmax_in, double spatial_scale,
+                             int64_t pooled_height, int64_t pooled_width,
+                             int64_t batch_size, int64_t channels,
+                             int64_t height, int64_t width) {
+  const char* op = "_roi_pool_backward";
+  (void)spatial_scale;  // the argmax already says where each value came from
+  check_roi_backward(op, grad, rois_in, pooled_height, pooled_width, batch_size,
+                     channels, height, width, c10::DeviceType::CUDA);
+  check_same_device(op, {grad, "grad"}, {argmax_in, "argmax"});
+  TORCH_CHECK(argmax_in.scalar_type() == at::kLong && argmax_in.sizes() == grad.sizes(),
+              "torchops._roi_pool_backward: expected 'argmax' to be an int64 "
+              "tensor of the shape of 'grad' (", grad.sizes(), "), but got ",
+              argmax_in.scalar_type(), " of shape ", argmax_in.sizes());
+  const c10::cuda::CUDAGuard guard(grad.device());
+  const at::Tensor rois = rois_in.contiguous();
+  const at::Tensor argmax = argmax_in.contiguous();
+  const Params p{rois.size(0), batch_size, channels, height, width,
+                 pooled_height, pooled_width};
+  const at::ScalarType dtype = grad.scalar_type();
+  const int64_t total = grad.numel();
+  const unsigned int blocks = grid_for(total, kThreads);
+  if (total == 0 || batch_size * channels * height * width == 0) {
+    return at::zeros({batch_size, channels, height, width}, grad.options());
+  }
+  if (at::globalContext().deterministicAlgorithms()) {
+    const int64_t sentinel = batch_size * channels * height * width;
+    at::Tensor keys = at::empty({total}, argmax.options());
+    at::Tensor grad_input =
+        at::zeros({batch_size, channels, height, width}, grad.options());
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, dtype, "torchops._roi_pool_backward", [&] {
+          using T = at::opmath_type<scalar_t>;
+          with_index_type(total, blocks, kThreads, [&](auto index) {
+            using index_t = decltype(index);
+            roi_pool_destinations_kernel<scalar_t, T, index_t>
+                <<<blocks, kThreads, 0, current_stream()>>>(
+                    rois.const_data_ptr<scalar_t>(),
+                    argmax.const_data_ptr<int64_t>(), p,
+                    static_cast<index_t>(total), sentinel,
+                    keys.mutable_data_ptr<int64_t>());
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+            const auto sorted = at::sort(keys, /*stable=*/true, /*dim=*/0,
+                                         /*descending=*/false);
+            roi_pool_run_sums_kernel<scalar_t, T, index_t>
+                <<<blocks, kThreads, 0, current_stream()>>>(
+                    grad.const_data_ptr<scalar_t>(), strides4(grad),
+                    std::get<0>(sorted).const_data_ptr<int64_t>(),
+                    std::get<1>(sorted).const_data_ptr<int64_t>(), p,
+                    static_cast<index_t>(total), sentinel,
+                    grad_input.mutable_data_ptr<scalar_t>());
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          });
+        });
+    return grad_input;
+  }
+  const at::ScalarType acc_type = dtype == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor grad_input = at::zeros({batch_size, channels, height, width},
+                                    grad.options().dtype(acc_type));
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, dtype, "torchops._roi_pool_backward", [&] {
+        using T = at::opmath_type<scalar_t>;
+        with_index_type(total, blocks, kThreads, [&](auto index) {
+          using index_t = decltype(index);
+          roi_pool_backward_atomic_kernel<scalar_t, T, index_t>
+              <<<blocks, kThreads, 0, current_stream()>>>(
+                  grad.const_data_ptr<scalar_t>(), strides4(grad),
+                  rois.const_data_ptr<scalar_t>(),
+                  argmax.const_data_ptr<int64_t>(), p,
+                  static_cast<index_t>(total), grad_input.mutable_data_ptr<T>());
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        });
+      });
+  return grad_input.to(dtype);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
+  m.impl("roi_pool", &roi_pool);
+  m.impl("_roi_pool_backward", &roi_pool_backward);
+}
+
+}  // namespace torchops::cuda

@@ -1,0 +1,358 @@
+"""Op-specific tests of roi_align and roi_pool (the generic ones come from
+their opdb entries): the torchvision-style wrappers, empty inputs, the
+deterministic CPU backward, autocast, and on a GPU the deterministic CUDA
+backwards, CPU/CUDA agreement and equivalence with torchvision."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import torchops
+from opdb import _random_rois, _roi_align_ref
+
+ALIGN = torch.ops.torchops.roi_align.default
+POOL = torch.ops.torchops.roi_pool.default
+
+
+def _features(shape, device="cpu", dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+
+
+def _problem(n=2, c=8, h=24, w=20, k=40, scale=0.5, device="cpu", dtype=torch.float32, seed=0):
+    x = _features((n, c, h, w), device, dtype, seed)
+    rois = _random_rois(n, k, h, w, scale, dtype, device, seed)
+    return x, rois, scale
+
+
+@contextlib.contextmanager
+def _deterministic(on: bool = True):
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(on)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+def _align_grad(x, rois, scale, ph, pw, sr, aligned, grad_out):
+    x = x.detach().requires_grad_()
+    ALIGN(x, rois, scale, ph, pw, sr, aligned).backward(grad_out)
+    return x.grad
+
+
+def _pool_grad(x, rois, scale, ph, pw, grad_out):
+    x = x.detach().requires_grad_()
+    POOL(x, rois, scale, ph, pw)[0].backward(grad_out)
+    return x.grad
+
+
+# ---------------------------------------------------------------------------------
+# Wrappers (torchvision.ops signatures)
+# ---------------------------------------------------------------------------------
+
+def test_wrappers_accept_torchvision_box_formats():
+    x, rois, scale = _problem(k=12)
+    per_image = [rois[rois[:, 0] == i, 1:] for i in range(x.shape[0])]
+    ordered = torch.cat([rois[rois[:, 0] == i] for i in range(x.shape[0])])
+    want = ALIGN(x, ordered, scale, 3, 3, 2, True)
+    torch.testing.assert_close(torchops.roi_align(x, per_image, 3, scale, 2, True), want,
+                               atol=0, rtol=0)
+    torch.testing.assert_close(torchops.roi_align(x, ordered, (3, 3), scale, 2, True), want,
+                               atol=0, rtol=0)
+    out = torchops.roi_pool(x, per_image, (2, 3), scale)
+    torch.testing.assert_close(out, POOL(x, ordered, scale, 2, 3)[0], atol=0, rtol=0)
+
+
+def test_wrapper_defaults_match_torchvision():
+    # torchvision.ops.roi_align(input, boxes, output_size, spatial_scale=1.0,
+    # sampling_ratio=-1, aligned=False)
+    x, rois, _ = _problem(k=5, scale=1.0)
+    torch.testing.assert_close(torchops.roi_align(x, rois, 2), ALIGN(x, rois, 1.0, 2, 2, -1, False),
+                               atol=0, rtol=0)
+    torch.testing.assert_close(torchops.roi_pool(x, rois, 2), POOL(x, rois, 1.0, 2, 2)[0],
+                               atol=0, rtol=0)
+
+
+def test_wrapper_rejects_bad_boxes():
+    x = _features((1, 2, 6, 6))
+    with pytest.raises(RuntimeError, match=r"torchops\.roi_align.*'boxes'"):
+        torchops.roi_align(x, torch.zeros(3, 4), 2)
+    with pytest.raises(RuntimeError, match=r"torchops\.roi_pool.*'boxes'"):
+        torchops.roi_pool(x, [torch.zeros(3, 5)], 2)
+    with pytest.raises(TypeError, match=r"torchops\.roi_align.*'boxes'"):
+        torchops.roi_align(x, "boxes", 2)
+
+
+# ---------------------------------------------------------------------------------
+# Empty inputs
+# ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_empty_inputs(device):
+    x = _features((2, 3, 5, 5), device).requires_grad_()
+    no_rois = torch.empty(0, 5, device=device)
+    out = ALIGN(x, no_rois, 1.0, 2, 3, 2, False)
+    assert out.shape == (0, 3, 2, 3)
+    out.sum().backward()
+    assert torch.equal(x.grad, torch.zeros_like(x))
+    pooled, argmax = POOL(x, no_rois, 1.0, 2, 3)
+    assert pooled.shape == argmax.shape == (0, 3, 2, 3) and argmax.dtype == torch.int64
+    rois = torch.tensor([[1, 0.0, 0.0, 3.0, 3.0]], device=device)
+    no_channels = _features((2, 0, 5, 5), device)
+    assert ALIGN(no_channels, rois, 1.0, 2, 2, 2, True).shape == (1, 0, 2, 2)
+    assert POOL(no_channels, rois, 1.0, 2, 2)[0].shape == (1, 0, 2, 2)
+    grad = torch.ops.torchops._roi_align_backward(
+        torch.empty(0, 3, 2, 2, device=device), no_rois, 1.0, 2, 2, 2, 3, 5, 5, 2, False)
+    assert torch.equal(grad, torch.zeros(2, 3, 5, 5, device=device))
+
+
+# ---------------------------------------------------------------------------------
+# CPU backward: deterministic whatever the number of threads
+# ---------------------------------------------------------------------------------
+
+def test_cpu_backward_is_thread_count_independent():
+    x, rois, scale = _problem(c=16, k=60)
+    g_align = _features((60, 16, 4, 3), seed=1)
+    g_pool = _features((60, 16, 3, 3), seed=2)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            results.append((_align_grad(x, rois, scale, 4, 3, 0, True, g_align),
+                            _pool_grad(x, rois, scale, 3, 3, g_pool)))
+    finally:
+        torch.set_num_threads(threads)
+    for a, p in results[1:]:
+        assert torch.equal(a, results[0][0])
+        assert torch.equal(p, results[0][1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cpu_tap_walks(dtype):
+    """Boxes for each of the CPU kernel's three ways of walking the taps
+    (padded 4x4, dense row pass, sparse lists; chosen per RoI by cost):
+    wide bins sampled once (sparse), twice (4x4), small bins (dense)."""
+    x = _features((1, 3, 16, 400), dtype=dtype)
+    rois = torch.tensor([[0, 10.0, 1.0, 360.0, 14.0],   # 50-pixel bins
+                         [0, 20.0, 2.0, 230.0, 13.0],   # 30-pixel bins
+                         [0, 5.0, 3.0, 40.0, 12.0],     # 5-pixel bins
+                         [0, 100.0, 0.5, 103.0, 2.0]],  # sub-pixel bins
+                        dtype=dtype)
+    for sr in (1, 2, 0):
+        xr = x.clone().requires_grad_()
+        out = ALIGN(xr, rois, 1.0, 7, 7, sr, False)
+        xd = x.double().clone().requires_grad_()
+        want = _roi_align_ref(xd, rois.double(), 1.0, 7, 7, sr, False)
+        tol = dict(atol=1e-9, rtol=1e-9) if dtype == torch.float64 else dict(atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(out.double(), want, **tol)
+        g = _features(out.shape, dtype=torch.float64, seed=7)
+        out.backward(g.to(dtype))
+        want.backward(g)
+        torch.testing.assert_close(xr.grad.double(), xd.grad, **tol)
+
+
+# ---------------------------------------------------------------------------------
+# Autocast: computed in float32, returned in the input's dtype (like torchvision)
+# ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device,dtype", [
+    ("cpu", torch.bfloat16),
+    pytest.param("cuda", torch.float16, marks=pytest.mark.cuda),
+    pytest.param("cuda", torch.bfloat16, marks=pytest.mark.cuda),
+])
+def test_autocast(device, dtype):
+    x, rois, scale = _problem(k=10, device=device)
+    xl = x.to(dtype)
+    want_align = ALIGN(xl.float(), rois, scale, 3, 3, 2, True).to(dtype)
+    want_pool = POOL(xl.float(), rois, scale, 3, 3)
+    with torch.autocast(device, dtype=dtype):
+        # Mixed dtypes, as AMP produces them: reduced-precision features,
+        # float32 boxes.  Without autocast this is a dtype error.
+        got_align = ALIGN(xl, rois, scale, 3, 3, 2, True)
+        got_pool = POOL(xl, rois, scale, 3, 3)
+        # float32 features stay float32.
+        assert ALIGN(x, rois, scale, 3, 3, 2, True).dtype == torch.float32
+    assert got_align.dtype == dtype and got_pool[0].dtype == dtype
+    assert got_pool[1].dtype == torch.int64
+    torch.testing.assert_close(got_align, want_align, atol=0, rtol=0)
+    torch.testing.assert_close(got_pool[0], want_pool[0].to(dtype), atol=0, rtol=0)
+    torch.testing.assert_close(got_pool[1], want_pool[1], atol=0, rtol=0)
+    with pytest.raises(RuntimeError, match=r"torchops\.roi_align.*'rois'.*dtype"):
+        ALIGN(xl, rois, scale, 3, 3, 2, True)
+
+    xg = xl.detach().requires_grad_()
+    with torch.autocast(device, dtype=dtype):
+        ALIGN(xg, rois, scale, 3, 3, 2, True).float().sum().backward()
+    assert xg.grad is not None and xg.grad.dtype == dtype
+
+
+# ---------------------------------------------------------------------------------
+# CUDA
+# ---------------------------------------------------------------------------------
+
+def _detection_problem(dtype=torch.float32, n=2, c=64, h=50, w=50, k=300, seed=0):
+    """Many overlapping boxes, so many grad elements hit the same pixels."""
+    x, rois, scale = _problem(n, c, h, w, k, 0.25, "cuda", dtype, seed)
+    return x, rois, scale
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("sampling_ratio,aligned", [(2, True), (0, False), (3, False)])
+def test_cuda_roi_align_deterministic_backward(dtype, sampling_ratio, aligned):
+    x, rois, scale = _detection_problem(dtype)
+    rois[::17, 0] = 7  # invalid batch index: no output, no gradient
+    g = _features((rois.shape[0], x.shape[1], 7, 7), "cuda", dtype, seed=3)
+    args = (rois, scale, 7, 7, sampling_ratio, aligned)
+    atomic = _align_grad(x, *args, g)
+    with _deterministic():
+        first = _align_grad(x, *args, g)
+        second = _align_grad(x, *args, g)
+    assert first.dtype == dtype
+    assert torch.equal(first, second)
+    tol = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 2e-3,
+           torch.bfloat16: 2e-2}[dtype]
+    scale_ = max(1.0, atomic.abs().max().item())
+    torch.testing.assert_close(first, atomic, atol=tol * scale_, rtol=tol)
+    # ... and with the CPU kernel, which rejects the invalid boxes that CUDA
+    # treats as empty.
+    valid = (rois[:, 0] < x.shape[0]).cpu()
+    cpu = _align_grad(x.cpu(), rois.cpu()[valid], *args[1:], g.cpu()[valid])
+    torch.testing.assert_close(first.cpu(), cpu, atol=tol * scale_, rtol=tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_cuda_roi_pool_deterministic_backward(dtype):
+    x, rois, scale = _detection_problem(dtype)
+    rois[::13, 0] = -1
+    g = _features((rois.shape[0], x.shape[1], 7, 7), "cuda", dtype, seed=4)
+    atomic = _pool_grad(x, rois, scale, 7, 7, g)
+    with _deterministic():
+        first = _pool_grad(x, rois, scale, 7, 7, g)
+        second = _pool_grad(x, rois, scale, 7, 7, g)
+    assert torch.equal(first, second)
+    torch.testing.assert_close(first, atomic, atol=1e-2 if dtype == torch.float16 else 1e-5,
+                               rtol=1e-3)
+
+
+@pytest.mark.cuda
+def test_cuda_deterministic_backward_under_compile():
+    x, rois, scale = _detection_problem(k=50)
+    g = _features((50, x.shape[1], 7, 7), "cuda", seed=5)
+
+    def step(x):
+        return (ALIGN(x, rois, scale, 7, 7, 2, True) * g).sum() + POOL(x, rois, scale, 7, 7)[0].sum()
+
+    compiled = torch.compile(step, fullgraph=True)
+    with _deterministic():
+        xe = x.clone().requires_grad_()
+        step(xe).backward()
+        xc = x.clone().requires_grad_()
+        compiled(xc).backward()
+    assert torch.equal(xe.grad, xc.grad)
+
+
+@pytest.mark.cuda
+def test_cuda_invalid_batch_index_is_empty():
+    x, rois, scale = _problem(k=8, device="cuda")
+    rois[2, 0] = 5
+    rois[5, 0] = -3
+    rois[6, 0] = float("nan")
+    out = ALIGN(x, rois, scale, 2, 2, 2, False)
+    pooled, argmax = POOL(x, rois, scale, 2, 2)
+    bad = torch.tensor([2, 5, 6], device="cuda")
+    assert torch.equal(out[bad], torch.zeros_like(out[bad]))
+    assert torch.equal(pooled[bad], torch.zeros_like(pooled[bad]))
+    assert torch.equal(argmax[bad], torch.full_like(argmax[bad], -1))
+    good = torch.tensor([0, 1, 3, 4, 7], device="cuda")
+    torch.testing.assert_close(out[good].cpu(),
+                               ALIGN(x.cpu(), rois[good].cpu(), scale, 2, 2, 2, False))
+    torch.cuda.synchronize()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "sliced"])
+def test_cuda_matches_cpu(dtype, layout):
+    x, rois, scale = _problem(c=6, k=30, device="cuda", dtype=dtype)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif layout == "sliced":
+        x = torch.cat([x, x], dim=1)[:, 1::2]
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype in (torch.float32, torch.float64) else \
+        dict(atol=2e-2, rtol=2e-2)
+    for sr, aligned in ((2, True), (0, False)):
+        out = ALIGN(x, rois, scale, 5, 4, sr, aligned)
+        torch.testing.assert_close(out.cpu(), ALIGN(x.cpu(), rois.cpu(), scale, 5, 4, sr, aligned),
+                                   **tol)
+        g = torch.randn_like(out)
+        torch.testing.assert_close(
+            _align_grad(x, rois, scale, 5, 4, sr, aligned, g).cpu(),
+            _align_grad(x.cpu(), rois.cpu(), scale, 5, 4, sr, aligned, g.cpu()), **tol)
+    pooled, argmax = POOL(x, rois, scale, 3, 4)
+    cpu_pooled, cpu_argmax = POOL(x.cpu(), rois.cpu(), scale, 3, 4)
+    torch.testing.assert_close(pooled.cpu(), cpu_pooled, atol=0, rtol=0)
+    assert torch.equal(argmax.cpu(), cpu_argmax)
+    g = torch.randn_like(pooled)
+    torch.testing.assert_close(_pool_grad(x, rois, scale, 3, 4, g).cpu(),
+                               _pool_grad(x.cpu(), rois.cpu(), scale, 3, 4, g.cpu()), **tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("sampling_ratio,aligned", [(2, False), (2, True), (0, True), (-1, False)])
+def test_cuda_roi_align_matches_torchvision(dtype, sampling_ratio, aligned):
+    tv = pytest.importorskip("torchvision")
+    x, rois, scale = _detection_problem(dtype, c=32, k=200)
+    want_x = x.clone().requires_grad_()
+    want = tv.ops.roi_align(want_x, rois, (7, 7), scale, sampling_ratio, aligned)
+    got_x = x.clone().requires_grad_()
+    got = torchops.roi_align(got_x, rois, (7, 7), scale, sampling_ratio, aligned)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(got, want, **tol)
+    g = torch.randn_like(want)
+    want.backward(g)
+    got.backward(g)
+    # Both add with atomics, in different orders: allow for the rounding of
+    # sums of hundreds of terms.
+    grad_tol = dict(atol=1e-4, rtol=1e-5) if dtype == torch.float32 else tol
+    torch.testing.assert_close(got_x.grad, want_x.grad, **grad_tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cuda_roi_pool_matches_torchvision(dtype):
+    tv = pytest.importorskip("torchvision")
+    x, rois, scale = _detection_problem(dtype, c=32, k=200)
+    want_out, want_argmax = torch.ops.torchvision.roi_pool(x, rois, scale, 7, 7)
+    got_out, got_argmax = POOL(x, rois, scale, 7, 7)
+    torch.testing.assert_close(got_out, want_out, atol=0, rtol=0)
+    assert torch.equal(got_argmax, want_argmax.long())
+    want_x = x.clone().requires_grad_()
+    got_x = x.clone().requires_grad_()
+    g = torch.randn_like(want_out)
+    tv.ops.roi_pool(want_x, rois, 7, scale).backward(g)
+    torchops.roi_pool(got_x, rois, 7, scale).backward(g)
+    torch.testing.assert_close(got_x.grad, want_x.grad, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.cuda
+def test_cuda_other_device_and_stream():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    x, rois, scale = _problem(k=10, device="cuda:1")
+    s = torch.cuda.Stream(device="cuda:1")
+    with torch.cuda.stream(s):
+        out = ALIGN(x, rois, scale, 3, 3, 2, True)
+        pooled = POOL(x, rois, scale, 3, 3)[0]
+    s.synchronize()
+    assert out.device == x.device
+    torch.testing.assert_close(out.cpu(), ALIGN(x.cpu(), rois.cpu(), scale, 3, 3, 2, True),
+                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(pooled.cpu(), POOL(x.cpu(), rois.cpu(), scale, 3, 3)[0])
