@@ -717,10 +717,10 @@ def _pool_bins_agree(size: int, pooled: int) -> bool:
     pooled) come out the same in float32 and float64 arithmetic (they
     differ for ~0.2% of (size, pooled, p), and the kernels compute in the
     input's precision, like torchvision's, while the reference uses float64)."""
-    import numpy as np
-    b32, b64 = np.float32(size) / np.float32(pooled), float(size) / pooled
-    return all(math.floor(np.float32(p) * b32) == math.floor(p * b64)
-               and math.ceil(np.float32(p + 1) * b32) == math.ceil((p + 1) * b64)
+    f32 = lambda v: torch.tensor(v, dtype=torch.float32)  # noqa: E731  (float32 rounding)
+    b32, b64 = f32(size) / f32(pooled), float(size) / pooled
+    return all(math.floor((f32(p) * b32).item()) == math.floor(p * b64)
+               and math.ceil((f32(p + 1) * b32).item()) == math.ceil((p + 1) * b64)
                for p in range(pooled))
 
 
