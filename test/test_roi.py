@@ -356,3 +356,33 @@ def test_cuda_other_device_and_stream():
     torch.testing.assert_close(out.cpu(), ALIGN(x.cpu(), rois.cpu(), scale, 3, 3, 2, True),
                                atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(pooled.cpu(), POOL(x.cpu(), rois.cpu(), scale, 3, 3)[0])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_cuda_roi_pool_ties_nan_and_wide_bins(dtype):
+    """The CUDA forward scans a bin with 1 to 32 lanes (by bin width) and
+    reduces them: ties must still go to the first maximum in row-major order,
+    NaNs never win, and all-NaN bins give -FLT_MAX with argmax -1, like the
+    CPU kernel's sequential scan."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-2, 3, (2, 5, 40, 300), generator=g).to(dtype)  # many ties
+    x[torch.rand(x.shape, generator=g) < 0.05] = float("nan")
+    x[0, 1, 8:16, :] = float("nan")
+    rois = torch.tensor([[0, 0.0, 0.0, 299.0, 39.0],    # 43-column bins: 32 lanes
+                         [1, 10.0, 3.0, 130.0, 20.0],   # 17 columns: 16 lanes
+                         [0, 5.0, 8.0, 60.0, 15.0],     # all-NaN rows in channel 1
+                         [1, 2.0, 2.0, 9.0, 30.0],      # narrow: 1 or 2 lanes
+                         [1, 250.0, 30.0, 320.0, 50.0]],  # clipped at the edge
+                        dtype=dtype)
+    for ph, pw in ((7, 7), (3, 5), (2, 1)):
+        want = POOL(x, rois, 1.0, ph, pw)
+        got = POOL(x.cuda(), rois.cuda(), 1.0, ph, pw)
+        torch.testing.assert_close(got[0].cpu(), want[0], atol=0, rtol=0, equal_nan=True)
+        assert torch.equal(got[1].cpu(), want[1])
+    for layout in ("sliced", "channels_last"):
+        xs = torch.stack([x, x], dim=2).flatten(1, 2)[:, ::2] if layout == "sliced" else \
+            x.contiguous(memory_format=torch.channels_last)
+        got = POOL(xs.cuda(), rois.cuda(), 1.0, 7, 7)
+        want = POOL(x, rois, 1.0, 7, 7)
+        assert torch.equal(got[1].cpu(), want[1])
