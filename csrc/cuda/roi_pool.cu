@@ -1,25 +1,7 @@
 // CUDA kernels of torchops.roi_pool and its backward.
 //
-// Forward, inputs whose pixels are adjacent along W (NCHW, channel slices):
-// one warp per (channel chunk, RoI) unit; a bin is scanned by a group of G
-// lanes (G a power of two up to 32, from the RoI's bin width, the same for
-// the whole warp) that take consecutive columns of each row, then reduce
-// with shuffles to the (largest value, smallest index) pair.  Why this beats
-// one thread per bin (torchvision's scheme, and ours before): there, a warp
-// load touches 32 bins' scattered pixels (~15-20 L1 wavefronts per load,
-// the real limit); here the groups of a round are adjacent bins of one row,
-// so a load reads ~32 contiguous pixels (1-2 wavefronts).  One RoI per warp
-// also keeps loop trip counts uniform (a warp that straddled two RoIs of
-// different sizes ran for the larger).  Units walk all RoIs of a channel
-// chunk before the next chunk, so the planes in use stay in L2 (and in L1
-// across overlapping RoIs).  Result identical to the sequential scan: each
-// lane scans its columns in row-major order with a strict '>', and the
-// reduction keeps the smaller flat index among equal values, i.e. the first
-// maximum in row-major order; NaNs and values not above the initial maximum
-// are never chosen (index -1), as in the scan.
-//
-// Forward, channels_last inputs: one thread per output element, adjacent
-// threads taking adjacent channels of one bin (coalesced reads).
+// Forward: one thread per output element, reading the input through its
+// strides (channel-inner thread order for channels_last inputs).
 //
 // Backward: each grad element goes to exactly one input pixel, the one its
 // argmax names.  By default with atomicAdd (into a float32 buffer for half
@@ -40,9 +22,8 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
-#include <algorithm>
-#include <cmath>
 #include <tuple>
+#include <type_traits>
 
 #include "common/roi_pool.h"
 #include "cuda/common/roi.cuh"
@@ -68,13 +49,13 @@ __device__ __forceinline__ int64_t offset_of(const RoiBin& b, const Params& p) {
   return roi_bin_offset(b, p.channels, p.pooled_height, p.pooled_width);
 }
 
-template <typename scalar_t, typename T, typename index_t>
-__global__ void __launch_bounds__(kThreads) roi_pool_forward_channels_last_kernel(
+template <typename scalar_t, typename T, typename index_t, RoiOrder kOrder>
+__global__ void __launch_bounds__(kThreads) roi_pool_forward_kernel(
     const scalar_t* __restrict__ input, Strides4 s,
     const scalar_t* __restrict__ rois, T spatial_scale, Params p,
     index_t total, scalar_t* __restrict__ out, int64_t* __restrict__ argmax) {
   for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
-    const RoiBin b = bin_of<RoiOrder::kChannelsInner>(i, p);
+    const RoiBin b = bin_of<kOrder>(i, p);
     const RoiPoolBox<T> box = roi_pool_box<T>(rois + b.k * 5, spatial_scale,
                                               p.pooled_height, p.pooled_width);
     T best = T(0);
@@ -103,105 +84,6 @@ __global__ void __launch_bounds__(kThreads) roi_pool_forward_channels_last_kerne
   }
 }
 
-constexpr int kWarp = 32;
-
-// Lanes per bin: the largest power of two (at most a warp) not above the
-// bin's narrowest width in columns, ceil(bin_w), so that most lanes of a
-// group load a pixel on every row.
-template <typename T>
-__device__ __forceinline__ int lanes_per_bin(T bin_w) {
-  const T columns = std::ceil(bin_w);
-  int g = 1;
-  while (g < kWarp && static_cast<T>(2 * g) <= columns) {
-    g *= 2;
-  }
-  return g;
-}
-
-// Merges another lane's (value, index) into ours.  Lanes hold either a value
-// above the initial maximum with its index, or (initial maximum, -1), so
-// "larger value, else smaller index" is the sequential scan's choice.
-template <typename T>
-__device__ __forceinline__ void keep_first_max(T& best, int64_t& best_at,
-                                               T other, int64_t other_at) {
-  if (other > best || (other == best && other_at < best_at)) {
-    best = other;
-    best_at = other_at;
-  }
-}
-
-// Unit u: RoI u % rois, channels [c0, c0 + channels_per_unit) with c0 =
-// (u / rois) * channels_per_unit; its outputs (c, ph, pw) are contiguous in
-// the result and go to the warp's lane groups in rounds of 32 / G.
-template <typename scalar_t, typename T, typename index_t>
-__global__ void __launch_bounds__(kThreads) roi_pool_forward_rows_kernel(
-    const scalar_t* __restrict__ input, Strides4 s,
-    const scalar_t* __restrict__ rois, T spatial_scale, Params p,
-    index_t channels_per_unit, index_t units, scalar_t* __restrict__ out,
-    int64_t* __restrict__ argmax) {
-  const int lane = static_cast<int>(threadIdx.x % kWarp);
-  const index_t n_rois = static_cast<index_t>(p.rois);
-  const index_t channels = static_cast<index_t>(p.channels);
-  const index_t pooled_width = static_cast<index_t>(p.pooled_width);
-  const index_t bins = static_cast<index_t>(p.pooled_height * p.pooled_width);
-  const index_t warps = grid_stride<index_t>() / kWarp;
-  // u is the same for all lanes of a warp (kThreads is a multiple of 32), so
-  // are the RoI, G and the number of rounds: every lane reaches the shuffles.
-  for (index_t u = grid_start<index_t>() / kWarp; u < units; u += warps) {
-    const index_t k = u % n_rois;
-    const index_t c0 = (u / n_rois) * channels_per_unit;
-    const index_t n_out =
-        (channels - c0 < channels_per_unit ? channels - c0 : channels_per_unit) *
-        bins;
-    const RoiPoolBox<T> box = roi_pool_box<T>(
-        rois + static_cast<int64_t>(k) * 5, spatial_scale, p.pooled_height,
-        p.pooled_width);
-    const bool valid = box.batch >= 0 && box.batch < p.n_images;
-    const int group = lanes_per_bin(box.bin_w);
-    const int sub = lane & (group - 1);
-    const index_t per_round = kWarp / group;
-    const int64_t first = (static_cast<int64_t>(k) * p.channels + c0) * bins;
-    const scalar_t* image = input + (valid ? box.batch : 0) * s.n;
-    for (index_t r = 0; r < n_out; r += per_round) {
-      const index_t o = r + lane / group;
-      T best = roi_pool_initial_max<T>();
-      int64_t best_at = -1;
-      bool empty = true;
-      if (valid && o < n_out) {
-        const index_t c = c0 + o / bins;
-        const index_t bin = o % bins;
-        int64_t h0, h1, w0, w1;
-        roi_pool_bin(box.bin_h, static_cast<int64_t>(bin / pooled_width),
-                     box.start_h, p.height, h0, h1);
-        roi_pool_bin(box.bin_w, static_cast<int64_t>(bin % pooled_width),
-                     box.start_w, p.width, w0, w1);
-        empty = !(h1 > h0 && w1 > w0);
-        const scalar_t* plane = image + static_cast<int64_t>(c) * s.c;
-        for (int64_t h = h0; h < h1; ++h) {
-          const scalar_t* row = plane + h * s.h;
-          for (int64_t w = w0 + sub; w < w1; w += group) {
-            const T v = static_cast<T>(row[w * s.w]);
-            if (v > best) {
-              best = v;
-              best_at = h * p.width + w;
-            }
-          }
-        }
-      }
-      for (int offset = group / 2; offset > 0; offset /= 2) {
-        const T other = __shfl_xor_sync(0xffffffffu, best, offset);
-        const int64_t other_at = __shfl_xor_sync(0xffffffffu, best_at, offset);
-        keep_first_max(best, best_at, other, other_at);
-      }
-      if (sub == 0 && o < n_out) {
-        // An empty bin (or a RoI of no image) gives 0 and argmax -1.
-        out[first + o] = static_cast<scalar_t>(empty ? T(0) : best);
-        argmax[first + o] = best_at;
-      }
-    }
-  }
-}
-
 std::tuple<at::Tensor, at::Tensor> roi_pool(const at::Tensor& input,
                                             const at::Tensor& rois_in,
                                             double spatial_scale,
@@ -221,21 +103,15 @@ std::tuple<at::Tensor, at::Tensor> roi_pool(const at::Tensor& input,
   }
   const Params p{k, input.size(0), channels, input.size(2), input.size(3),
                  pooled_height, pooled_width};
+  const unsigned int blocks = grid_for(total, kThreads);
   const bool inner = channels_inner(input);
-  // Enough channels per unit that a unit's last round, partly idle, is a
-  // small part of its work.
-  const int64_t channels_per_unit =
-      std::min(channels, ceil_div(128, pooled_height * pooled_width));
-  const int64_t units = k * ceil_div(channels, channels_per_unit);
-  const int64_t threads = inner ? total : units * kWarp;
-  const unsigned int blocks = grid_for(threads, kThreads);
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, input.scalar_type(), "torchops.roi_pool", [&] {
         using T = at::opmath_type<scalar_t>;
-        with_index_type(std::max(total, threads), blocks, kThreads, [&](auto index) {
+        with_index_type(total, blocks, kThreads, [&](auto index) {
           using index_t = decltype(index);
-          if (inner) {
-            roi_pool_forward_channels_last_kernel<scalar_t, T, index_t>
+          auto launch = [&](auto order) {
+            roi_pool_forward_kernel<scalar_t, T, index_t, decltype(order)::value>
                 <<<blocks, kThreads, 0, current_stream()>>>(
                     input.const_data_ptr<scalar_t>(), strides4(input),
                     rois.const_data_ptr<scalar_t>(),
@@ -243,16 +119,11 @@ std::tuple<at::Tensor, at::Tensor> roi_pool(const at::Tensor& input,
                     static_cast<index_t>(total),
                     out.mutable_data_ptr<scalar_t>(),
                     argmax.mutable_data_ptr<int64_t>());
+          };
+          if (inner) {
+            launch(std::integral_constant<RoiOrder, RoiOrder::kChannelsInner>{});
           } else {
-            roi_pool_forward_rows_kernel<scalar_t, T, index_t>
-                <<<blocks, kThreads, 0, current_stream()>>>(
-                    input.const_data_ptr<scalar_t>(), strides4(input),
-                    rois.const_data_ptr<scalar_t>(),
-                    static_cast<T>(spatial_scale), p,
-                    static_cast<index_t>(channels_per_unit),
-                    static_cast<index_t>(units),
-                    out.mutable_data_ptr<scalar_t>(),
-                    argmax.mutable_data_ptr<int64_t>());
+            launch(std::integral_constant<RoiOrder, RoiOrder::kChannelsOuter>{});
           }
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         });
