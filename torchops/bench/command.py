@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -103,7 +104,9 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     opts = Options(quick=args.quick, slow=args.slow, compile=not args.no_compile,
                    min_time=args.min_time, time_budget=args.time_budget, threads=threads,
                    compile_only=args.compile_only)
-    command = shlex.join(["python", "-m", "torchops", *argv])
+    # Absolute paths name a machine's folders: keep only their last part.
+    command = shlex.join(["python", "-m", "torchops",
+                          *(os.path.basename(a) if os.path.isabs(a) else a for a in argv)])
     rows, rooflines = run(cases, devices, opts)
     if args.compile_only:
         done = sum(1 for r in rows if any(n.startswith("compiled in") for n in r.notes))
