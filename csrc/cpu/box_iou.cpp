@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu/common/box_arrays.h"
 #include "cpu/common/parallel.h"
 
 // GCC vectorises the gradient loops only without -ftrapping-math: with it,
@@ -55,15 +56,7 @@ BoxArrays<T> box_arrays(const at::Tensor& boxes) {
   const at::Tensor b = boxes.contiguous();
   const scalar_t* p = b.const_data_ptr<scalar_t>();
   for (int64_t i = 0; i < n; ++i) {
-    const T x1 = static_cast<T>(p[4 * i + 0]);
-    const T y1 = static_cast<T>(p[4 * i + 1]);
-    const T x2 = static_cast<T>(p[4 * i + 2]);
-    const T y2 = static_cast<T>(p[4 * i + 3]);
-    out.x1[i] = x1;
-    out.y1[i] = y1;
-    out.x2[i] = x2;
-    out.y2[i] = y2;
-    out.area[i] = box_area(x1, y1, x2, y2);
+    load_box<T>(p, i, out, i);
   }
   return out;
 }

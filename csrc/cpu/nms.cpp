@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "common/nms.h"
+#include "cpu/common/box_arrays.h"
 #include "cpu/common/parallel.h"
 
 namespace torchops::cpu {
@@ -249,15 +250,7 @@ at::Tensor nms_impl(const char* op, const at::Tensor& boxes_in,
         parallel_range(n, [&](int64_t b, int64_t e) {
           for (int64_t p = b; p < e; ++p) {
             const int64_t src = op_order[p];
-            const T x1 = static_cast<T>(bp[4 * src + 0]);
-            const T y1 = static_cast<T>(bp[4 * src + 1]);
-            const T x2 = static_cast<T>(bp[4 * src + 2]);
-            const T y2 = static_cast<T>(bp[4 * src + 3]);
-            sorted.x1[p] = x1;
-            sorted.y1[p] = y1;
-            sorted.x2[p] = x2;
-            sorted.y2[p] = y2;
-            sorted.area[p] = box_area(x1, y1, x2, y2);
+            load_box<T>(bp, src, sorted, p);
             sorted.index[p] = src;
           }
         });
