@@ -76,7 +76,10 @@ def make_build_ext(libs):
             lib = by_ext_name[ext.name]
             out = Path(self.get_ext_fullpath(ext.name))
             arch = os.environ.get("TORCH_CUDA_ARCH_LIST") if lib.cuda else None
-            manifest = lib.manifest(ROOT / "csrc", built_by="aot", arch_list=arch)
+            # Size and sha256 of the library: the loader checks them before
+            # loading it, so a damaged install falls back instead of crashing.
+            manifest = lib.manifest(ROOT / "csrc", built_by="aot", arch_list=arch,
+                                    library_file=out)
             _build.Library.manifest_path(out).write_text(json.dumps(manifest, indent=2))
 
         def copy_extensions_to_source(self):

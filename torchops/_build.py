@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Library", "CPU", "CUDA", "LIBRARIES", "VERSION", "find_csrc"]
+__all__ = ["Library", "CPU", "CUDA", "LIBRARIES", "VERSION", "find_csrc", "file_fingerprint"]
 
 VERSION = "0.1.0"
 
@@ -70,6 +70,22 @@ def sources_hash(csrc: Path) -> str:
         h.update(path.read_bytes())
         h.update(b"\0")
     return h.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    # Plain reads, never mmap: a truncated library must not be able to raise
+    # SIGBUS in the process that is checking it.
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_fingerprint(path: Path) -> dict:
+    """Size and sha256 of a built library, recorded in its manifest so that the
+    loader can tell a damaged file (truncated, overwritten) before dlopen-ing it."""
+    return {"library_size": os.stat(path).st_size, "library_sha256": file_sha256(path)}
 
 
 def _first_line(cmd: list[str]) -> str | None:
@@ -233,7 +249,10 @@ class Library:
                     "torch was built with (major versions must agree)")
 
     # -- manifest ----------------------------------------------------------------
-    def manifest(self, csrc: Path, built_by: str, arch_list: str | None = None) -> dict:
+    def manifest(self, csrc: Path, built_by: str, arch_list: str | None = None,
+                 library_file: Path | None = None) -> dict:
+        """What a build was made for; with `library_file`, also that file's size
+        and sha256 (every manifest the loader trusts has them)."""
         import torch
 
         return {
@@ -249,6 +268,7 @@ class Library:
             "flags": self.cxx_flags() + (self.nvcc_flags() if self.cuda else []),
             "built_by": built_by,
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **(file_fingerprint(library_file) if library_file is not None else {}),
         }
 
     def manifest_mismatch(self, manifest: dict, csrc: Path | None) -> str | None:
@@ -325,7 +345,9 @@ class Library:
         process.  Returns the library path."""
         from torch.utils import cpp_extension
 
-        folder.mkdir(parents=True)
+        # Private from the start: the folder is renamed into the cache, where
+        # the loader refuses anything that others can write.
+        folder.mkdir(parents=True, mode=0o700)
         env_arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
         if self.cuda:
             os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list or DEFAULT_CUDA_ARCHS
