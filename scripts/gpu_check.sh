@@ -4,7 +4,10 @@
 #   scripts/gpu_check.sh [OUTDIR]          (default OUTDIR: gpu-check/)
 #
 # Steps (docs/benchmarks.md explains each):
-#   env        versions of everything involved; which optional tools are missing
+#   wheels     installs the wheels in .whl/ (scripts/fetch_gpu_wheels.sh fetched
+#              them on the development machine: what the GPU image lacks)
+#   env        versions of everything involved; anything missing fails the
+#              check here, before the long steps
 #   build-aot  pip install --no-build-isolation --no-deps --no-index -e . with
 #              TORCHOPS_CUDA=1 (CPU + CUDA libraries ahead of time), then a smoke
 #              test that both load prebuilt and compute right on the GPU
@@ -20,7 +23,9 @@
 #   summary.txt  gpu_check.log (every step's output)  bench.csv  bench.json
 #   bench.png (with matplotlib)  performance.md (a copy of docs/performance.md)
 #
-# Nothing is downloaded.  Environment knobs: PYTHON (default python3),
+# Nothing is downloaded.  Every step must pass: a step that cannot run (a
+# missing module or tool, no time left) is FAILED, and the exit status is 1.
+# Environment knobs: PYTHON (default python3),
 # GPU_CHECK_BUDGET (seconds for the whole check, default 570),
 # GPU_CHECK_TEST_ARGS (extra pytest arguments), GPU_CHECK_MEMCHECK_K and
 # GPU_CHECK_RACECHECK_K (pytest -k expressions for the sanitizer runs),
@@ -35,12 +40,15 @@ OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python3}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"   # this checkout's torchops, always
 BUDGET=${GPU_CHECK_BUDGET:-570}
-MEMCHECK_K=${GPU_CHECK_MEMCHECK_K:-"(matmul or d_sigmoid) and (correctness or grad_vs_reference or error_inputs)"}
-RACECHECK_K=${GPU_CHECK_RACECHECK_K:-"matmul and correctness"}
+# memcheck: every op family, forward and backward, float32, plus the bad
+# inputs.  racecheck: every op whose kernels use shared memory (matmul's
+# tiles, box_iou's and nms's box tiles, the focal loss's block reduction).
+MEMCHECK_K=${GPU_CHECK_MEMCHECK_K:-"(float32 and (correctness or grad_vs_reference)) or error_inputs"}
+RACECHECK_K=${GPU_CHECK_RACECHECK_K:-"float32 and correctness and (matmul or box_iou or nms or sigmoid_focal_loss)"}
 T0=$(date +%s)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-STEPS=(env build-aot jit-build precompile tests memcheck racecheck bench)
+STEPS=(wheels env build-aot jit-build precompile tests memcheck racecheck bench)
 rm -f "$OUT"/{summary.txt,gpu_check.log,bench.csv,bench.json,bench.png,performance.md}
 
 say() { echo "[gpu_check $(( $(date +%s) - T0 ))s] $*"; }
@@ -61,14 +69,16 @@ step() {
   echo $(( $(date +%s) - t0 )) > "$TMP/$name.secs"
   echo "$limit" > "$TMP/$name.limit"
 }
-skip() { echo "skipped" > "$TMP/$1.rc"; echo 0 > "$TMP/$1.secs"; echo "$2" > "$TMP/$1.note"; }
+# A step that could not run is a failure, never a skip.
+cannot() { echo "cannot" > "$TMP/$1.rc"; echo 0 > "$TMP/$1.secs"; echo "$2" > "$TMP/$1.note"; }
 status() {
   local rc
   rc=$(cat "$TMP/$1.rc" 2>/dev/null || echo "not run")
   case "$rc" in
     0) echo ok ;;
     124|137) echo TIMEOUT ;;
-    skipped|"not run") echo "$rc" ;;
+    cannot) echo "FAILED(cannot run)" ;;
+    "not run") echo "FAILED(not run)" ;;
     *) echo "FAILED($rc)" ;;
   esac
 }
@@ -78,6 +88,23 @@ finished() {  # report a step as it ends, with the end of its log when it failed
   say "$1: $st ($(cat "$TMP/$1.secs" 2>/dev/null || echo '?') s)"
   if [ "$st" != ok ] && [ -f "$TMP/$1.log" ]; then tail -n 25 "$TMP/$1.log" | sed 's/^/    /'; fi
 }
+
+# --- wheels -------------------------------------------------------------------------------
+# The GPU machine has no network: what its image lacks travels as wheels in
+# .whl/ (scripts/fetch_gpu_wheels.sh), installed into a private folder.
+SITE="$TMP/site"
+if compgen -G "$ROOT/.whl/*.whl" > /dev/null; then
+  step wheels 120 "$PY" -m pip install --disable-pip-version-check -q --no-index --no-deps \
+    --no-compile --target "$SITE" "$ROOT"/.whl/*.whl
+  [ "$(cat "$TMP/wheels.rc")" = 0 ] && echo "installed: $(cd "$ROOT/.whl" && ls *.whl | paste -sd' ' -)" \
+    > "$TMP/wheels.note"
+else
+  echo "\$ (no .whl/ folder: nothing carried)" > "$TMP/wheels.log"
+  echo 0 > "$TMP/wheels.rc"; echo 0 > "$TMP/wheels.secs"
+  echo "none carried (scripts/fetch_gpu_wheels.sh makes .whl/)" > "$TMP/wheels.note"
+fi
+export PYTHONPATH="$PYTHONPATH:$SITE"
+finished wheels
 
 # --- env ----------------------------------------------------------------------------------
 SANITIZER=$(command -v compute-sanitizer)
@@ -89,16 +116,24 @@ step env 60 env PY="$PY" SANITIZER="$SANITIZER" bash -c '
   echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader)"
   echo "cpus: $(nproc)"
   "$PY" -c "import sys, torch; print(\"python\", sys.version.split()[0]); print(\"torch\", torch.__version__, \"CUDA\", torch.version.cuda, \"GPU available:\", torch.cuda.is_available())"
-  for m in torchvision matplotlib expecttest hypothesis pytest ninja setuptools; do
+  "$PY" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null || echo "MISSING: a CUDA GPU that torch can use"
+  for m in torchvision matplotlib expecttest hypothesis pytest ninja setuptools filelock; do
     "$PY" -c "import $m; print(\"$m\", getattr($m, \"__version__\", \"?\"))" 2>/dev/null || echo "MISSING: $m"
   done
   echo "nvcc: $(command -v nvcc) $(nvcc --version 2>/dev/null | grep -o "release [0-9.]*")"
+  command -v nvcc > /dev/null || echo "MISSING: nvcc"
   echo "compute-sanitizer: $SANITIZER"; command -v "$SANITIZER" > /dev/null || echo "MISSING: compute-sanitizer"
   echo "checkout: $(git log -1 --oneline 2>/dev/null)"'
-finished env
+# Anything missing fails the check now, before minutes go into steps that
+# would fail for that reason (or, worse, pass without testing).
+grep -q '^MISSING: ' "$TMP/env.log" && echo 1 > "$TMP/env.rc"
 ENV_NOTE=$(grep '^MISSING: ' "$TMP/env.log" | sed 's/MISSING: //' | sort -u | paste -sd, -)
-[ -n "$ENV_NOTE" ] && echo "missing: $ENV_NOTE (expecttest: torch.library.opcheck needs it; matplotlib: no bench.png)" > "$TMP/env.note"
+[ -n "$ENV_NOTE" ] && echo "missing: $ENV_NOTE (Python packages: add them to scripts/gpu_wheels.txt, run scripts/fetch_gpu_wheels.sh, carry .whl/)" > "$TMP/env.note"
+finished env
 
+# The steps that need a complete environment (a function, so a failed env
+# step can skip straight to the summary, marking them as failed).
+run_steps() {
 # --- build-aot ------------------------------------------------------------------------------
 say "build-aot: pip install -e . (CPU + CUDA libraries) ..."
 step build-aot "$(cap 300 "$(left)")" env TORCHOPS_CUDA=1 MAX_JOBS="$(nproc)" bash -c \
@@ -137,8 +172,8 @@ if command -v "$SANITIZER" > /dev/null; then
   ) &
   SAN_PID=$!
 else
-  skip memcheck "compute-sanitizer not found"
-  skip racecheck "compute-sanitizer not found"
+  cannot memcheck "compute-sanitizer not found"
+  cannot racecheck "compute-sanitizer not found"
   SAN_PID=
 fi
 # shellcheck disable=SC2086
@@ -152,7 +187,7 @@ if [ -n "$SAN_PID" ]; then wait "$SAN_PID"; finished memcheck; finished racechec
 # --- bench ------------------------------------------------------------------------------------
 BENCH_LIMIT=$(( $(left) - 10 ))
 if [ "$BENCH_LIMIT" -lt 30 ]; then
-  skip bench "no time left of the ${BUDGET}s budget"
+  cannot bench "no time left of the ${BUDGET}s budget"
 else
   say "bench: cuda then cpu (at most ${BENCH_LIMIT}s) ..."
   # shellcheck disable=SC2086
@@ -161,6 +196,16 @@ else
     ${GPU_CHECK_BENCH_ARGS:-}
   finished bench
   [ -f docs/performance.md ] && cp docs/performance.md "$OUT/performance.md"
+fi
+
+}
+
+if [ "$(status wheels)" = ok ] && [ "$(status env)" = ok ]; then
+  run_steps
+else
+  for s in build-aot jit-build precompile tests memcheck racecheck bench; do
+    cannot "$s" "the wheels or env step failed"
+  done
 fi
 
 # --- log and summary -----------------------------------------------------------------------------
@@ -194,7 +239,7 @@ FAILED=0
   printf '%-10s %-11s %7s  %s\n' step status seconds note
   for s in "${STEPS[@]}"; do
     st=$(status "$s")
-    case "$st" in ok|skipped) ;; *) FAILED=1 ;; esac
+    [ "$st" = ok ] || FAILED=1
     printf '%-10s %-11s %7s  %s\n' "$s" "$st" "$(cat "$TMP/$s.secs" 2>/dev/null || echo -)" "$(note "$s")"
   done
   echo "files: $(cd "$OUT" && ls | paste -sd' ' -) (in $OUT)"

@@ -18,6 +18,25 @@ def outputs(out) -> tuple[torch.Tensor, ...]:
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
+# How a generic test reaches an op: "op" (torch.ops.torchops.<name>) or
+# "wrapper" (torchops.<name>, what users call).
+VIAS = ("op", "wrapper")
+
+
+def call_via(op: OpInfo, s: Sample, via: str):
+    """The sample's call through the dispatcher op or the public wrapper."""
+    if via == "op":
+        return call(op, s)
+    w = op.wrapper_sample(s) if op.wrapper_sample is not None else s
+    return op.wrapper(*w.args, **w.kwargs)
+
+
+def wrapper_view(op: OpInfo, out) -> tuple[torch.Tensor, ...]:
+    """The op's outputs as the wrapper returns them."""
+    out = outputs(out)
+    return tuple(op.wrapper_outputs(out)) if op.wrapper_outputs is not None else out
+
+
 def reference(op: OpInfo, s: Sample):
     r = convert(s, torch.float64)
     return op.reference(*r.args, **r.kwargs)

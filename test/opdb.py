@@ -45,7 +45,8 @@ ops this entry exercises), ``autocast`` [False: the op has Autocast kernels],
 samples for the ``--full`` profile], ``sample_inputs_compile`` [None: derived],
 ``hypothesis_sample`` [None: derived from ``sample_inputs``; ``(draw, device,
 dtype) -> Sample`` for a real property test, see hyp_tensor], ``gradcheck_kwargs``
-[{}: e.g. nondet_tol for atomics], ``skips`` [{}: generic test name -> written
+[{}: e.g. nondet_tol for atomics], ``wrapper_sample`` and ``wrapper_outputs``
+[None: the wrapper takes the op's arguments and returns its outputs], ``skips`` [{}: generic test name -> written
 reason] and ``opcheck_skips`` [{}: opcheck test_util name -> written reason].
 test_gates rejects empty reasons and unknown names.
 """
@@ -172,6 +173,14 @@ class OpInfo:
     hypothesis_sample: Callable[..., Sample] | None = None
     # Extra arguments to gradcheck/gradgradcheck (e.g. nondet_tol, atol).
     gradcheck_kwargs: dict = field(default_factory=dict)
+    # Where the public wrapper's arguments differ from the op's (the
+    # torchvision-style roi_align takes boxes and output_size): a sample of
+    # the op -> the same call through the wrapper.  The generic wrapper,
+    # compile and export tests call both.  None: same arguments.
+    wrapper_sample: Callable[[Sample], Sample] | None = None
+    # The op's outputs -> what the wrapper returns (roi_pool's wrapper drops
+    # argmax).  None: the same outputs.
+    wrapper_outputs: Callable[[tuple], tuple] | None = None
 
     def tol(self, dtype: torch.dtype) -> Tol:
         return self.tols.get(dtype, DEFAULT_TOLS[dtype])
@@ -827,6 +836,16 @@ def _roi_align_samples(device, dtype, requires_grad=False):
                         dtype=dtype, device=device)
     for sr, aligned in ((2, True), (0, True), (0, False), (2, False)):
         yield Sample((x, rois, 1.0, 2, 3, sr, aligned), name=f"reversed_s{sr}_{aligned}")
+    # Adaptive sampling is capped at 2 * (size // pooled + 1) samples per
+    # axis (csrc/common/roi.h): boxes covering the whole map, and boxes up to
+    # twice its size, must be unaffected (the reference has no cap).
+    x = make((1, 2, 9, 13), device, dtype, requires_grad)
+    rois = torch.tensor([[0, 0.0, 0.0, 13.0, 9.0], [0, -1.0, -0.5, 14.5, 10.0],
+                         [0, -6.0, -4.0, 19.0, 13.0], [0, 0.0, 0.0, 13.0, 1.0]],
+                        dtype=dtype, device=device)
+    for ph, pw in ((1, 1), (2, 3), (4, 2)):
+        for aligned in (False, True):
+            yield Sample((x, rois, 1.0, ph, pw, 0, aligned), name=f"whole_map_{ph}x{pw}_{aligned}")
 
 
 def _roi_pool_samples(device, dtype, requires_grad=False):
@@ -851,6 +870,16 @@ def _roi_errors(op, extra_args):
                          rf"{name}.*'input'.*floating")
         yield ErrorInput(Sample((x, rois, 1.0, 0, 2, *extra_args)), rf"{name}.*'pooled_height'")
         yield ErrorInput(Sample((x, rois, 1.0, 2, -1, *extra_args)), rf"{name}.*'pooled_width'")
+        # Output sizes are checked before allocating, and a failed
+        # allocation names the op and the shape.
+        yield ErrorInput(Sample((x, rois, 1.0, 10**10, 10**10, *extra_args)),
+                         rf"{name}: the output of shape .* too large")
+        yield ErrorInput(Sample((x, rois, 1.0, 10**9, 10**9, *extra_args)),
+                         rf"{name}: .*output of shape")
+        if op == "roi_align":  # an explicit grid beyond MAX_SAMPLING_RATIO
+            for sr in (65, 2**31 - 1, 2**62):
+                yield ErrorInput(Sample((x, rois, 1.0, 2, 2, sr, False)),
+                                 rf"{name}.*'sampling_ratio'.*at most 64")
         if device == "cpu":
             bad = rois.clone()
             bad[0, 0] = 1
@@ -868,8 +897,12 @@ def _roi_errors(op, extra_args):
     return errors
 
 
-_WRAPPER_SKIP = ("torchops.{op} takes torchvision.ops.{op}'s arguments (boxes as a tensor or "
-                 "a list, output_size), not the op's; test_roi.py checks it against the op")
+def _roi_wrapper_sample(s: Sample) -> Sample:
+    """The op's (input, rois, spatial_scale, ph, pw, *rest) as the
+    torchvision-style wrapper's (input, boxes, output_size, spatial_scale, *rest)."""
+    x, rois, scale, ph, pw, *rest = s.args
+    return Sample((x, rois, (ph, pw), scale, *rest), dict(s.kwargs), s.name)
+
 
 ROI_ALIGN = OpInfo(
     name="roi_align",
@@ -881,7 +914,7 @@ ROI_ALIGN = OpInfo(
     error_inputs=_roi_errors("roi_align", (2, False)),
     internal_ops=("_roi_align_backward",),
     autocast=True,
-    skips={"wrapper": _WRAPPER_SKIP.format(op="roi_align")},
+    wrapper_sample=_roi_wrapper_sample,
     # The CUDA backward adds with atomics (unless deterministic algorithms
     # are on), so two runs may differ in the last bits.
     gradcheck_kwargs={"nondet_tol": 1e-12},
@@ -902,7 +935,8 @@ ROI_POOL = OpInfo(
     error_inputs=_roi_errors("roi_pool", ()),
     internal_ops=("_roi_pool_backward",),
     autocast=True,
-    skips={"wrapper": _WRAPPER_SKIP.format(op="roi_pool")},
+    wrapper_sample=_roi_wrapper_sample,
+    wrapper_outputs=lambda outs: outs[:1],  # torchvision's roi_pool returns no argmax
     gradcheck_kwargs={"nondet_tol": 1e-12},
     sample_inputs_large=_roi_large_samples(()),
 )
@@ -981,6 +1015,8 @@ def _focal_errors(device):
     yield ErrorInput(Sample((f(3, 4), f(3, 1), 0.25, 2.0, "mean")), op + r".*'targets'.*shape")
     yield ErrorInput(Sample((f(3, 4), f(3, 4, dt=torch.float64), 0.25, 2.0, "none")),
                      op + r".*'targets'.*dtype")
+    for gamma in (-0.5, float("nan")):
+        yield ErrorInput(Sample((f(3, 4), f(3, 4), 0.25, gamma, "none")), op + r".*'gamma'.*>= 0")
     yield ErrorInput(Sample((torch.ones(3, 4, dtype=torch.int64, device=device),
                              torch.ones(3, 4, dtype=torch.int64, device=device), 0.25, 2.0, "sum")),
                      op + r".*'inputs'.*floating")

@@ -1,5 +1,6 @@
 """torch.export round trip for every op of the database: export a module that
-calls the op (every tensor dimension Dim.AUTO), save it, load it in a fresh
+calls the op -- the dispatcher op, and separately the public wrapper users
+call -- (every tensor dimension Dim.AUTO), save it, load it in a fresh
 Python process that imports only torch and torchops, run it on the export
 sample and on a sample of other sizes, and compare with eager.
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from op_testing import assert_same_outputs, call, nonempty, outputs
+from op_testing import VIAS, assert_same_outputs, call_via, nonempty, outputs
 from opdb import OP_DB, OpInfo, Sample, Tol
 
 # Runs in the fresh process: torch and torchops only.
@@ -39,12 +40,12 @@ torch.save({"results": results, "leaked": leaked}, sys.argv[2])
 
 
 class _OpModule(torch.nn.Module):
-    """Calls the op with the exported tensors in the template's tensor slots
-    and the template's scalars everywhere else."""
+    """Calls the op (via "op" or "wrapper") with the exported tensors in the
+    template's tensor slots and the template's scalars everywhere else."""
 
-    def __init__(self, op: OpInfo, template: Sample):
+    def __init__(self, op: OpInfo, template: Sample, via: str):
         super().__init__()
-        self.op = op.op
+        self.info, self.via = op, via
         self.slots = [None if isinstance(a, torch.Tensor) else a for a in template.args]
         self.is_tensor = [isinstance(a, torch.Tensor) for a in template.args]
         self.kwargs = dict(template.kwargs)
@@ -52,7 +53,7 @@ class _OpModule(torch.nn.Module):
     def forward(self, *tensors):
         it = iter(tensors)
         args = [next(it) if t else a for t, a in zip(self.is_tensor, self.slots)]
-        return self.op(*args, **self.kwargs)
+        return call_via(self.info, Sample(tuple(args), self.kwargs), self.via)
 
 
 @dataclass
@@ -62,18 +63,18 @@ class _Prepared:
     program: str
 
 
-def _prepare(op: OpInfo, device: str, folder) -> _Prepared:
+def _prepare(op: OpInfo, device: str, via: str, folder) -> _Prepared:
     samples = op.compile_samples(device, torch.float32)[:2]
     if not samples:  # no varied sizes: at least the static round trip
         samples = [next(filter(nonempty, op.sample_inputs(device, torch.float32)))]
     template = samples[0]
     auto = torch.export.Dim.AUTO
     dynamic = tuple({d: auto for d in range(t.dim())} for t in template.tensors())
-    program = torch.export.export(_OpModule(op, template), tuple(template.tensors()),
+    program = torch.export.export(_OpModule(op, template, via), tuple(template.tensors()),
                                   dynamic_shapes=(dynamic,))  # forward(*tensors)
-    path = str(folder / f"{op.name}.pt2")
+    path = str(folder / f"{op.name}-{via}.pt2")
     torch.export.save(program, path)
-    return _Prepared(samples, [outputs(call(op, s)) for s in samples], path)
+    return _Prepared(samples, [outputs(call_via(op, s, via)) for s in samples], path)
 
 
 _RUNS: dict[str, tuple] = {}
@@ -87,10 +88,12 @@ def _run(device: str, tmp_path_factory) -> tuple[dict, dict, list]:
     for op in OP_DB:
         if "export" in op.skips:
             continue
-        try:
-            prepared[op.name] = _prepare(op, device, folder)
-        except Exception:
-            prepared[op.name] = traceback.format_exc()
+        for via in VIAS:
+            key = f"{op.name}:{via}"
+            try:
+                prepared[key] = _prepare(op, device, via, folder)
+            except Exception:
+                prepared[key] = traceback.format_exc()
     cases = {name: {"program": p.program, "inputs": [tuple(s.tensors()) for s in p.samples]}
              for name, p in prepared.items() if isinstance(p, _Prepared)}
     torch.save(cases, folder / "cases.pt")
@@ -103,18 +106,20 @@ def _run(device: str, tmp_path_factory) -> tuple[dict, dict, list]:
     return _RUNS[device]
 
 
+@pytest.mark.parametrize("via", VIAS)
 @pytest.mark.parametrize("op,device", [
     pytest.param(op, d, id=f"{op.name}-{d}", marks=[pytest.mark.cuda] if d == "cuda" else [])
     for op in OP_DB for d in ("cpu", "cuda")])
-def test_export(op: OpInfo, device: str, tmp_path_factory):
+def test_export(op: OpInfo, device: str, via: str, tmp_path_factory):
     if "export" in op.skips:
         pytest.skip(op.skips["export"])
     prepared, results, leaked = _run(device, tmp_path_factory)
-    p = prepared[op.name]
+    key = f"{op.name}:{via}"
+    p = prepared[key]
     if isinstance(p, str):
-        pytest.fail(f"torch.export.export/save of {op.name} failed:\n{p}")
+        pytest.fail(f"torch.export.export/save of {key} failed:\n{p}")
     assert not leaked, f"the fresh process imported test modules: {leaked}"
-    r = results[op.name]
+    r = results[key]
     if "error" in r:
         pytest.fail(f"loading/running the exported {op.name} in a fresh process failed:\n{r['error']}")
     assert len(r["outputs"]) == len(p.samples)

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from op_testing import (assert_matches_reference, assert_same_outputs, call, data_dependent_ok,
-                        floating, nonempty, outputs, reference)
+from op_testing import (VIAS, assert_matches_reference, assert_same_outputs, call, call_via,
+                        data_dependent_ok, floating, nonempty, outputs, reference, wrapper_view)
 from opdb import HALF_DTYPES, OP_DB, OPCHECK_UTILS, OpInfo, Sample, Tol, convert
 
 DEVICES = ("cpu", "cuda")
@@ -72,7 +72,7 @@ def test_wrapper(op: OpInfo, device: str):
     """The Python wrapper is the dispatcher op."""
     _skip_if(op, "wrapper")
     for s in list(op.sample_inputs(device, torch.float64))[:3]:
-        assert_same_outputs(op.wrapper(*s.args, **s.kwargs), call(op, s), None, s)
+        assert_same_outputs(call_via(op, s, "wrapper"), wrapper_view(op, call(op, s)), None, s)
 
 
 @pytest.mark.cuda
@@ -243,10 +243,13 @@ def _with_tensors(template: Sample, tensors) -> tuple:
 
 
 @pytest.mark.usefixtures("fresh_dynamo")
+@pytest.mark.parametrize("via", VIAS)
 @pytest.mark.parametrize("op,device", _op_device_params())
-def test_compile(op: OpInfo, device: str):
-    """torch.compile(fullgraph=True, dynamic=True) with inductor: forward and
-    backward match eager, and three input sizes compile at most twice."""
+def test_compile(op: OpInfo, device: str, via: str):
+    """torch.compile(fullgraph=True, dynamic=True) with inductor, of the
+    dispatcher op and of the public wrapper: forward and backward match
+    eager, and three input sizes compile at most twice (a wrapper that
+    breaks the graph fails fullgraph)."""
     _skip_if(op, "compile")
     samples = op.compile_samples(device, torch.float32, requires_grad=op.differentiable)
     assert len(samples) >= 3, (
@@ -255,12 +258,13 @@ def test_compile(op: OpInfo, device: str):
         f"sample_inputs_compile")
     template = samples[0]
     counter = CompileCounterWithBackend("inductor")
-    fn = torch.compile(lambda *ts: op.op(*_with_tensors(template, ts), **template.kwargs),
-                       backend=counter, fullgraph=True, dynamic=True)
+    fn = torch.compile(
+        lambda *ts: call_via(op, Sample(_with_tensors(template, ts), template.kwargs), via),
+        backend=counter, fullgraph=True, dynamic=True)
     tol = Tol(1e-5, 1.3e-6)
     with data_dependent_ok(op), _no_duck_sizing():
         for s in samples:
-            eager = outputs(call(op, s))
+            eager = outputs(call_via(op, s, via))
             s2 = convert(s)  # fresh leaves on the same data
             compiled = outputs(fn(*s2.tensors()))
             assert_same_outputs(compiled, eager, tol, f"{s} compiled vs eager")
@@ -325,6 +329,21 @@ def test_cuda_graph(op: OpInfo):
 # ---------------------------------------------------------------------------------------------
 # Invalid inputs
 # ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", [pytest.param(op, id=op.name) for op in OP_DB])
+def test_mixed_cpu_and_meta_inputs_raise(op: OpInfo):
+    """A CPU and a meta tensor dispatch to the fake (Meta outranks CPU): it
+    must raise like the kernels, not return an uninitialised CPU tensor."""
+    s = next((s for s in op.sample_inputs("cpu", torch.float32)
+              if nonempty(s) and len(s.tensors()) >= 2), None)
+    if s is None:
+        pytest.skip(f"{op.name} takes one tensor")
+    last = max(i for i, a in enumerate(s.args) if isinstance(a, torch.Tensor))
+    args = list(s.args)
+    args[last] = args[last].detach().to("meta")
+    with pytest.raises(RuntimeError, match=rf"torchops\.{op.name}.*device"):
+        op.op(*args, **s.kwargs)
+
 
 @pytest.mark.parametrize("op,device", _op_device_params())
 def test_error_inputs(op: OpInfo, device: str):

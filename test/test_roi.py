@@ -386,3 +386,92 @@ def test_cuda_roi_pool_ties_nan_and_wide_bins(dtype):
         got = POOL(xs.cuda(), rois.cuda(), 1.0, 7, 7)
         want = POOL(x, rois, 1.0, 7, 7)
         assert torch.equal(got[1].cpu(), want[1])
+
+
+# ---------------------------------------------------------------------------------
+# Bounded work: no RoI, however absurd, can hang a kernel
+# ---------------------------------------------------------------------------------
+
+# Runs in a subprocess with a time limit, so that a regression fails the test
+# instead of hanging the suite in native code that cannot be interrupted.
+_ABSURD_ROIS = r"""
+import sys, torch, torchops
+device = sys.argv[1]
+x = torch.randn(2, 16, 48, 40, device=device, requires_grad=True)
+big = [1e12, 1e30, -1e30, float("inf"), float("nan")]
+rows = [[i % 2, -v, -v, v, v] for i, v in enumerate(big)] + [[0, 0.0, 0.0, 1e12, 3.0]]
+rois = torch.tensor(rows, device=device)
+for aligned in (False, True):
+    for ph, pw in ((7, 7), (1, 1)):
+        y = torchops.roi_align(x, rois, (ph, pw), 1.0, 0, aligned)
+        y.sum().backward()
+        torchops.roi_pool(x, rois, (ph, pw), 1.0).sum().backward()
+if device == "cuda":
+    torch.cuda.synchronize()
+print("FINISHED", flush=True)
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_absurd_rois_finish(device):
+    """RoIs at 1e12 or 1e30 (or inf, NaN) with adaptive sampling: before the
+    cap, one such RoI ran for minutes (1e30: no end in sight).  The limit is
+    generous (a normal run takes well under a second of kernel time); it only
+    separates 'bounded' from 'hangs'."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _ABSURD_ROIS, device], capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0 and "FINISHED" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_adaptive_cap_keeps_results_of_boxes_that_fit(device):
+    """The cap (2 * (H // pooled_height + 1) samples per axis) changes
+    nothing for boxes up to twice the map's size, and the capped result of a
+    huge box is finite."""
+    x = _features((1, 3, 20, 17), device, torch.float64)
+    rois = torch.tensor([[0, 0.0, 0.0, 17.0, 20.0], [0, 2.5, 0.0, 17.0, 19.0],
+                         [0, -8.0, -10.0, 26.0, 30.0], [0, 0.0, 0.0, 1e12, 1e12]],
+                        dtype=torch.float64, device=device)
+    for ph, pw in ((1, 1), (3, 2), (7, 7)):
+        for aligned in (False, True):
+            got = ALIGN(x, rois, 1.0, ph, pw, 0, aligned)
+            want = _roi_align_ref(x.cpu(), rois[:3].cpu(), 1.0, ph, pw, 0, aligned)
+            torch.testing.assert_close(got[:3].cpu(), want)
+            assert torch.isfinite(got[3]).all()
+
+
+def test_sampling_ratio_limit():
+    x, rois, scale = _problem(k=3)
+    limit = torchops.ops.MAX_SAMPLING_RATIO
+    assert limit == 64
+    ALIGN(x, rois, scale, 2, 2, limit, False)  # the limit itself is allowed
+    for sr in (limit + 1, 2**31 - 1):
+        with pytest.raises(RuntimeError, match=r"torchops\.roi_align.*'sampling_ratio'.*at most 64"):
+            torchops.roi_align(x, rois, 2, scale, sr)
+        with pytest.raises(RuntimeError, match=r"torchops\._roi_align_backward.*'sampling_ratio'"):
+            torch.ops.torchops._roi_align_backward(torch.ones(3, 8, 2, 2), rois, scale, 2, 2,
+                                                   2, 8, 24, 20, sr, False)
+        # The fake rejects it too, so compile and export fail at trace time.
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        with FakeTensorMode() as mode, pytest.raises(RuntimeError, match=r"'sampling_ratio'"):
+            ALIGN(mode.from_tensor(x), mode.from_tensor(rois), scale, 2, 2, sr, False)
+
+
+def test_wrappers_with_box_lists_compile_fullgraph():
+    """The torchvision-style wrappers with a list of per-image boxes, inside
+    torch.compile(fullgraph=True, dynamic=True): no graph break."""
+    torch._dynamo.reset()
+    x, rois, scale = _problem(k=10)
+    per_image = [rois[rois[:, 0] == i, 1:] for i in range(x.shape[0])]
+
+    def f(x, boxes):
+        return (torchops.roi_align(x, boxes, (3, 2), scale, 2, True),
+                torchops.roi_pool(x, boxes, 3, scale))
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=True)
+    for got, want in zip(compiled(x, per_image), f(x, per_image)):
+        torch.testing.assert_close(got, want)
+    torch._dynamo.reset()

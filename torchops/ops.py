@@ -21,11 +21,41 @@ __all__ = ["matmul", "d_sigmoid"]  # each section below adds its ops
 _FLOATING = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
+# The message lambdas of torch._check below capture plain values read
+# beforehand (dtypes, shapes), never a tensor.  The fakes run outside dynamo,
+# where that is enough; code that dynamo traces (the public wrappers, under
+# torch.compile(fullgraph=True)) must not use such messages at all: see
+# _roi_rows.
+
+
 def _check_floating(op: str, name: str, t: Tensor) -> None:
+    dtype = t.dtype
     torch._check(
-        t.dtype in _FLOATING,
+        dtype in _FLOATING,
         lambda: f"torchops.{op}: expected '{name}' to be a floating-point tensor "
-        f"(float32, float64, float16 or bfloat16), but got {t.dtype}")
+        f"(float32, float64, float16 or bfloat16), but got {dtype}")
+
+
+def _check_same_device(op: str, **tensors: Tensor) -> None:
+    """The kernels' device rule, for the fakes: with a CPU and a meta tensor
+    the dispatcher runs the fake, which must raise as the kernels do instead
+    of returning an uninitialised tensor."""
+    (first, t0), *rest = tensors.items()
+    for name, t in rest:
+        dev0, dev = t0.device, t.device
+        torch._check(dev == dev0, lambda: f"torchops.{op}: expected '{name}' to be on the "
+                     f"same device as '{first}' ({dev0}), but got {dev}")
+
+
+def _check_output_size(op: str, shape, dtype: torch.dtype) -> None:
+    """The kernels' allocation check (csrc/common/checks.h new_output), where
+    the sizes are known: the byte count must fit in int64."""
+    if all(isinstance(d, int) for d in shape):
+        n = dtype.itemsize
+        for d in shape:
+            n *= d
+        torch._check(n < 2**63, lambda: f"torchops.{op}: the output of shape {tuple(shape)} "
+                     f"({dtype}) is too large to allocate: its byte count overflows int64")
 
 
 # --- matmul ---------------------------------------------------------------------
@@ -49,11 +79,14 @@ def _matmul_fake(a: Tensor, b: Tensor) -> Tensor:
     torch._check(a.dim() in (2, 3), lambda: f"torchops.matmul: expected 'a' to be 2-D or 3-D, got {a.dim()}-D")
     torch._check(b.dim() == a.dim(), lambda: f"torchops.matmul: expected 'b' to have {a.dim()} dimensions like 'a'")
     _check_floating("matmul", "a", a)
+    _check_same_device("matmul", a=a, b=b)
     torch._check(b.dtype == a.dtype, lambda: f"torchops.matmul: expected 'b' to have the same dtype as 'a' ({a.dtype})")
     torch._check(a.shape[-1] == b.shape[-2], lambda: "torchops.matmul: inner dimensions differ")
     if a.dim() == 3:
         torch._check(a.shape[0] == b.shape[0], lambda: "torchops.matmul: batch dimensions differ")
-    return a.new_empty((*a.shape[:-1], b.shape[-1]))
+    shape = (*a.shape[:-1], b.shape[-1])
+    _check_output_size("matmul", shape, a.dtype)
+    return a.new_empty(shape)
 
 
 # --- d_sigmoid ------------------------------------------------------------------------
@@ -78,6 +111,7 @@ def _d_sigmoid_fake(z: Tensor) -> Tensor:
 @torch.library.register_fake("torchops::_d_sigmoid_backward")
 def _d_sigmoid_backward_fake(grad: Tensor, z: Tensor) -> Tensor:
     _check_floating("_d_sigmoid_backward", "z", z)
+    _check_same_device("_d_sigmoid_backward", z=z, grad=grad)
     torch._check(grad.shape == z.shape, lambda: "torchops._d_sigmoid_backward: 'grad' and 'z' differ in shape")
     return torch.empty(z.shape, dtype=z.dtype, device=z.device)
 
@@ -89,14 +123,19 @@ __all__ += ["nms", "batched_nms", "box_iou"]
 
 def _check_boxes(op: str, name: str, t: Tensor) -> None:
     _check_floating(op, name, t)
+    shape = tuple(t.shape)
     torch._check(
         t.dim() == 2 and t.shape[1] == 4,
-        lambda: f"torchops.{op}: expected '{name}' to have shape (N, 4), but got shape {tuple(t.shape)}")
+        lambda: f"torchops.{op}: expected '{name}' to have shape (N, 4), but got shape {shape}")
 
 
 def _check_nms_args(op: str, boxes: Tensor, scores: Tensor, idxs: Tensor | None) -> None:
     _check_boxes(op, "boxes", boxes)
     _check_floating(op, "scores", scores)
+    if idxs is None:
+        _check_same_device(op, boxes=boxes, scores=scores)
+    else:
+        _check_same_device(op, boxes=boxes, scores=scores, idxs=idxs)
     torch._check(scores.dtype == boxes.dtype,
                  lambda: f"torchops.{op}: expected 'scores' to have the same dtype as 'boxes' ({boxes.dtype})")
     torch._check(scores.dim() == 1 and scores.shape[0] == boxes.shape[0],
@@ -183,15 +222,19 @@ def box_iou(boxes1: Tensor, boxes2: Tensor) -> Tensor:
 def _box_iou_fake(boxes1: Tensor, boxes2: Tensor) -> Tensor:
     _check_boxes("box_iou", "boxes1", boxes1)
     _check_boxes("box_iou", "boxes2", boxes2)
+    _check_same_device("box_iou", boxes1=boxes1, boxes2=boxes2)
     torch._check(boxes2.dtype == boxes1.dtype,
                  lambda: f"torchops.box_iou: expected 'boxes2' to have the same dtype as 'boxes1' ({boxes1.dtype})")
-    return boxes1.new_empty((boxes1.shape[0], boxes2.shape[0]))
+    shape = (boxes1.shape[0], boxes2.shape[0])
+    _check_output_size("box_iou", shape, boxes1.dtype)
+    return boxes1.new_empty(shape)
 
 
 @torch.library.register_fake("torchops::_box_iou_backward")
 def _box_iou_backward_fake(grad: Tensor, boxes1: Tensor, boxes2: Tensor) -> tuple[Tensor, Tensor]:
     _check_boxes("_box_iou_backward", "boxes1", boxes1)
     _check_boxes("_box_iou_backward", "boxes2", boxes2)
+    _check_same_device("_box_iou_backward", grad=grad, boxes1=boxes1, boxes2=boxes2)
     torch._check(grad.dim() == 2 and grad.shape[0] == boxes1.shape[0] and grad.shape[1] == boxes2.shape[0],
                  lambda: "torchops._box_iou_backward: expected 'grad' to have shape (N, M)")
     return boxes1.new_empty((boxes1.shape[0], 4)), boxes2.new_empty((boxes2.shape[0], 4))
@@ -206,10 +249,14 @@ __all__ += ["roi_align", "roi_pool"]
 def _roi_rows(op: str, boxes) -> Tensor:
     """torchvision's two box formats -> one (K, 5) tensor of rows
     (batch_index, x1, y1, x2, y2)."""
+    # Plain checks, not torch._check: dynamo traces these wrappers, and a
+    # torch._check message may only close over constants (not even sizes,
+    # which are symbolic under dynamic=True).  The column count is a
+    # constant of the format, so guarding on it costs no recompile.
     if isinstance(boxes, Tensor):
-        torch._check(boxes.dim() == 2 and boxes.shape[1] == 5,
-                     lambda: f"torchops.{op}: expected 'boxes' to be a (K, 5) tensor, "
-                     f"got shape {tuple(boxes.shape)}")
+        if boxes.dim() != 2 or boxes.shape[1] != 5:
+            raise RuntimeError(f"torchops.{op}: expected 'boxes' to be a (K, 5) tensor, "
+                               f"got shape {tuple(boxes.shape)}")
         return boxes
     if not isinstance(boxes, (list, tuple)) or not all(isinstance(b, Tensor) for b in boxes):
         raise TypeError(f"torchops.{op}: expected 'boxes' to be a (K, 5) tensor or a list of "
@@ -217,9 +264,9 @@ def _roi_rows(op: str, boxes) -> Tensor:
     if not boxes:
         raise ValueError(f"torchops.{op}: 'boxes' is an empty list (one (L, 4) tensor per image)")
     for b in boxes:
-        torch._check(b.dim() == 2 and b.shape[1] == 4,
-                     lambda: f"torchops.{op}: expected each tensor in 'boxes' to have shape "
-                     f"(L, 4), got {tuple(b.shape)}")
+        if b.dim() != 2 or b.shape[1] != 4:
+            raise RuntimeError(f"torchops.{op}: expected each tensor in 'boxes' to have shape "
+                               f"(L, 4), got {tuple(b.shape)}")
     cat = torch.cat(list(boxes), dim=0)
     index = torch.cat([torch.full((b.shape[0], 1), i, dtype=cat.dtype, device=cat.device)
                        for i, b in enumerate(boxes)], dim=0)
@@ -252,8 +299,14 @@ def roi_align(input: Tensor, boxes: Tensor | list[Tensor], output_size: int | tu
         output_size: ``(pooled_height, pooled_width)`` or one int for both.
         spatial_scale: maps box coordinates to ``input``'s pixels
             (e.g. 1/16 for a stride-16 feature map).
-        sampling_ratio: samples per bin along each axis; ``<= 0`` means
-            adaptive, ``ceil(box size / output size)``.
+        sampling_ratio: samples per bin along each axis, at most
+            ``MAX_SAMPLING_RATIO`` (64; more raises); ``<= 0`` means
+            adaptive, ``ceil(bin size)``, capped at
+            ``2 * (H // pooled_height + 1)`` rows and
+            ``2 * (W // pooled_width + 1)`` columns of samples.  The cap
+            changes nothing for a box up to twice the feature map's size; it
+            bounds the work of an absurd box (coordinates of 1e12, say) by
+            that of such a box.
         aligned: shift boxes by -0.5 pixel (pixel-centre alignment, the
             Detectron2 default); ``False`` reproduces the original RoIAlign.
 
@@ -261,8 +314,9 @@ def roi_align(input: Tensor, boxes: Tensor | list[Tensor], output_size: int | tu
     (half types accumulate in float32).  Differentiable with respect to
     ``input`` (not ``boxes``).  The CUDA backward uses atomic adds; under
     ``torch.use_deterministic_algorithms(True)`` it switches to a
-    deterministic sort-and-gather kernel (bitwise reproducible, a few MB of
-    scratch memory).  Under ``torch.autocast`` it computes in float32 and
+    deterministic sort-and-gather kernel (bitwise reproducible; scratch
+    memory of about 240 bytes per bilinear sample, e.g. 47 MB for 1000 RoIs
+    at 7x7 with sampling_ratio 2).  Under ``torch.autocast`` it computes in float32 and
     returns the input's dtype.  On CPU a batch index outside ``[0, N)``
     raises; on CUDA (where checking would need a device sync) such a box
     pools to zeros and gets no gradient.
@@ -273,16 +327,31 @@ def roi_align(input: Tensor, boxes: Tensor | list[Tensor], output_size: int | tu
                                                 sampling_ratio, aligned)
 
 
+# csrc/common/roi.h: the explicit sampling_ratio limit that keeps every
+# RoI op's work bounded.
+MAX_SAMPLING_RATIO = 64
+
+
+def _check_sampling_ratio(op: str, sampling_ratio: int) -> None:
+    torch._check(sampling_ratio <= MAX_SAMPLING_RATIO,
+                 lambda: f"torchops.{op}: expected 'sampling_ratio' to be at most "
+                 f"{MAX_SAMPLING_RATIO} samples per bin and axis (<= 0: adaptive), but got "
+                 f"{sampling_ratio}")
+
+
 def _check_roi_args(op: str, input: Tensor, rois: Tensor, pooled_height, pooled_width) -> None:
+    _check_same_device(op, input=input, rois=rois)
     _check_floating(op, "input", input)
-    torch._check(input.dim() == 4,
-                 lambda: f"torchops.{op}: expected 'input' to have 4 dimensions, got {input.dim()}")
+    ndim, rois_shape = input.dim(), tuple(rois.shape)
+    torch._check(ndim == 4,
+                 lambda: f"torchops.{op}: expected 'input' to have 4 dimensions, got {ndim}")
     torch._check(rois.dim() == 2 and rois.shape[1] == 5,
                  lambda: f"torchops.{op}: expected 'rois' to have shape (K, 5), got "
-                 f"{tuple(rois.shape)}")
-    torch._check(rois.dtype == input.dtype,
+                 f"{rois_shape}")
+    dtype, rois_dtype = input.dtype, rois.dtype
+    torch._check(rois_dtype == dtype,
                  lambda: f"torchops.{op}: expected 'rois' to have the same dtype as 'input' "
-                 f"({input.dtype}), but got {rois.dtype}")
+                 f"({dtype}), but got {rois_dtype}")
     torch._check(pooled_height > 0,
                  lambda: f"torchops.{op}: expected 'pooled_height' to be positive")
     torch._check(pooled_width > 0,
@@ -291,22 +360,28 @@ def _check_roi_args(op: str, input: Tensor, rois: Tensor, pooled_height, pooled_
 
 def _check_roi_backward_args(op: str, grad: Tensor, rois: Tensor, pooled_height, pooled_width,
                              batch_size, channels, height, width) -> None:
+    _check_same_device(op, grad=grad, rois=rois)
     _check_floating(op, "grad", grad)
     torch._check(rois.dim() == 2 and rois.shape[1] == 5,
                  lambda: f"torchops.{op}: expected 'rois' to have shape (K, 5)")
     torch._check(grad.dim() == 4, lambda: f"torchops.{op}: expected 'grad' to have 4 dimensions")
+    grad_shape = tuple(grad.shape)
     torch._check(grad.shape[0] == rois.shape[0] and grad.shape[1] == channels
                  and grad.shape[2] == pooled_height and grad.shape[3] == pooled_width,
-                 lambda: f"torchops.{op}: 'grad' has shape {tuple(grad.shape)}")
+                 lambda: f"torchops.{op}: 'grad' has shape {grad_shape}")
     torch._check(batch_size >= 0 and channels >= 0 and height >= 0 and width >= 0,
                  lambda: f"torchops.{op}: negative 'batch_size', 'channels', 'height' or 'width'")
+    _check_output_size(op, (batch_size, channels, height, width), grad.dtype)
 
 
 @torch.library.register_fake("torchops::roi_align")
 def _roi_align_fake(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height,
                     pooled_width, sampling_ratio: int, aligned: bool) -> Tensor:
     _check_roi_args("roi_align", input, rois, pooled_height, pooled_width)
-    return input.new_empty((rois.shape[0], input.shape[1], pooled_height, pooled_width))
+    _check_sampling_ratio("roi_align", sampling_ratio)
+    shape = (rois.shape[0], input.shape[1], pooled_height, pooled_width)
+    _check_output_size("roi_align", shape, input.dtype)
+    return input.new_empty(shape)
 
 
 @torch.library.register_fake("torchops::_roi_align_backward")
@@ -315,6 +390,7 @@ def _roi_align_backward_fake(grad: Tensor, rois: Tensor, spatial_scale: float, p
                              sampling_ratio: int, aligned: bool) -> Tensor:
     _check_roi_backward_args("_roi_align_backward", grad, rois, pooled_height, pooled_width,
                              batch_size, channels, height, width)
+    _check_sampling_ratio("_roi_align_backward", sampling_ratio)
     return grad.new_empty((batch_size, channels, height, width))
 
 
@@ -351,6 +427,7 @@ def _roi_pool_fake(input: Tensor, rois: Tensor, spatial_scale: float, pooled_hei
                    pooled_width) -> tuple[Tensor, Tensor]:
     _check_roi_args("roi_pool", input, rois, pooled_height, pooled_width)
     shape = (rois.shape[0], input.shape[1], pooled_height, pooled_width)
+    _check_output_size("roi_pool", shape, torch.int64)
     return input.new_empty(shape), input.new_empty(shape, dtype=torch.int64)
 
 
@@ -360,6 +437,7 @@ def _roi_pool_backward_fake(grad: Tensor, rois: Tensor, argmax: Tensor, spatial_
                             width) -> Tensor:
     _check_roi_backward_args("_roi_pool_backward", grad, rois, pooled_height, pooled_width,
                              batch_size, channels, height, width)
+    _check_same_device("_roi_pool_backward", grad=grad, argmax=argmax)
     torch._check(argmax.dtype == torch.int64 and argmax.shape == grad.shape,
                  lambda: "torchops._roi_pool_backward: expected 'argmax' to be an int64 tensor "
                  "of the shape of 'grad'")
@@ -412,14 +490,18 @@ def sigmoid_focal_loss(inputs: Tensor, targets: Tensor, alpha: float = 0.25,
     return torch.ops.torchops.sigmoid_focal_loss.default(inputs, targets, alpha, gamma, reduction)
 
 
-def _check_focal(op: str, inputs: Tensor, targets: Tensor, reduction: str) -> None:
+def _check_focal(op: str, inputs: Tensor, targets: Tensor, gamma: float, reduction: str) -> None:
+    _check_same_device(op, inputs=inputs, targets=targets)
     _check_floating(op, "inputs", inputs)
-    torch._check(targets.dtype == inputs.dtype,
+    torch._check(gamma >= 0, lambda: f"torchops.{op}: expected 'gamma' to be >= 0, but got {gamma}")
+    dtype, t_dtype = inputs.dtype, targets.dtype
+    torch._check(t_dtype == dtype,
                  lambda: f"torchops.{op}: expected 'targets' to have the same dtype as "
-                 f"'inputs' ({inputs.dtype}), but got {targets.dtype}")
+                 f"'inputs' ({dtype}), but got {t_dtype}")
+    shape, t_shape = tuple(inputs.shape), tuple(targets.shape)
     torch._check(targets.shape == inputs.shape,
                  lambda: f"torchops.{op}: expected 'targets' to have the shape of 'inputs' "
-                 f"({tuple(inputs.shape)}), but got {tuple(targets.shape)}")
+                 f"({shape}), but got {t_shape}")
     torch._check(reduction in _FOCAL_REDUCTIONS,
                  lambda: f"torchops.{op}: expected 'reduction' to be 'none', 'mean' or "
                  f"'sum', but got '{reduction}'")
@@ -428,7 +510,7 @@ def _check_focal(op: str, inputs: Tensor, targets: Tensor, reduction: str) -> No
 @torch.library.register_fake("torchops::sigmoid_focal_loss")
 def _sigmoid_focal_loss_fake(inputs: Tensor, targets: Tensor, alpha: float = 0.25,
                              gamma: float = 2.0, reduction: str = "none") -> Tensor:
-    _check_focal("sigmoid_focal_loss", inputs, targets, reduction)
+    _check_focal("sigmoid_focal_loss", inputs, targets, gamma, reduction)
     shape = inputs.shape if reduction == "none" else ()
     return torch.empty(shape, dtype=inputs.dtype, device=inputs.device)
 
@@ -436,7 +518,8 @@ def _sigmoid_focal_loss_fake(inputs: Tensor, targets: Tensor, alpha: float = 0.2
 @torch.library.register_fake("torchops::_sigmoid_focal_loss_backward")
 def _sigmoid_focal_loss_backward_fake(grad: Tensor, inputs: Tensor, targets: Tensor,
                                       alpha: float, gamma: float, reduction: str) -> Tensor:
-    _check_focal("_sigmoid_focal_loss_backward", inputs, targets, reduction)
+    _check_focal("_sigmoid_focal_loss_backward", inputs, targets, gamma, reduction)
+    _check_same_device("_sigmoid_focal_loss_backward", inputs=inputs, grad=grad)
     torch._check(grad.dtype == inputs.dtype,
                  lambda: "torchops._sigmoid_focal_loss_backward: expected 'grad' to have the "
                  "same dtype as 'inputs'")

@@ -7,9 +7,13 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
+#include <c10/util/safe_numerics.h>
 
 #include <initializer_list>
+#include <limits>
 #include <utility>
 
 namespace torchops {
@@ -68,6 +72,41 @@ inline void check_devices(
     } else {
       check_same_device(op, *first, a);
     }
+  }
+}
+
+// Allocates an op's output (zero-filled when `zero`).  Output sizes come from
+// arguments (pooled sizes, the input sizes a backward is told) or from
+// products of input sizes (matmul's M x N when K = 0), so they can be absurd:
+// without this, the failure is "Storage size calculation overflowed" or the
+// allocator's bare message, naming neither the op nor the sizes.  A CUDA
+// out-of-memory error keeps its type (torch.OutOfMemoryError) for callers
+// that catch it.
+inline at::Tensor new_output(const char* op, c10::IntArrayRef sizes,
+                             const at::TensorOptions& options,
+                             bool zero = false) {
+  uint64_t bytes = options.dtype().itemsize();
+  bool overflow = false;
+  for (const int64_t d : sizes) {
+    TORCH_CHECK(d >= 0, "torchops.", op, ": output shape ", sizes,
+                " has a negative size");
+    overflow |= c10::mul_overflows(bytes, static_cast<uint64_t>(d), &bytes);
+  }
+  TORCH_CHECK(
+      !overflow &&
+          bytes <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+      "torchops.", op, ": the output of shape ", sizes, " (", options.dtype(),
+      ") is too large to allocate: its byte count overflows int64");
+  try {
+    return zero ? at::zeros(sizes, options) : at::empty(sizes, options);
+  } catch (const c10::OutOfMemoryError& e) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "torchops.", op,
+                     ": out of memory allocating the output of shape ", sizes,
+                     " (", bytes, " bytes): ", e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "torchops.", op,
+                ": cannot allocate the output of shape ", sizes, " (", bytes,
+                " bytes): ", e.what_without_backtrace());
   }
 }
 

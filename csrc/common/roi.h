@@ -40,6 +40,37 @@ C10_HOST_DEVICE inline int64_t roi_batch_index(T v) {
   return saturating_trunc(v, /*nan_value=*/-1);
 }
 
+// Work bounds of the RoI ops that sample a grid per bin (roi_align, and any
+// later op with such a loop).  Their trip counts come from data, and native
+// code cannot be interrupted: one absurd RoI must not freeze a training step.
+//
+// An explicit sampling_ratio is the per-axis sample count the caller asks
+// for; beyond this it is rejected (64 x 64 samples per bin is far past any
+// published setting, which use 0 to 4).
+constexpr int64_t kMaxSamplingRatio = 64;
+
+inline void check_sampling_ratio(const char* op, int64_t sampling_ratio) {
+  TORCH_CHECK(sampling_ratio <= kMaxSamplingRatio, "torchops.", op,
+              ": expected 'sampling_ratio' to be at most ", kMaxSamplingRatio,
+              " samples per bin and axis (<= 0: adaptive), but got ",
+              sampling_ratio);
+}
+
+// Adaptive sampling takes ceil(bin size) samples per axis.  A RoI up to
+// twice the feature map's size along an axis needs at most
+// ceil(2 size / pooled) <= 2 (size / pooled + 1) of them, so capping there
+// changes no result for any RoI that fits the map (or overhangs it by up to
+// its own size), while a RoI of 1e12 pixels costs what one twice the size of
+// the map costs instead of running for minutes.  NaN or a negative bin
+// (reversed aligned box) gives <= 0: no samples.
+template <typename T>
+C10_HOST_DEVICE inline int64_t adaptive_grid(T bin, int64_t size,
+                                             int64_t pooled) {
+  const int64_t grid = saturating_trunc(std::ceil(bin));
+  const int64_t cap = 2 * (size / pooled + 1);
+  return grid < cap ? grid : cap;
+}
+
 inline void check_pooled_size(const char* op, int64_t pooled_height,
                               int64_t pooled_width) {
   TORCH_CHECK(pooled_height > 0, "torchops.", op,

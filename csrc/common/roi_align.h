@@ -30,7 +30,7 @@ struct RoiAlignBox {
 template <typename T, typename R>
 C10_HOST_DEVICE inline RoiAlignBox<T> roi_align_box(
     const R* roi, T spatial_scale, int64_t pooled_height, int64_t pooled_width,
-    int64_t sampling_ratio, bool aligned) {
+    int64_t sampling_ratio, bool aligned, int64_t height, int64_t width) {
   RoiAlignBox<T> b;
   b.batch = roi_batch_index(static_cast<T>(roi[0]));
   const T offset = aligned ? T(0.5) : T(0);
@@ -47,9 +47,12 @@ C10_HOST_DEVICE inline RoiAlignBox<T> roi_align_box(
   }
   b.bin_h = roi_h / static_cast<T>(pooled_height);
   b.bin_w = roi_w / static_cast<T>(pooled_width);
-  // Adaptive: about one sample per pixel, ceil(roi size / pooled size).
-  b.grid_h = sampling_ratio > 0 ? sampling_ratio : saturating_trunc(std::ceil(b.bin_h));
-  b.grid_w = sampling_ratio > 0 ? sampling_ratio : saturating_trunc(std::ceil(b.bin_w));
+  // Adaptive: about one sample per pixel, ceil(roi size / pooled size),
+  // bounded by the feature map (common/roi.h).
+  b.grid_h = sampling_ratio > 0 ? sampling_ratio
+                                : adaptive_grid(b.bin_h, height, pooled_height);
+  b.grid_w = sampling_ratio > 0 ? sampling_ratio
+                                : adaptive_grid(b.bin_w, width, pooled_width);
   const int64_t count =
       (b.grid_h > 0 && b.grid_w > 0) ? b.grid_h * b.grid_w : int64_t(1);
   b.inv_count = T(1) / static_cast<T>(count);
@@ -86,13 +89,6 @@ C10_HOST_DEVICE inline bool roi_align_axis(T v, int64_t size, int64_t& lo,
   w_hi = v - static_cast<T>(lo);
   w_lo = T(1) - w_hi;
   return true;
-}
-
-inline void check_roi_align_sampling(const char* op, int64_t sampling_ratio) {
-  // Every value is meaningful (<= 0 means adaptive, as in torchvision); the
-  // only limit is the one the kernels' int arithmetic needs.
-  TORCH_CHECK(sampling_ratio <= (int64_t(1) << 31), "torchops.", op,
-              ": 'sampling_ratio' is too large (", sampling_ratio, ")");
 }
 
 }  // namespace torchops

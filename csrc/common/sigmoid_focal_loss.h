@@ -174,9 +174,13 @@ inline FocalReduction parse_focal_reduction(const char* op, c10::string_view r) 
   return FocalReduction::Sum;
 }
 
-inline void check_focal_inputs(
-    const char* op, const at::Tensor& inputs, const at::Tensor& targets) {
+inline void check_focal_inputs(const char* op, const at::Tensor& inputs,
+                               const at::Tensor& targets, double gamma) {
   check_floating(op, {inputs, "inputs"});
+  // (1 - p_t)^gamma with gamma < 0 is infinite for every confident right
+  // answer: not a focal loss.  NaN fails this too.
+  TORCH_CHECK(gamma >= 0.0, "torchops.", op,
+              ": expected 'gamma' to be >= 0, but got ", gamma);
   check_same_dtype(op, {inputs, "inputs"}, {targets, "targets"});
   // No broadcasting: a targets tensor of another shape is almost always a
   // bug (e.g. class indices instead of one-hot), not an intent.
@@ -187,22 +191,22 @@ inline void check_focal_inputs(
 }
 
 inline FocalReduction check_sigmoid_focal_loss(
-    const at::Tensor& inputs, const at::Tensor& targets,
+    const at::Tensor& inputs, const at::Tensor& targets, double gamma,
     c10::string_view reduction, c10::DeviceType device) {
   const char* op = "sigmoid_focal_loss";
   check_devices(op, device, {{inputs, "inputs"}, {targets, "targets"}});
-  check_focal_inputs(op, inputs, targets);
+  check_focal_inputs(op, inputs, targets, gamma);
   return parse_focal_reduction(op, reduction);
 }
 
 inline FocalReduction check_sigmoid_focal_loss_backward(
     const at::Tensor& grad, const at::Tensor& inputs,
-    const at::Tensor& targets, c10::string_view reduction,
+    const at::Tensor& targets, double gamma, c10::string_view reduction,
     c10::DeviceType device) {
   const char* op = "_sigmoid_focal_loss_backward";
   check_devices(
       op, device, {{inputs, "inputs"}, {targets, "targets"}, {grad, "grad"}});
-  check_focal_inputs(op, inputs, targets);
+  check_focal_inputs(op, inputs, targets, gamma);
   check_same_dtype(op, {inputs, "inputs"}, {grad, "grad"});
   const FocalReduction red = parse_focal_reduction(op, reduction);
   if (red == FocalReduction::None) {

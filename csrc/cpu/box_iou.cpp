@@ -192,7 +192,8 @@ void box_iou_kernel(const at::Tensor& boxes1, const at::Tensor& boxes2,
 
 at::Tensor box_iou(const at::Tensor& boxes1, const at::Tensor& boxes2) {
   check_box_iou(boxes1, boxes2, c10::DeviceType::CPU);
-  at::Tensor out = at::empty({boxes1.size(0), boxes2.size(0)}, boxes1.options());
+  at::Tensor out =
+      new_output("box_iou", {boxes1.size(0), boxes2.size(0)}, boxes1.options());
   if (out.numel() == 0) {
     return out;
   }

@@ -119,7 +119,8 @@ at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
   const at::ScalarType acc =
       dtype == at::kDouble ? at::kDouble : at::kFloat;
   // Zero-initialised: the micro-kernel accumulates, and K == 0 must give 0.
-  at::Tensor c = at::zeros(s.out_sizes(), a_in.options().dtype(acc));
+  at::Tensor c = new_output("matmul", s.out_sizes(), a_in.options().dtype(acc),
+                            /*zero=*/true);
   if (c.numel() == 0 || s.k == 0) {
     return c.to(dtype);
   }

@@ -177,7 +177,7 @@ std::vector<RoiTaps<T>> build_taps(const scalar_t* rois, int64_t k,
     for (int64_t i = begin; i < end; ++i) {
       const RoiAlignBox<T> box = roi_align_box<T>(
           rois + i * 5, static_cast<T>(p.spatial_scale), p.pooled_height,
-          p.pooled_width, p.sampling_ratio, p.aligned);
+          p.pooled_width, p.sampling_ratio, p.aligned, height, width);
       RoiTaps<T>& t = taps[static_cast<size_t>(i)];
       t.batch = box.batch;
       t.rows.build(box.start_h, box.bin_h, box.grid_h, height,
@@ -424,13 +424,13 @@ at::Tensor roi_align(const at::Tensor& input_in, const at::Tensor& rois_in,
   const char* op = "roi_align";
   check_roi_forward(op, input_in, rois_in, pooled_height, pooled_width,
                     c10::DeviceType::CPU);
-  check_roi_align_sampling(op, sampling_ratio);
+  check_sampling_ratio(op, sampling_ratio);
   const at::Tensor input = input_in.contiguous();
   const at::Tensor rois = rois_in.contiguous();
   const int64_t k = rois.size(0), channels = input.size(1);
   const int64_t height = input.size(2), width = input.size(3);
-  at::Tensor out =
-      at::empty({k, channels, pooled_height, pooled_width}, input.options());
+  at::Tensor out = new_output(op, {k, channels, pooled_height, pooled_width},
+                              input.options());
   const RoiAlignParams p{spatial_scale, pooled_height, pooled_width,
                          sampling_ratio, aligned};
   AT_DISPATCH_FLOATING_TYPES_AND2(
@@ -468,15 +468,15 @@ at::Tensor roi_align_backward(const at::Tensor& grad_in,
   const char* op = "_roi_align_backward";
   check_roi_backward(op, grad_in, rois_in, pooled_height, pooled_width,
                      batch_size, channels, height, width, c10::DeviceType::CPU);
-  check_roi_align_sampling(op, sampling_ratio);
+  check_sampling_ratio(op, sampling_ratio);
   const at::Tensor grad = grad_in.contiguous();
   const at::Tensor rois = rois_in.contiguous();
   const int64_t k = rois.size(0);
   const at::ScalarType dtype = grad.scalar_type();
   // Half types accumulate in a float32 buffer, rounded once at the end.
   const at::ScalarType acc_type = dtype == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor grad_input = at::zeros({batch_size, channels, height, width},
-                                    grad.options().dtype(acc_type));
+  at::Tensor grad_input = new_output(op, {batch_size, channels, height, width},
+                                     grad.options().dtype(acc_type), /*zero=*/true);
   const RoiAlignParams p{spatial_scale, pooled_height, pooled_width,
                          sampling_ratio, aligned};
   AT_DISPATCH_FLOATING_TYPES_AND2(

@@ -58,8 +58,8 @@ std::tuple<at::Tensor, at::Tensor> roi_pool(const at::Tensor& input_in,
   const int64_t k = rois.size(0), channels = input.size(1);
   const int64_t height = input.size(2), width = input.size(3);
   at::Tensor out =
-      at::empty({k, channels, pooled_height, pooled_width}, input.options());
-  at::Tensor argmax = at::empty(out.sizes(), input.options().dtype(at::kLong));
+      new_output(op, {k, channels, pooled_height, pooled_width}, input.options());
+  at::Tensor argmax = new_output(op, out.sizes(), input.options().dtype(at::kLong));
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, input.scalar_type(), "torchops.roi_pool", [&] {
         using T = at::opmath_type<scalar_t>;
@@ -130,8 +130,8 @@ at::Tensor roi_pool_backward(const at::Tensor& grad_in,
   const int64_t k = rois.size(0);
   const at::ScalarType dtype = grad.scalar_type();
   const at::ScalarType acc_type = dtype == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor grad_input = at::zeros({batch_size, channels, height, width},
-                                    grad.options().dtype(acc_type));
+  at::Tensor grad_input = new_output(op, {batch_size, channels, height, width},
+                                     grad.options().dtype(acc_type), /*zero=*/true);
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, dtype, "torchops._roi_pool_backward", [&] {
         using T = at::opmath_type<scalar_t>;

@@ -196,7 +196,7 @@ at::Tensor sigmoid_focal_loss(
     const at::Tensor& inputs_in, const at::Tensor& targets_in, double alpha,
     double gamma, c10::string_view reduction) {
   const FocalReduction red = check_sigmoid_focal_loss(
-      inputs_in, targets_in, reduction, c10::DeviceType::CPU);
+      inputs_in, targets_in, gamma, reduction, c10::DeviceType::CPU);
   const at::Tensor x = inputs_in.contiguous();
   const at::Tensor t = targets_in.contiguous();
   const int64_t n = x.numel();
@@ -232,7 +232,7 @@ at::Tensor sigmoid_focal_loss_backward(
     const at::Tensor& targets_in, double alpha, double gamma,
     c10::string_view reduction) {
   const FocalReduction red = check_sigmoid_focal_loss_backward(
-      grad_in, inputs_in, targets_in, reduction, c10::DeviceType::CPU);
+      grad_in, inputs_in, targets_in, gamma, reduction, c10::DeviceType::CPU);
   const at::Tensor x = inputs_in.contiguous();
   const at::Tensor t = targets_in.contiguous();
   const at::Tensor grad = grad_in.contiguous();

@@ -203,7 +203,7 @@ at::Tensor box_iou(const at::Tensor& boxes1, const at::Tensor& boxes2) {
   const c10::cuda::CUDAGuard guard(boxes1.device());
   const int64_t n = boxes1.size(0);
   const int64_t m = boxes2.size(0);
-  at::Tensor out = at::empty({n, m}, boxes1.options());
+  at::Tensor out = new_output("box_iou", {n, m}, boxes1.options());
   if (out.numel() == 0) {
     return out;
   }

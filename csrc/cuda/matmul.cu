@@ -120,7 +120,7 @@ Strides3 strides_of(const at::Tensor& t, bool batched) {
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
   const MatmulShape s = check_matmul(a, b, c10::DeviceType::CUDA);
   const c10::cuda::CUDAGuard guard(a.device());
-  at::Tensor c = at::empty(s.out_sizes(), a.options());
+  at::Tensor c = new_output("matmul", s.out_sizes(), a.options());
   if (c.numel() == 0) {
     return c;
   }

@@ -56,7 +56,8 @@ __device__ __forceinline__ RoiAlignBox<T> box_of(const scalar_t* rois,
                                                  int64_t k, T spatial_scale,
                                                  const Params& p) {
   return roi_align_box<T>(rois + k * 5, spatial_scale, p.pooled_height,
-                          p.pooled_width, p.sampling_ratio, p.aligned);
+                          p.pooled_width, p.sampling_ratio, p.aligned, p.height,
+                          p.width);
 }
 
 __device__ __forceinline__ bool valid_image(int64_t b, const Params& p) {
@@ -118,12 +119,12 @@ at::Tensor roi_align(const at::Tensor& input, const at::Tensor& rois_in,
   const char* op = "roi_align";
   check_roi_forward(op, input, rois_in, pooled_height, pooled_width,
                     c10::DeviceType::CUDA);
-  check_roi_align_sampling(op, sampling_ratio);
+  check_sampling_ratio(op, sampling_ratio);
   const c10::cuda::CUDAGuard guard(input.device());
   const at::Tensor rois = rois_in.contiguous();
   const int64_t k = rois.size(0), channels = input.size(1);
   at::Tensor out =
-      at::empty({k, channels, pooled_height, pooled_width}, input.options());
+      new_output(op, {k, channels, pooled_height, pooled_width}, input.options());
   const int64_t total = out.numel();
   if (total == 0) {
     return out;
@@ -414,14 +415,15 @@ at::Tensor roi_align_backward(const at::Tensor& grad, const at::Tensor& rois_in,
   const char* op = "_roi_align_backward";
   check_roi_backward(op, grad, rois_in, pooled_height, pooled_width, batch_size,
                      channels, height, width, c10::DeviceType::CUDA);
-  check_roi_align_sampling(op, sampling_ratio);
+  check_sampling_ratio(op, sampling_ratio);
   const c10::cuda::CUDAGuard guard(grad.device());
   const at::Tensor rois = rois_in.contiguous();
   const Params p{rois.size(0), batch_size, channels, height, width,
                  pooled_height, pooled_width, sampling_ratio, aligned};
   const at::ScalarType dtype = grad.scalar_type();
   if (rois.size(0) == 0 || grad.numel() == 0) {
-    return at::zeros({batch_size, channels, height, width}, grad.options());
+    return new_output(op, {batch_size, channels, height, width}, grad.options(),
+                      /*zero=*/true);
   }
   if (at::globalContext().deterministicAlgorithms()) {
     at::Tensor out;
@@ -434,8 +436,8 @@ at::Tensor roi_align_backward(const at::Tensor& grad, const at::Tensor& rois_in,
   }
   // Half types accumulate in a float32 buffer, rounded once at the end.
   const at::ScalarType acc_type = dtype == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor grad_input = at::zeros({batch_size, channels, height, width},
-                                    grad.options().dtype(acc_type));
+  at::Tensor grad_input = new_output(op, {batch_size, channels, height, width},
+                                     grad.options().dtype(acc_type), /*zero=*/true);
   if (grad_input.numel() == 0) {
     return grad_input.to(dtype);
   }

@@ -89,14 +89,15 @@ std::tuple<at::Tensor, at::Tensor> roi_pool(const at::Tensor& input,
                                             double spatial_scale,
                                             int64_t pooled_height,
                                             int64_t pooled_width) {
-  check_roi_forward("roi_pool", input, rois_in, pooled_height, pooled_width,
+  const char* op = "roi_pool";
+  check_roi_forward(op, input, rois_in, pooled_height, pooled_width,
                     c10::DeviceType::CUDA);
   const c10::cuda::CUDAGuard guard(input.device());
   const at::Tensor rois = rois_in.contiguous();
   const int64_t k = rois.size(0), channels = input.size(1);
   at::Tensor out =
-      at::empty({k, channels, pooled_height, pooled_width}, input.options());
-  at::Tensor argmax = at::empty(out.sizes(), input.options().dtype(at::kLong));
+      new_output(op, {k, channels, pooled_height, pooled_width}, input.options());
+  at::Tensor argmax = new_output(op, out.sizes(), input.options().dtype(at::kLong));
   const int64_t total = out.numel();
   if (total == 0) {
     return {out, argmax};
@@ -219,14 +220,17 @@ at::Tensor roi_pool_backward(const at::Tensor& grad, const at::Tensor& rois_in,
   const at::ScalarType dtype = grad.scalar_type();
   const int64_t total = grad.numel();
   const unsigned int blocks = grid_for(total, kThreads);
-  if (total == 0 || batch_size * channels * height * width == 0) {
-    return at::zeros({batch_size, channels, height, width}, grad.options());
+  if (total == 0 || batch_size == 0 || channels == 0 || height == 0 ||
+      width == 0) {
+    return new_output(op, {batch_size, channels, height, width}, grad.options(),
+                      /*zero=*/true);
   }
   if (at::globalContext().deterministicAlgorithms()) {
-    const int64_t sentinel = batch_size * channels * height * width;
+    // Allocated first: that checks the sizes, so the sentinel cannot overflow.
+    at::Tensor grad_input = new_output(
+        op, {batch_size, channels, height, width}, grad.options(), /*zero=*/true);
+    const int64_t sentinel = grad_input.numel();
     at::Tensor keys = at::empty({total}, argmax.options());
-    at::Tensor grad_input =
-        at::zeros({batch_size, channels, height, width}, grad.options());
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, dtype, "torchops._roi_pool_backward", [&] {
           using T = at::opmath_type<scalar_t>;
@@ -254,8 +258,8 @@ at::Tensor roi_pool_backward(const at::Tensor& grad, const at::Tensor& rois_in,
     return grad_input;
   }
   const at::ScalarType acc_type = dtype == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor grad_input = at::zeros({batch_size, channels, height, width},
-                                    grad.options().dtype(acc_type));
+  at::Tensor grad_input = new_output(op, {batch_size, channels, height, width},
+                                     grad.options().dtype(acc_type), /*zero=*/true);
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, dtype, "torchops._roi_pool_backward", [&] {
         using T = at::opmath_type<scalar_t>;
