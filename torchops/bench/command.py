@@ -1,10 +1,14 @@
-"""``python -m torchops bench``: options, and what a run writes."""
+"""``python -m torchops bench``: options, what the run ran on, and what it writes."""
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import importlib.metadata
 import os
+import platform
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,54 +17,46 @@ import torch
 __all__ = ["add_parser", "main"]
 
 DESCRIPTION = """\
-Time every torchops operator against its eager PyTorch reference,
-torch.compile of that reference, and the peer library (torchvision, the
-vendor BLAS) where installed, at realistic sizes.  Prints a table, writes
-bench.csv, bench.json and (with matplotlib) bench.png into --out, and with
---write-doc the Markdown page of docs/performance.md.  Method: docs/benchmarks.md.
-"""
+Time every torchops operator against its eager PyTorch reference, torch.compile
+of that reference and the peer library (torchvision, the vendor BLAS) where
+installed.  Prints a table, writes bench.csv, bench.json and (with matplotlib)
+bench.png into --out, and with --write-doc the Markdown of docs/performance.md.
+Method: docs/benchmarks.md."""
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmark the ops against PyTorch and peers",
                        description=DESCRIPTION,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default=None,
-                   help="cpu, cuda, or both as 'cuda,cpu' (default: cuda if available, else cpu)")
-    p.add_argument("--op", action="append", default=None, metavar="NAME",
-                   help="only this op or case (repeatable, or comma-separated; default: all)")
-    p.add_argument("--quick", action="store_true",
-                   help="one small size per case and short timings (a smoke run, seconds)")
-    p.add_argument("--slow", action="store_true",
-                   help="also time the slow alternatives (torchvision's deterministic "
-                        "roi_align backward: tens of seconds and GBs)")
-    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
-    p.add_argument("--min-time", type=float, default=None, metavar="S",
-                   help="seconds of timed calls per variant (default 0.1 on CUDA, 0.15 on CPU)")
-    p.add_argument("--time-budget", type=float, default=None, metavar="S",
-                   help="stop starting new rows after S seconds (the rest are reported as not run)")
-    p.add_argument("--threads", default=None, metavar="LIST",
-                   help="CPU thread counts for every CPU row, e.g. '1' or '1,2,all' "
-                        "(default: each case's own; 'all' is torch's default count)")
-    p.add_argument("--out", default="bench-results", metavar="DIR",
-                   help="folder for bench.csv, bench.json, bench.png (default: %(default)s)")
-    p.add_argument("--write-doc", default=None, metavar="PATH",
-                   help="also write the results as Markdown (docs/performance.md)")
-    p.add_argument("--strict", action="store_true",
-                   help="exit with status 1 when torchops failed on a row or its output "
-                        "disagreed with an alternative's")
-    p.add_argument("--list", action="store_true", help="list the rows that would run, and exit")
-    p.add_argument("--compile-only", action="store_true",
-                   help="only run every row's torch.compile variant once and exit: fills "
-                        "torch.compile's on-disk caches, so a later timing run compiles from them")
+    add = p.add_argument
+    add("--device", help="cpu, cuda or 'cuda,cpu' (default: cuda if available, else cpu)")
+    add("--op", action="append", metavar="NAME",
+        help="only this op or case (repeatable, or comma-separated; default: all)")
+    add("--quick", action="store_true", help="one small size per case, short timings (seconds)")
+    add("--slow", action="store_true", help="also time the slow alternatives (torchvision's "
+        "deterministic roi_align backward: tens of seconds and GBs)")
+    add("--no-compile", action="store_true", help="skip the torch.compile variants")
+    add("--min-time", type=float, metavar="S",
+        help="seconds of timed calls per variant (default 0.1 on CUDA, 0.15 on CPU)")
+    add("--time-budget", type=float, metavar="S",
+        help="start no new row after S seconds (the rest are reported as not run)")
+    add("--threads", metavar="LIST", help="CPU thread counts for every CPU row, e.g. '1' or "
+        "'1,2,all' (default: each case's own; 'all' is torch's default count)")
+    add("--out", default="bench-results", metavar="DIR",
+        help="folder for bench.csv, bench.json, bench.png (default: %(default)s)")
+    add("--write-doc", metavar="PATH", help="also write the report as Markdown (performance.md)")
+    add("--strict", action="store_true", help="exit with status 1 when torchops failed on a row "
+        "or its output disagreed with an alternative's")
+    add("--list", action="store_true", help="list the rows that would run, and exit")
+    add("--compile-only", action="store_true", help="only call every row's torch.compile "
+        "variant once, and exit: fills torch.compile's on-disk caches for a later run")
 
 
 def _devices(spec: str | None) -> list[str]:
     if spec is None:
         return ["cuda" if torch.cuda.is_available() else "cpu"]
     devices = [d.strip() for d in spec.split(",") if d.strip()]
-    bad = [d for d in devices if d not in ("cpu", "cuda")]
-    if bad or not devices:
+    if not devices or any(d not in ("cpu", "cuda") for d in devices):
         raise SystemExit(f"bench: --device takes cpu, cuda or cuda,cpu; got {spec!r}")
     if "cuda" in devices and not torch.cuda.is_available():
         raise SystemExit("bench: --device cuda, but torch sees no CUDA GPU "
@@ -71,19 +67,58 @@ def _devices(spec: str | None) -> list[str]:
 def _thread_counts(spec: str | None) -> tuple[int | str, ...] | None:
     if spec is None:
         return None
-    out = []
-    for t in spec.split(","):
-        t = t.strip()
-        if t != "all" and not (t.isdigit() and int(t) > 0):
-            raise SystemExit(f"bench: --threads takes positive counts or 'all'; got {spec!r}")
-        out.append(t if t == "all" else int(t))
-    return tuple(out)
+    counts = [t.strip() for t in spec.split(",")]
+    if not all(t == "all" or (t.isdigit() and int(t) > 0) for t in counts):
+        raise SystemExit(f"bench: --threads takes positive counts or 'all'; got {spec!r}")
+    return tuple(t if t == "all" else int(t) for t in counts)
+
+
+def _git_commit() -> str | None:
+    """The checkout's commit; TORCHOPS_COMMIT names it where there is no .git
+    (a copied working tree)."""
+    root = Path(__file__).resolve().parents[2]
+    if os.environ.get("TORCHOPS_COMMIT") or not (root / ".git").exists():
+        return os.environ.get("TORCHOPS_COMMIT")
+    try:
+        head, dirty = (subprocess.run(["git", "-C", str(root), *a], capture_output=True,
+                                      text=True, timeout=10)
+                       for a in (["rev-parse", "--short", "HEAD"],
+                                 ["status", "--porcelain", "--", "csrc", "torchops"]))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + (" (modified)" if dirty.stdout.strip() else "")
+
+
+def environment(devices: list[str], command: str, all_threads: int) -> dict:
+    import torchops
+
+    def version(dist: str) -> str | None:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
+                if line.startswith("model name")), platform.processor() or platform.machine())
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "command": command, "torch": torch.__version__, "cuda": torch.version.cuda,
+           "torchvision": version("torchvision"), "triton": version("triton"),
+           "torchops": torchops.__version__, "torchops_commit": _git_commit(),
+           "python": platform.python_version(),
+           "cpu": f"{cpu} ({all_threads} threads used as 'all')"}
+    if "cuda" in devices:
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+        env["gpu"] = (f"{p.name} ({p.total_memory / 2**30:.0f} GiB, "
+                      f"{p.multi_processor_count} SMs, sm_{p.major}{p.minor})")
+    return env
 
 
 def main(args: argparse.Namespace, argv: list[str]) -> int:
     from torchops.bench import cases as registry
     from torchops.bench import report
-    from torchops.bench.environment import environment
     from torchops.bench.runner import ALL_THREADS, Options, plan, run
 
     devices = _devices(args.device)
@@ -92,7 +127,6 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
         cases = registry.select(names or None)
     except ValueError as e:
         raise SystemExit(f"bench: {e}")
-
     threads = _thread_counts(args.threads)
     if args.list:
         for case, device, size, n in plan(cases, devices, args.quick, threads):
@@ -104,9 +138,6 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     opts = Options(quick=args.quick, slow=args.slow, compile=not args.no_compile,
                    min_time=args.min_time, time_budget=args.time_budget, threads=threads,
                    compile_only=args.compile_only)
-    # Absolute paths name a machine's folders: keep only their last part.
-    command = shlex.join(["python", "-m", "torchops",
-                          *(os.path.basename(a) if os.path.isabs(a) else a for a in argv)])
     rows, rooflines = run(cases, devices, opts)
     if args.compile_only:
         done = sum(1 for r in rows if any(n.startswith("compiled in") for n in r.notes))
@@ -114,10 +145,13 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
                   if n.startswith("compiled:")]
         print(f"bench: compiled {done} rows" + "".join(f"\n  {f}" for f in failed))
         return 1 if failed else 0
-    meta = {"environment": environment(devices, command, ALL_THREADS), "roofline": rooflines,
-            "options": {k: v for k, v in vars(args).items() if k != "func"}}
-    case_notes = {c.name: c.note for c in cases}
 
+    # Absolute paths name a machine's folders: keep only their last part.
+    command = shlex.join(["python", "-m", "torchops",
+                          *(os.path.basename(a) if os.path.isabs(a) else a for a in argv)])
+    meta = {"environment": environment(devices, command, ALL_THREADS), "roofline": rooflines,
+            "options": vars(args)}
+    markdown = report.markdown_report(rows, meta, {c.name: c.note for c in cases})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report.write_csv(rows, out / "bench.csv")
@@ -131,9 +165,8 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     if args.write_doc:
         doc = Path(args.write_doc)
         doc.parent.mkdir(parents=True, exist_ok=True)
-        doc.write_text(report.markdown_report(rows, meta, case_notes), encoding="utf-8")
+        doc.write_text(markdown, encoding="utf-8")
         written.append(doc)
-    print(report.text_report(rows, meta, case_notes))
+    print(markdown)
     print("bench: wrote " + ", ".join(map(str, written)), file=sys.stderr)
-    bad = report.failed_rows(rows)
-    return 1 if args.strict and bad else 0
+    return 1 if args.strict and report.failed_rows(rows) else 0

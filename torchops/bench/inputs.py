@@ -1,9 +1,9 @@
 """Random inputs of realistic shape for the benchmark cases.
 
-Every factory has the signature ``(params, device, dtype, requires_grad)``
-and returns the positional arguments of the torchops operator.  Values are
-drawn from torch's global generator (the runner seeds it per row) on the CPU
-and moved, so a size's inputs are the same on every device.
+Every factory takes ``(params, device, dtype, requires_grad)`` and returns the
+torchops operator's positional arguments.  Values are drawn on the CPU from
+torch's global generator (seeded per row) and moved, so every device sees the
+same values.
 """
 
 from __future__ import annotations
@@ -12,9 +12,6 @@ import math
 from typing import Any, Mapping
 
 import torch
-
-__all__ = ["matrices", "vector", "nms_args", "batched_nms_args", "box_pairs", "roi_align_args",
-           "roi_pool_args", "focal_loss_args", "random_boxes", "BOX_REGIMES"]
 
 P = Mapping[str, Any]
 
@@ -26,33 +23,25 @@ def _leaf(t: torch.Tensor, device: str, dtype: torch.dtype, requires_grad: bool)
 def matrices(p: P, device: str, dtype: torch.dtype, requires_grad: bool) -> tuple:
     """``(B?, M, K) @ (B?, K, N)``: params m, k, n and optional b."""
     pre = (p["b"],) if p.get("b") else ()
-    a = torch.randn(*pre, p["m"], p["k"])
-    b = torch.randn(*pre, p["k"], p["n"])
-    return _leaf(a, device, dtype, requires_grad), _leaf(b, device, dtype, requires_grad)
+    return (_leaf(torch.randn(*pre, p["m"], p["k"]), device, dtype, requires_grad),
+            _leaf(torch.randn(*pre, p["k"], p["n"]), device, dtype, requires_grad))
 
 
 def vector(p: P, device: str, dtype: torch.dtype, requires_grad: bool) -> tuple:
-    """One flat tensor of p["n"] values in [-8, 8]."""
     return (_leaf(torch.empty(p["n"]).uniform_(-8, 8), device, dtype, requires_grad),)
-
-
-# Two overlap regimes for NMS.  "sparse": boxes scattered uniformly (a
-# quarter of the area covered on average), almost none overlap, NMS keeps
-# ~99%.  "dense": like a detector's raw output, clusters of ~20 jittered
-# copies (+-10% of the size) around n/20 objects, NMS keeps ~5%.
-BOX_REGIMES = ("sparse", "dense")
 
 
 def _scattered(n: int, coverage: float = 0.25) -> tuple[torch.Tensor, torch.Tensor]:
     """Centres and sizes of n boxes with sides uniform in 16..128 pixels,
     scattered over a square sized so the boxes cover `coverage` of it."""
     wh = torch.empty(n, 2).uniform_(16, 128)
-    side = math.sqrt(max(n, 1) * 72.0**2 / coverage)
-    return torch.rand(n, 2) * side, wh
+    return torch.rand(n, 2) * math.sqrt(max(n, 1) * 72.0**2 / coverage), wh
 
 
 def random_boxes(n: int, regime: str = "sparse") -> torch.Tensor:
-    """``(n, 4)`` float32 boxes ``(x1, y1, x2, y2)`` in one of BOX_REGIMES."""
+    """``(n, 4)`` boxes ``(x1, y1, x2, y2)``.  "sparse": scattered, almost none
+    overlap (NMS keeps ~99%).  "dense": like a detector's raw output, clusters
+    of ~20 copies jittered by 10% around n/20 objects (NMS keeps ~5%)."""
     if regime == "sparse":
         ctr, wh = _scattered(n)
     elif regime == "dense":
@@ -61,7 +50,7 @@ def random_boxes(n: int, regime: str = "sparse") -> torch.Tensor:
         wh = obj_wh[pick] * torch.empty(n, 2).uniform_(0.85, 1.15)
         ctr = obj_ctr[pick] + obj_wh[pick] * torch.empty(n, 2).uniform_(-0.1, 0.1)
     else:
-        raise ValueError(f"unknown box regime {regime!r}; known: {BOX_REGIMES}")
+        raise ValueError(f"unknown box regime {regime!r}; known: sparse, dense")
     return torch.cat([ctr - wh / 2, ctr + wh / 2], dim=1)
 
 
@@ -75,8 +64,7 @@ def nms_args(p: P, device: str, dtype: torch.dtype, requires_grad: bool) -> tupl
 
 def batched_nms_args(p: P, device: str, dtype: torch.dtype, requires_grad: bool) -> tuple:
     boxes, scores, iou = nms_args(p, device, dtype, requires_grad)
-    idxs = torch.randint(0, p.get("classes", 80), (p["n"],))
-    return boxes, scores, idxs.to(device), iou
+    return boxes, scores, torch.randint(0, p.get("classes", 80), (p["n"],)).to(device), iou
 
 
 def box_pairs(p: P, device: str, dtype: torch.dtype, requires_grad: bool) -> tuple:
@@ -100,23 +88,22 @@ def _features_and_rois(p: P, device: str, dtype: torch.dtype, requires_grad: boo
 
 
 def roi_align_args(p: P, device: str, dtype: torch.dtype, requires_grad: bool) -> tuple:
+    """7x7 bins, sampling_ratio 2, aligned."""
     feats, rois, scale = _features_and_rois(p, device, dtype, requires_grad)
-    return (feats, rois, scale, p.get("pooled", 7), p.get("pooled", 7),
-            p.get("sampling_ratio", 2), p.get("aligned", True))
+    return feats, rois, scale, 7, 7, 2, True
 
 
 def roi_pool_args(p: P, device: str, dtype: torch.dtype, requires_grad: bool) -> tuple:
     feats, rois, scale = _features_and_rois(p, device, dtype, requires_grad)
-    return feats, rois, scale, p.get("pooled", 7), p.get("pooled", 7)
+    return feats, rois, scale, 7, 7
 
 
 def focal_loss_args(p: P, device: str, dtype: torch.dtype, requires_grad: bool) -> tuple:
     """Logits ``(N, C)`` and one-hot float targets (a quarter of the rows are
-    background: all zeros), alpha 0.25, gamma 2."""
+    background: all zeros), alpha 0.25, gamma 2, mean."""
     n, c = p["n"], p["c"]
-    logits = torch.randn(n, c) * 2
-    targets = torch.zeros(n, c)
+    logits, targets = torch.randn(n, c) * 2, torch.zeros(n, c)
     fg = torch.rand(n) >= 0.25
     targets[fg, torch.randint(0, c, (n,))[fg]] = 1.0
     return (_leaf(logits, device, dtype, requires_grad), targets.to(device, dtype),
-            0.25, 2.0, p.get("reduction", "mean"))
+            0.25, 2.0, "mean")

@@ -1,4 +1,5 @@
-"""Benchmark results as a terminal table, CSV, JSON, Markdown and a PNG plot."""
+"""Benchmark results as Markdown (the terminal's table and docs/performance.md),
+CSV, JSON and a PNG plot."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import csv
 import json
 from pathlib import Path
 
-from torchops.bench.case import VARIANTS
+from torchops.bench.cases import VARIANTS
 from torchops.bench.runner import Row, fmt_time
 
-__all__ = ["text_report", "markdown_report", "write_csv", "write_json", "write_plot",
-           "summary_line", "failed_rows"]
+__all__ = ["markdown_report", "write_csv", "write_json", "write_plot", "summary_line",
+           "failed_rows"]
 
 _KEY_COLUMNS = ("size", "dtype", "threads", "torchops")
+ALTERNATIVES = VARIANTS[1:]
 
 
 def _groups(rows: list[Row]) -> list[tuple[str, str, list[Row]]]:
@@ -27,59 +29,54 @@ def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
-def _throughput(value: float | None, metric: str | None) -> str:
-    if value is None:
-        return "-"
-    if metric == "TFLOP/s" and value < 1:
-        return f"{value * 1e3:.3g} GFLOP/s"
-    return f"{value:.3g} {metric}"
-
-
 def _cells(r: Row) -> dict[str, str]:
-    m = r.results.get("torchops")
-    tput = r.throughput()
-    pct = r.roofline_pct()
+    m, tput, pct = r.results.get("torchops"), r.throughput(), r.roofline_pct()
     cells = {
-        "size": r.size,
-        "dtype": r.dtype,
-        "threads": str(r.threads) if r.threads else "-",
-        "torchops": fmt_time(r.seconds("torchops")),
+        "size": r.size, "dtype": r.dtype, "threads": str(r.threads) if r.threads else "-",
+        "torchops": "skipped" if r.skipped else fmt_time(r.seconds("torchops")),
         "IQR": f"{100 * m.iqr / m.median:.0f}%" if m and m.median > 0 else "-",
-        "throughput": _throughput(tput, r.metric),
+        "throughput": "-" if tput is None else (f"{tput * 1e3:.3g} GFLOP/s" if r.metric == "TFLOP/s"
+                                                and tput < 1 else f"{tput:.3g} {r.metric}"),
         "% roofline": "-" if pct is None else f"{pct:.0f}%",
     }
-    for v in VARIANTS[1:]:
-        cells[v] = fmt_time(r.seconds(v))
-        cells[f"vs {v}"] = _x(r.speedup(v))
-    cells["check"] = r.check if not r.check.startswith("MISMATCH") else "MISMATCH"
-    if r.skipped:
-        cells["torchops"] = "skipped"
+    for v in ALTERNATIVES:
+        cells[v], cells[f"vs {v}"] = fmt_time(r.seconds(v)), _x(r.speedup(v))
+    # Against the strongest alternative, where there is a choice.
+    several = sum(v in r.results for v in ALTERNATIVES) > 1
+    cells["vs best"] = f"{_x(r.speedup(r.best()))} ({r.best()})" if several else "-"
+    cells["check"] = "MISMATCH" if r.check.startswith("MISMATCH") else r.check
     return cells
 
 
-def _table(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
+def _table(rows: list[Row]) -> list[str]:
     cells = [_cells(r) for r in rows]
     header = [h for h in cells[0] if h in _KEY_COLUMNS or any(c[h] != "-" for c in cells)]
-    return header, [[c[h] for h in header] for c in cells]
+    body = [[c[h].replace("|", "\\|") for h in header] for c in cells]
+    widths = [max(len(x) for x in col) for col in zip(header, *body)]
+    line = lambda cs: "| " + " | ".join(c.ljust(w) for c, w in zip(cs, widths)) + " |"  # noqa: E731
+    rule = "|" + "|".join("-" * (w + 2) if h in ("size", "dtype", "check") else "-" * (w + 1) + ":"
+                          for h, w in zip(header, widths)) + "|"
+    return [line(header), rule] + [line(b) for b in body]
 
 
 def _names(rows: list[Row]) -> str:
     names = {}
     for r in rows:
         names.update(r.names)
-    return "; ".join(f"{v} = {names[v]}" for v in VARIANTS[1:] if v in names)
+    return "<br>".join(f"{v} = {names[v]}" for v in ALTERNATIVES if v in names)
 
 
-def _notes(rows: list[Row], case_notes: dict[str, str]) -> list[str]:
+def _at(where: str) -> str:
+    return "" if where == "gpu" else f" at {where} thread" + ("" if where == "1" else "s")
+
+
+def _notes(rows: list[Row], case_note: str) -> list[str]:
     """The case's note, then each row's notes; a note every row of the group
     carries is said once, without naming the row."""
-    out = [case_notes[rows[0].case]] if case_notes.get(rows[0].case) else []
-    per_row = []
-    for r in rows:
-        where = r.size + (_at(str(r.threads)).replace(" at", ",") if r.threads else "")
-        per_row += [(where, n) for n in r.notes]
-        if r.check.startswith("MISMATCH"):
-            per_row.append((where, r.check))
+    out = [case_note] if case_note else []
+    per_row = [(r.size + _at(str(r.threads)).replace(" at", ",") if r.threads else r.size, n)
+               for r in rows
+               for n in r.notes + ([r.check] if r.check.startswith("MISMATCH") else [])]
     bodies = [n for _, n in per_row]
     for where, n in per_row:
         line = n if len(rows) > 1 and bodies.count(n) == len(rows) else f"{where}: {n}"
@@ -88,91 +85,50 @@ def _notes(rows: list[Row], case_notes: dict[str, str]) -> list[str]:
     return out
 
 
-def _at(where: str) -> str:
-    if where == "gpu":
-        return ""
-    return f" at {where} thread" + ("" if where == "1" else "s")
-
-
-def _roofline_line(device: str, roof: dict) -> str:
+def _roofline(roof: dict) -> str:
     bw = ", ".join(f"{v:g} GB/s{_at(k)}" for k, v in roof.get("bandwidth_GBps", {}).items())
     fl = ", ".join(f"{k.split('@')[0]} {v:g} TFLOP/s{_at(k.split('@')[1])}"
                    for k, v in roof.get("mm_TFLOPs", {}).items())
-    parts = ([f"copy {bw}"] if bw else []) + ([f"torch.mm {fl}"] if fl else [])
-    return f"{device} roofline: " + ("; ".join(parts) if parts else "not measured")
-
-
-def text_report(rows: list[Row], meta: dict, case_notes: dict[str, str]) -> str:
-    env = meta["environment"]
-    lines = [f"torchops {env['torchops']} benchmarks, {env['date']}: torch {env['torch']}"
-             f" (CUDA {env['cuda'] or 'none'}), torchvision {env['torchvision'] or 'not installed'}"]
-    if env.get("gpu"):
-        lines.append(f"GPU: {env['gpu']}")
-    lines.append(f"CPU: {env['cpu']}")
-    for device, roof in meta["roofline"].items():
-        lines.append(_roofline_line(device, roof))
-    lines.append("Times are medians; 'vs X' = time of X / time of torchops (>1: torchops is faster).")
-    for device, case, rs in _groups(rows):
-        header, body = _table(rs)
-        widths = [max(len(x) for x in col) for col in zip(header, *body)]
-        fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-        lines += ["", f"[{device}] {case}" + (f"    ({_names(rs)})" if _names(rs) else "")]
-        lines += [fmt(header), fmt(["-" * w for w in widths])] + [fmt(b) for b in body]
-        lines += [f"  note: {n}" for n in _notes(rs, case_notes)]
-    lines += ["", summary_line(rows)]
-    return "\n".join(lines)
+    return "; ".join(([f"copy {bw}"] if bw else []) + ([f"torch.mm {fl}"] if fl else [])) \
+        or "not measured"
 
 
 def markdown_report(rows: list[Row], meta: dict, case_notes: dict[str, str]) -> str:
     env = meta["environment"]
+    commit = f" (commit {env['torchops_commit']})" if env.get("torchops_commit") else ""
     out = [
-        "# Performance",
-        "",
+        "# Performance", "",
         f"Generated by `{env['command']}` on {env['date']}; do not edit by hand "
-        "(regenerate with `scripts/gpu_check.sh`, see [benchmarks.md](benchmarks.md)).",
-        "",
-        "| | |",
-        "|---|---|",
-    ]
-    if env.get("gpu"):
-        out.append(f"| GPU | {env['gpu']} |")
-    out += [
+        "(regenerate with `scripts/gpu_check.sh`, see [benchmarks.md](benchmarks.md)).", "",
+        "| | |", "|---|---|",
+        *([f"| GPU | {env['gpu']} |"] if env.get("gpu") else []),
         f"| CPU | {env['cpu']} |",
         f"| torch | {env['torch']} (CUDA {env['cuda'] or 'none'}) |",
         f"| torchvision | {env['torchvision'] or 'not installed'} |",
-        f"| torchops | {env['torchops']}"
-        + (f" (commit {env['torchops_commit']})" if env.get("torchops_commit") else "") + " |",
+        f"| triton | {env.get('triton') or 'not installed'} |",
+        f"| torchops | {env['torchops']}{commit} |",
         f"| python | {env['python']} |",
-    ]
-    for device, roof in meta["roofline"].items():
-        out.append(f"| roofline ({device}) | {_roofline_line(device, roof).split(': ', 1)[1]} |")
-    out += [
+        *(f"| roofline ({d}) | {_roofline(roof)} |" for d, roof in meta["roofline"].items()),
         "",
-        "Times are medians over many repeats with cold caches (docs/benchmarks.md explains the "
-        "method); IQR is the interquartile range relative to the median. `vs X` is the time of X "
-        "divided by the time of torchops: above 1, torchops is faster. Throughput and % of the "
-        "roofline are torchops's: TFLOP/s against `torch.mm` in the same dtype, GB/s (compulsory "
-        "bytes, every tensor read or written once) against a large device copy. `check` compares "
-        "torchops's output with every alternative's.",
+        "Times are medians over many repeats with cold caches (CUDA: `triton.testing.do_bench`, "
+        "which flushes the L2 before every call; CPU: `torch.utils.benchmark`, rotating through "
+        "input sets larger than the last-level cache; docs/benchmarks.md explains the method); "
+        "IQR is the interquartile range relative to the median. `vs X` is the time of X divided "
+        "by the time of torchops: above 1, torchops is faster; `vs best` compares with the "
+        "fastest alternative of the row. Throughput and % of the roofline are torchops's: "
+        "TFLOP/s against `torch.mm` in the same dtype, GB/s (compulsory bytes, every tensor read "
+        "or written once) against a large device copy. `check` compares torchops's output with "
+        "every alternative's.",
     ]
     current = None
     for device, case, rs in _groups(rows):
         if device != current:
             out += ["", f"## {device.upper()}"]
             current = device
-        header, body = _table(rs)
-        out += ["", f"### {case}", ""]
-        if _names(rs):
-            out += [_names(rs).replace("; ", "<br>"), ""]
-        out.append("| " + " | ".join(header) + " |")
-        out.append("|" + "|".join("---" if h in ("size", "dtype", "check") else "---:"
-                                  for h in header) + "|")
-        out += ["| " + " | ".join(c.replace("|", "\\|") for c in b) + " |" for b in body]
-        notes = _notes(rs, case_notes)
-        if notes:
-            out += [""] + [f"- {n}" for n in notes]
-    out += ["", summary_line(rows), ""]
-    return "\n".join(out)
+        out += ["", f"### {case}", ""] + ([_names(rs), ""] if _names(rs) else []) + _table(rs)
+        notes = _notes(rs, case_notes.get(case, ""))
+        out += [""] + [f"- {n}" for n in notes] if notes else []
+    return "\n".join(out + ["", summary_line(rows), ""])
 
 
 def failed_rows(rows: list[Row]) -> list[Row]:
@@ -182,12 +138,11 @@ def failed_rows(rows: list[Row]) -> list[Row]:
 
 
 def summary_line(rows: list[Row]) -> str:
-    timed = sum(1 for r in rows if r.results)
-    skipped = sum(1 for r in rows if r.skipped)
     bad = sum(1 for r in rows if r.check.startswith("MISMATCH"))
     failed = sum(1 for r in rows if not r.skipped and "torchops" not in r.results)
-    return (f"bench: {len(rows)} rows, {timed} timed, {skipped} skipped, "
-            f"{failed} torchops failures, {bad} mismatches")
+    return (f"bench: {len(rows)} rows, {sum(1 for r in rows if r.results)} timed, "
+            f"{sum(1 for r in rows if r.skipped)} skipped, {failed} torchops failures, "
+            f"{bad} mismatches")
 
 
 CSV_FIELDS = ["device", "case", "op", "size", "dtype", "threads", "backward", "deterministic",
@@ -196,14 +151,18 @@ CSV_FIELDS = ["device", "case", "op", "size", "dtype", "threads", "backward", "d
               "notes"]
 
 
+def _g(v: float | None) -> str:
+    return "" if v is None else f"{v:.4g}"
+
+
 def write_csv(rows: list[Row], path: Path) -> None:
-    """One line per (row, variant timed); skipped rows get one line with notes."""
+    """One line per (row, variant timed); a row with nothing timed gets one
+    line, with its notes."""
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         w.writeheader()
         for r in rows:
-            base = {k: getattr(r, k) for k in ("device", "case", "op", "size", "dtype", "threads",
-                                               "backward", "deterministic", "metric", "check")}
+            base = {k: getattr(r, k) for k in CSV_FIELDS[:8] + ["metric", "check"]}
             base["notes"] = " | ".join(r.notes)
             if not r.results:
                 w.writerow(base)
@@ -211,14 +170,9 @@ def write_csv(rows: list[Row], path: Path) -> None:
                 w.writerow({**base, "variant": v, "variant_name": r.names.get(v, ""),
                             "median_s": f"{m.median:.6g}", "p25_s": f"{m.p25:.6g}",
                             "p75_s": f"{m.p75:.6g}", "samples": m.samples, "calls": m.calls,
-                            "method": m.method,
-                            "throughput": _g(r.throughput(v)),
+                            "method": m.method, "throughput": _g(r.throughput(v)),
                             "roofline_pct": _g(r.roofline_pct(v)),
                             "torchops_speedup": _g(r.speedup(v)) if v != "torchops" else ""})
-
-
-def _g(v: float | None) -> str:
-    return "" if v is None else f"{v:.4g}"
 
 
 def write_json(rows: list[Row], meta: dict, path: Path) -> None:
@@ -226,7 +180,7 @@ def write_json(rows: list[Row], meta: dict, path: Path) -> None:
 
 
 def write_plot(rows: list[Row], path: Path) -> str | None:
-    """Speedup of torchops over each alternative vs size, one panel per
+    """Speedup of torchops over each alternative against size, one panel per
     (device, case).  Returns why no plot was written, or None."""
     try:
         import matplotlib
@@ -235,26 +189,24 @@ def write_plot(rows: list[Row], path: Path) -> str | None:
         from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
     except ImportError:
         return "matplotlib is not installed (pip install matplotlib): no plot written"
-    panels = [(d, c, rs) for d, c, rs in _groups(rows)
-              if any(r.speedup(v) for r in rs for v in VARIANTS[1:])]
+    panels = [g for g in _groups(rows) if any(r.speedup(v) for r in g[2] for v in ALTERNATIVES)]
     if not panels:
         return "no speedups to plot"
     cols = min(3, len(panels))
-    nrows = (len(panels) + cols - 1) // cols
-    fig, axes = plt.subplots(nrows, cols, figsize=(6 * cols, 3.6 * nrows), squeeze=False)
+    fig, axes = plt.subplots((len(panels) + cols - 1) // cols, cols,
+                             figsize=(6 * cols, 3.6 * ((len(panels) + cols - 1) // cols)),
+                             squeeze=False)
     for ax, (device, case, rs) in zip(axes.flat, panels):
         labels = list(dict.fromkeys(f"{r.size}\n{r.dtype}" for r in rs))
-        series: dict[str, dict[str, float]] = {}
+        series: dict[str, dict[int, float]] = {}
         for r in rs:
-            for v in VARIANTS[1:]:
-                s = r.speedup(v)
-                if s:
+            for v in ALTERNATIVES:
+                if r.speedup(v):
                     who = r.names.get(v, v).split(".")[0] if v == "peer" else v
-                    key = f"vs {who}" + (_at(str(r.threads)).replace(" at", ",") if r.threads else "")
-                    series.setdefault(key, {})[f"{r.size}\n{r.dtype}"] = s
+                    key = f"vs {who}" + (f", {r.threads} thr" if r.threads else "")
+                    series.setdefault(key, {})[labels.index(f"{r.size}\n{r.dtype}")] = r.speedup(v)
         for key, pts in series.items():
-            xs = [labels.index(k) for k in pts]
-            ax.plot(xs, list(pts.values()), marker="o", label=key)
+            ax.plot(list(pts), list(pts.values()), marker="o", label=key)
         ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))

@@ -1,34 +1,29 @@
-"""Timing one callable: warm-up, cold caches, median of many repeats.
+"""Timing one callable with PyTorch's and Triton's own tools, and the roofline.
 
-Rules (the reasons are in docs/benchmarks.md):
-
-* The first call is never timed: it compiles (torch.compile), autotunes
-  (cuBLAS, cuDNN) and grows the caching allocator.  Further untimed calls
-  follow until the warm-up has lasted a little while.
-* Caches are kept cold in one of two ways.  When the caller can afford enough
-  input sets to overflow the last-level cache (L2 on a GPU, L3 on a CPU), the
-  calls *rotate* through them and are timed in blocks.  When a problem is so
-  small that even many sets fit in the cache, each call is timed alone after
-  an untimed *flush* (zeroing a buffer twice the cache size).
-* CUDA calls are timed with CUDA events (device time, no host
-  synchronisation inside a block); CPU calls with ``time.perf_counter``.
-* The result is the median over samples and its interquartile range.
+CUDA with Triton: ``triton.testing.do_bench``, which zeroes a 256 MB buffer
+before every call (a cold L2 at any problem size) and times each call alone
+with CUDA events.  Elsewhere: ``torch.utils.benchmark.Timer.adaptive_autorange``,
+which times blocks of calls (synchronising the accelerator around each) until
+they agree; it cannot flush between calls, so the calls rotate through enough
+input sets to overflow the last-level cache.  The caller makes the first call
+(compilation, autotuning), so it is never timed.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
+import math
 import os
-import re
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
+from torch.utils.benchmark import Timer
 
-__all__ = ["Measurement", "measure", "cache_bytes", "make_flush"]
+MAX_SETS, MAX_SETS_BYTES = 256, 1 << 30   # input sets rotated through, at most
 
 
 @dataclass
@@ -36,158 +31,110 @@ class Measurement:
     median: float      # seconds per call
     p25: float
     p75: float
-    samples: int       # timed blocks (rotation) or timed calls (flush)
+    samples: int       # timed calls (do_bench) or timed blocks of calls (Timer)
     calls: int         # timed calls in all
-    method: str        # "rotate xN" or "flush"
+    method: str        # "do_bench" or "rotate xN"
 
     @property
     def iqr(self) -> float:
         return self.p75 - self.p25
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+
+@functools.lru_cache(maxsize=None)
+def _do_bench() -> Callable | None:
+    try:
+        from triton.testing import do_bench
+    except ImportError:
+        return None
+    return do_bench
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+def measure(step: Callable[[int], object], device: str, n_sets: int = 1, *,
+            min_time: float, max_time: float) -> Measurement:
+    """Time ``step(i)``, ``i`` the input set, for about ``min_time`` seconds
+    (at most ``max_time`` with the Timer)."""
+    if device == "cuda" and _do_bench() is not None:
+        # Budgets in ms; "all" returns every call's time, for quartiles and counts.
+        ms = _do_bench()(lambda: step(0), warmup=250 * min_time, rep=1e3 * min_time,
+                         return_mode="all")
+        times, calls, method = [float(t) / 1e3 for t in ms], len(ms), "do_bench"
+    else:
+        sets = itertools.cycle(range(n_sets))
+        # num_threads: Timer would otherwise run on one thread.
+        m = Timer("step(next(sets))", globals={"step": step, "sets": sets},
+                  num_threads=torch.get_num_threads()
+                  ).adaptive_autorange(min_run_time=min_time, max_run_time=max_time)
+        times, calls, method = list(m.times), len(m.times) * m.number_per_run, f"rotate x{n_sets}"
+    q = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else times * 3
+    return Measurement(q[1], q[0], q[2], len(times), calls, method)
 
 
-_UNITS = {"": 0, "K": 10, "M": 20, "G": 30}
+def input_sets(device: str, set_bytes: int) -> int:
+    """How many input sets :func:`measure` should rotate through: enough to
+    overflow the last-level cache twice, within MAX_SETS and MAX_SETS_BYTES
+    (so the smallest problems may stay partly cached); one for do_bench."""
+    if device == "cuda" and _do_bench() is not None:
+        return 1
+    set_bytes = max(set_bytes, 1)
+    return max(1, min(math.ceil(2 * cache_bytes(device) / set_bytes), MAX_SETS,
+                      MAX_SETS_BYTES // set_bytes))
 
 
 @functools.lru_cache(maxsize=None)
 def cache_bytes(device: str) -> int:
-    """Size of the last-level cache that a cold-cache measurement must defeat:
-    the GPU's L2, or the CPU's last level summed over its distinct instances
-    (one per socket or core complex) that the threads may run on."""
+    """The GPU's L2, or the CPU's last level summed over its instances
+    (sockets, core complexes) that this process may run on."""
     if device == "cuda":
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        return int(getattr(props, "L2_cache_size", 0) or 50 << 20)
-    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else {0}
-    instances: dict[tuple[int, str], int] = {}
-    for cpu in cpus:
+        return int(getattr(torch.cuda.get_device_properties(), "L2_cache_size", 0) or 50 << 20)
+    sizes: dict[tuple[int, str], int] = {}
+    for cpu in os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else {0}:
         for index in Path(f"/sys/devices/system/cpu/cpu{cpu}/cache").glob("index*"):
             try:
-                level = int((index / "level").read_text())
-                shared = (index / "shared_cpu_list").read_text().strip()
-                m = re.fullmatch(r"(\d+)([KMG]?)", (index / "size").read_text().strip())
-            except (OSError, ValueError):
+                level, shared, size = ((index / f).read_text().strip()
+                                       for f in ("level", "shared_cpu_list", "size"))
+                unit = {"K": 10, "M": 20, "G": 30}.get(size[-1], 0)
+                sizes[int(level), shared] = int(size.rstrip("KMG")) << unit
+            except (OSError, ValueError, IndexError):
                 continue
-            if m:
-                instances[(level, shared)] = int(m.group(1)) << _UNITS[m.group(2)]
-    if not instances:
-        return 32 << 20
-    top = max(level for level, _ in instances)
-    return sum(size for (level, _), size in instances.items() if level == top)
+    top = max((level for level, _ in sizes), default=0)
+    return sum(v for (level, _), v in sizes.items() if level == top) or 32 << 20
 
 
-def make_flush(device: str) -> Callable[[], None]:
-    """A function that evicts the last-level cache by writing over it."""
-    buf = torch.empty(2 * cache_bytes(device) // 4, dtype=torch.float32, device=device)
-    return buf.zero_
+class Roofline:
+    """Peaks measured in the run, lazily, once per (device, dtype, thread
+    count), timed like the rows: bandwidth from a large ``copy_`` (bytes read
+    plus written), FLOP/s from ``torch.mm`` of square matrices in the row's
+    dtype (what cuBLAS / the CPU BLAS reach).  GPU rows pass ``threads=0``."""
 
+    def __init__(self, device: str, quick: bool):
+        self.device, self.quick, self.bw, self.mm = device, quick, {}, {}
+        # Longer than a row's timing: every row of the device divides by these.
+        self.timing = dict(min_time=0.05, max_time=0.5) if quick else dict(min_time=0.3, max_time=3)
 
-def _quartiles(xs: list[float]) -> tuple[float, float, float]:
-    if len(xs) == 1:
-        return xs[0], xs[0], xs[0]
-    q = statistics.quantiles(xs, n=4, method="inclusive")
-    return q[0], statistics.median(xs), q[2]
+    def _seconds(self, fn: Callable) -> float:
+        fn()
+        return measure(lambda i: fn(), self.device, **self.timing).median
 
+    def bandwidth(self, threads: int) -> float:
+        """Bytes per second."""
+        if threads not in self.bw:
+            cuda = self.device == "cuda"
+            src = torch.ones(((256 if cuda else 32) if self.quick else (1024 if cuda else 256)) << 18,
+                             device=self.device)
+            dst = torch.empty_like(src)
+            self.bw[threads] = 2 * src.nbytes / self._seconds(lambda: dst.copy_(src))
+        return self.bw[threads]
 
-def measure(call: Callable[[int], object], *, device: str, n_sets: int = 1,
-            flush: Callable[[], None] | None = None, min_time: float = 0.1,
-            max_time: float = 2.0, min_samples: int = 5, first_call_done: bool = False
-            ) -> Measurement:
-    """Time ``call(i)`` (``i`` picks the input set, ``0 <= i < n_sets``).
+    def flops(self, dtype: torch.dtype, threads: int) -> float:
+        key = (str(dtype).removeprefix("torch."), threads)
+        if key not in self.mm:
+            n = (4096 if self.quick else 8192) if self.device == "cuda" else (512 if self.quick else 2048)
+            a, b = (torch.randn(n, n, device=self.device).to(dtype) for _ in range(2))
+            self.mm[key] = 2 * n**3 / self._seconds(lambda: torch.mm(a, b))
+        return self.mm[key]
 
-    Samples are taken until they add up to ``min_time`` seconds and number at
-    least ``min_samples``, or until ``max_time`` seconds of wall time have
-    passed (at least one sample is always taken).  With ``flush``, every call
-    is a sample and is preceded by an untimed flush; otherwise samples are
-    blocks of calls rotating through the input sets.  ``first_call_done``:
-    the caller already made the first (compiling, autotuning) call.
-    """
-    # Warm-up: the first call compiles/autotunes; then a few more calls
-    # estimate the cost of one (host-synchronised, so an upper bound).
-    if not first_call_done:
-        call(0)
-    _sync(device)
-    warm_until = min_time / 4
-    n, start = 0, time.perf_counter()
-    while True:
-        if flush is not None:
-            flush()
-        call(n % n_sets)
-        n += 1
-        _sync(device)
-        elapsed = time.perf_counter() - start
-        if (n >= 2 and elapsed >= warm_until) or elapsed >= max_time / 4:
-            break
-    per_call = elapsed / n
-
-    samples: list[float] = []   # seconds per call
-    calls = 0
-    idx = 0
-    wall_start = time.perf_counter()
-
-    def done() -> bool:
-        if not samples:
-            return False
-        if time.perf_counter() - wall_start >= max_time:
-            return True
-        timed = sum(samples) * calls / len(samples)  # every sample covers calls/len(samples) calls
-        return timed >= min_time and len(samples) >= min_samples
-
-    if flush is not None:
-        # One call per sample.  On CUDA a batch of calls is queued with an
-        # event pair around each, and read after one synchronisation.
-        batch = 1 if device == "cpu" else max(1, min(20, int(0.02 / max(per_call, 1e-6))))
-        while not done():
-            if device == "cuda":
-                events = []
-                for _ in range(batch):
-                    flush()
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
-                    call(idx % n_sets)
-                    b.record()
-                    events.append((a, b))
-                    idx += 1
-                torch.cuda.synchronize()
-                samples += [a.elapsed_time(b) / 1e3 for a, b in events]
-                calls += batch
-            else:
-                flush()
-                t0 = time.perf_counter()
-                call(idx % n_sets)
-                samples.append(time.perf_counter() - t0)
-                idx += 1
-                calls += 1
-        method = "flush"
-    else:
-        # Blocks of `inner` calls, about a tenth of min_time each.
-        inner = max(1, min(10_000, round(min_time / 10 / max(per_call, 1e-7))))
-        while not done():
-            _sync(device)
-            if device == "cuda":
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                for _ in range(inner):
-                    call(idx % n_sets)
-                    idx += 1
-                b.record()
-                b.synchronize()
-                block = a.elapsed_time(b) / 1e3
-            else:
-                t0 = time.perf_counter()
-                for _ in range(inner):
-                    call(idx % n_sets)
-                    idx += 1
-                block = time.perf_counter() - t0
-            samples.append(block / inner)
-            calls += inner
-        method = f"rotate x{n_sets}"
-    p25, med, p75 = _quartiles(samples)
-    return Measurement(median=med, p25=p25, p75=p75, samples=len(samples), calls=calls,
-                       method=method)
+    def to_dict(self) -> dict:
+        """Keys: the thread count (CPU) or "gpu"; for FLOP/s, "dtype@threads"."""
+        where = lambda t: str(t) if t else "gpu"  # noqa: E731
+        return {"bandwidth_GBps": {where(t): round(v / 1e9, 1) for t, v in self.bw.items()},
+                "mm_TFLOPs": {f"{d}@{where(t)}": round(v / 1e12, 3) for (d, t), v in self.mm.items()}}
