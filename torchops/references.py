@@ -1,23 +1,45 @@
-"""Pure-PyTorch references for the torchops operators: the code a user would
-write without torchops, with the operators' arguments.  The benchmarks time
-them; the tests use them as oracles.
+"""Pure-PyTorch references of the torchops operators: the code a user would
+write without torchops.
+
+One function per operator, with the operator's arguments (those of
+``torch.ops.torchops.<op>``, not of the torchvision-style wrappers) and its
+semantics, which are torchvision's for the detection ops.  The tests use them
+as oracles (on float64 copies of their samples), the benchmarks time them
+eagerly and under torch.compile, and the demo prints the kernels' results
+beside theirs.  So they are written to be plainly right first, and
+vectorised where that costs no clarity; none of them has a torchops kernel's
+work bounds (roi_align's adaptive sampling is not capped here).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["d_sigmoid", "box_iou", "roi_align", "sigmoid_focal_loss"]
+__all__ = ["matmul", "d_sigmoid", "nms", "batched_nms", "box_iou", "roi_align", "roi_pool",
+           "sigmoid_focal_loss"]
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` for 2-D ``(M, K) @ (K, N)`` or 3-D ``(B, M, K) @ (B, K, N)``
+    inputs: ``torch.matmul``."""
+    return torch.matmul(a, b)
 
 
 def d_sigmoid(z: Tensor) -> Tensor:
+    """``s * (1 - s)`` with ``s = sigmoid(z)``, element-wise."""
     s = torch.sigmoid(z)
     return s * (1 - s)
 
 
 def box_iou(boxes1: Tensor, boxes2: Tensor) -> Tensor:
+    """The ``(N, M)`` matrix of IoUs of ``boxes1`` ``(N, 4)`` and ``boxes2``
+    ``(M, 4)``, boxes ``(x1, y1, x2, y2)``: torchvision.ops.box_iou's formula.
+    Autograd of it gives the gradient the kernels compute, at the kinks too
+    (max/min split a tie's gradient in half; the clamp passes it at 0)."""
     area1 = (boxes1[:, 2] - boxes1[:, 0]) * (boxes1[:, 3] - boxes1[:, 1])
     area2 = (boxes2[:, 2] - boxes2[:, 0]) * (boxes2[:, 3] - boxes2[:, 1])
     lt = torch.maximum(boxes1[:, None, :2], boxes2[None, :, :2])
@@ -27,12 +49,50 @@ def box_iou(boxes1: Tensor, boxes2: Tensor) -> Tensor:
     return inter / (area1[:, None] + area2[None, :] - inter)
 
 
+def _greedy_nms(boxes: Tensor, scores: Tensor, iou_threshold: float,
+                idxs: Tensor | None) -> Tensor:
+    boxes, scores = boxes.detach().double(), scores.detach().double()
+    order = torch.sort(scores, descending=True, stable=True).indices.tolist()
+    iou = box_iou(boxes, boxes)
+    if idxs is not None:
+        iou = torch.where(idxs[:, None] == idxs[None, :], iou, torch.zeros_like(iou))
+    suppressed = [False] * len(order)
+    keep = []
+    for i in order:
+        if suppressed[i]:
+            continue
+        keep.append(i)
+        for j in torch.nonzero(iou[i] > iou_threshold).flatten().tolist():
+            suppressed[j] = True
+    return torch.tensor(keep, dtype=torch.int64, device=boxes.device)
+
+
+def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
+    """Greedy non-maximum suppression, torchvision.ops.nms's semantics: visit
+    the boxes by decreasing score (equal scores in input order) and keep each
+    one that no kept box overlaps with IoU ``> iou_threshold``.  Returns the
+    kept indices (int64) in that order.  IoUs are computed in float64: this
+    is the textbook loop, one box at a time."""
+    return _greedy_nms(boxes, scores, iou_threshold, None)
+
+
+def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float) -> Tensor:
+    """:func:`nms` within each category: boxes whose ``idxs`` differ never
+    suppress each other (torchvision.ops.batched_nms's result, without its
+    coordinate-offset trick).  Kept indices by decreasing score."""
+    return _greedy_nms(boxes, scores, iou_threshold, idxs)
+
+
 def _bilinear_axis(c: Tensor, size: int):
-    """Per-axis part of RoIAlign's bilinear sampling (the usual edge rules:
-    outside [-1, size] contributes 0; below 0 clamps to 0; the last pixel
-    interpolates with itself)."""
+    """One axis of RoIAlign's bilinear sampling at coordinates ``c``, with
+    torchvision's edge rules: a sample outside ``[-1, size]`` is invalid
+    (contributes 0), one below 0 reads pixel 0, and one at or past the last
+    pixel reads the last pixel alone.  Returns (valid, low index, high index,
+    low weight, high weight)."""
     valid = (c >= -1) & (c <= size)
-    c = c.clamp(min=0)
+    # Invalid (and NaN) coordinates get a harmless in-range position; the
+    # caller masks their samples.
+    c = torch.where(valid, c, torch.zeros_like(c)).clamp(min=0)
     low = c.floor().clamp(max=size - 1)
     c = torch.where(low >= size - 1, low, c)
     frac = c - low
@@ -41,50 +101,144 @@ def _bilinear_axis(c: Tensor, size: int):
     return valid, low_i, high_i, 1 - frac, frac
 
 
-def roi_align(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
-              pooled_width: int, sampling_ratio: int, aligned: bool) -> Tensor:
-    """RoIAlign with a fixed sampling grid (``sampling_ratio > 0``): every
-    sample point of every RoI gathers its four neighbours from a channels-last
-    copy of the features in one indexing operation."""
-    if sampling_ratio <= 0:
-        raise ValueError("this reference needs sampling_ratio > 0 (a static sampling grid)")
+def _roi_align_grid(input: Tensor, batch: Tensor, x1: Tensor, y1: Tensor, roi_w: Tensor,
+                    roi_h: Tensor, pooled_height: int, pooled_width: int, grid_h: int,
+                    grid_w: int) -> Tensor:
+    """RoIAlign of K RoIs that share one sampling grid (grid_h x grid_w
+    samples per bin): every sample of every RoI gathers its four neighbours
+    from a channels-last copy of the features in one indexing operation.
+    Returns (K, C, pooled_height, pooled_width)."""
     n, c, h, w = input.shape
-    k = rois.shape[0]
-    g = sampling_ratio
-    offset = 0.5 if aligned else 0.0
-    b = rois[:, 0].long()
-    x1 = rois[:, 1] * spatial_scale - offset
-    y1 = rois[:, 2] * spatial_scale - offset
-    rw = rois[:, 3] * spatial_scale - offset - x1
-    rh = rois[:, 4] * spatial_scale - offset - y1
-    if not aligned:
-        rw, rh = rw.clamp(min=1), rh.clamp(min=1)
+    k = batch.shape[0]
     dev, dt = input.device, input.dtype
-    # Sample coordinates: (K, pooled * g) along each axis.
-    fy = ((torch.arange(pooled_height, device=dev, dtype=dt)[:, None]
-           + (torch.arange(g, device=dev, dtype=dt)[None, :] + 0.5) / g).reshape(-1))
-    fx = ((torch.arange(pooled_width, device=dev, dtype=dt)[:, None]
-           + (torch.arange(g, device=dev, dtype=dt)[None, :] + 0.5) / g).reshape(-1))
-    ys = y1[:, None] + fy[None, :] * (rh / pooled_height)[:, None]
-    xs = x1[:, None] + fx[None, :] * (rw / pooled_width)[:, None]
-    vy, yl, yh, wyl, wyh = _bilinear_axis(ys, h)
-    vx, xl, xh, wxl, wxh = _bilinear_axis(xs, w)
-    valid = (vy[:, :, None] & vx[:, None, :]).to(dt)
+
+    def coords(start, size, pooled, grid):  # (K, pooled * grid), torchvision's expression
+        bin_size = (size / pooled)[:, None, None]
+        p = torch.arange(pooled, device=dev, dtype=dt)[None, :, None]
+        i = torch.arange(grid, device=dev, dtype=dt)[None, None, :]
+        return (start[:, None, None] + p * bin_size + (i + 0.5) * bin_size / grid).reshape(k, -1)
+
+    vy, yl, yh, wyl, wyh = _bilinear_axis(coords(y1, roi_h, pooled_height, grid_h), h)
+    vx, xl, xh, wxl, wxh = _bilinear_axis(coords(x1, roi_w, pooled_width, grid_w), w)
     flat = input.permute(0, 2, 3, 1).reshape(n * h * w, c)
-    base = (b * (h * w))[:, None, None]
-    out = 0
+    base = (batch * (h * w))[:, None, None]
+    # Invalid samples get weight 0 (cheaper than masking the gathered
+    # values; it differs from skipping them only for inf/nan features).
+    valid = (vy[:, :, None] & vx[:, None, :]).to(dt)
+    acc = 0
     for yi, wy in ((yl, wyl), (yh, wyh)):
         for xi, wx in ((xl, wxl), (xh, wxh)):
             idx = base + yi[:, :, None] * w + xi[:, None, :]            # (K, PY, PX)
             weight = wy[:, :, None] * wx[:, None, :] * valid             # (K, PY, PX)
-            out = out + flat[idx] * weight[..., None]                    # (K, PY, PX, C)
-    out = out.reshape(k, pooled_height, g, pooled_width, g, c).mean(dim=(2, 4))
-    return out.permute(0, 3, 1, 2).contiguous()
+            acc = acc + flat[idx] * weight[..., None]                    # (K, PY, PX, C)
+    out = acc.reshape(k, pooled_height, grid_h, pooled_width, grid_w, c).mean(dim=(2, 4))
+    return out.permute(0, 3, 1, 2)
 
 
-def sigmoid_focal_loss(inputs: Tensor, targets: Tensor, alpha: float, gamma: float,
-                       reduction: str) -> Tensor:
-    """The focal loss of Lin et al. (2017), as torchvision.ops.sigmoid_focal_loss writes it."""
+def roi_align(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
+              pooled_width: int, sampling_ratio: int, aligned: bool) -> Tensor:
+    """RoIAlign with torchvision's semantics: for ``input`` ``(N, C, H, W)``
+    and ``rois`` ``(K, 5)`` rows ``(batch_index, x1, y1, x2, y2)``, the
+    ``(K, C, pooled_height, pooled_width)`` averages of bilinear samples on a
+    regular grid in each bin.
+
+    Box corners are scaled by ``spatial_scale`` and, when ``aligned``, shifted
+    by -0.5 pixel; unaligned boxes are at least 1x1.  Each bin takes
+    ``sampling_ratio`` samples per axis, or when ``sampling_ratio <= 0``
+    ``ceil(bin size)`` (adaptive: per RoI, and with no cap here; a bin with
+    no samples -- a reversed aligned box -- is 0).  Samples outside
+    ``[-1, size]`` count as 0.  Differentiable with respect to ``input``.
+
+    A fixed ``sampling_ratio`` is one vectorised gather for all RoIs (no host
+    synchronisation, so torch.compile traces it whole); adaptive sampling
+    gathers once per distinct grid size.
+    """
+    n, c, h, w = input.shape
+    k = rois.shape[0]
+    def zeros() -> Tensor:
+        # Zeros that depend on `input` (an empty sum): the result is
+        # differentiable, like the kernels', even where no sample reads it.
+        return input.new_zeros((k, c, pooled_height, pooled_width)) + input[..., :0].sum()
+
+    if input.numel() == 0 or k == 0:
+        return zeros()
+    offset = 0.5 if aligned else 0.0
+    batch = rois[:, 0].long()
+    x1 = rois[:, 1] * spatial_scale - offset
+    y1 = rois[:, 2] * spatial_scale - offset
+    roi_w = rois[:, 3] * spatial_scale - offset - x1
+    roi_h = rois[:, 4] * spatial_scale - offset - y1
+    if not aligned:
+        roi_w, roi_h = roi_w.clamp(min=1), roi_h.clamp(min=1)
+    if sampling_ratio > 0:
+        return _roi_align_grid(input, batch, x1, y1, roi_w, roi_h, pooled_height, pooled_width,
+                               sampling_ratio, sampling_ratio).contiguous()
+    # ceil of NaN: no samples, as in the kernels.
+    grids = torch.stack([torch.ceil(roi_h / pooled_height), torch.ceil(roi_w / pooled_width)], 1)
+    grids = torch.nan_to_num(grids, nan=0.0).long()
+    out = zeros()
+    for grid_h, grid_w in torch.unique(grids, dim=0).tolist():
+        if grid_h <= 0 or grid_w <= 0:
+            continue
+        rows = torch.nonzero((grids[:, 0] == grid_h) & (grids[:, 1] == grid_w)).flatten()
+        out = out.index_copy(0, rows, _roi_align_grid(
+            input, batch[rows], x1[rows], y1[rows], roi_w[rows], roi_h[rows], pooled_height,
+            pooled_width, grid_h, grid_w))
+    return out
+
+
+def _round_half_away(v: float) -> int:
+    """C's round(): halves away from zero (Python's round() goes to even)."""
+    return int(math.copysign(math.floor(abs(v) + 0.5), v))
+
+
+def roi_pool(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
+             pooled_width: int) -> tuple[Tensor, Tensor]:
+    """RoI max pooling with torchvision's semantics: box corners scaled by
+    ``spatial_scale`` and rounded to pixels (halves away from zero), the box
+    (at least 1x1) split into ``pooled_height x pooled_width`` bins with edges
+    ``floor(p * size / pooled)`` and ``ceil((p + 1) * size / pooled)``
+    (clipped to the image), each the maximum over its pixels.
+
+    Returns ``(output, argmax)``, both ``(K, C, pooled_height,
+    pooled_width)``: an empty bin is 0 with argmax -1, otherwise argmax is the
+    index ``h * W + w`` of the first maximum in its input plane (int64).  Bin
+    edges are computed in float64 here; the kernels use the input's
+    precision, like torchvision's.  One RoI and one bin at a time.
+    """
+    n, c, h, w = input.shape
+    shape = (rois.shape[0], c, pooled_height, pooled_width)
+    out = input.new_zeros(shape)
+    argmax = torch.full(shape, -1, dtype=torch.int64, device=input.device)
+    for k, roi in enumerate(rois.tolist()):
+        b = int(roi[0])
+        x1, y1, x2, y2 = (_round_half_away(v * spatial_scale) for v in roi[1:])
+        bin_h = max(y2 - y1 + 1, 1) / pooled_height
+        bin_w = max(x2 - x1 + 1, 1) / pooled_width
+        for ph in range(pooled_height):
+            hs = min(max(math.floor(ph * bin_h) + y1, 0), h)
+            he = min(max(math.ceil((ph + 1) * bin_h) + y1, 0), h)
+            for pw in range(pooled_width):
+                ws = min(max(math.floor(pw * bin_w) + x1, 0), w)
+                we = min(max(math.ceil((pw + 1) * bin_w) + x1, 0), w)
+                if he <= hs or we <= ws or c == 0:
+                    continue
+                region = input[b, :, hs:he, ws:we].reshape(c, -1)
+                value, idx = region.max(dim=1)
+                out[k, :, ph, pw] = value
+                argmax[k, :, ph, pw] = (hs + idx // (we - ws)) * w + ws + idx % (we - ws)
+    return out, argmax
+
+
+def sigmoid_focal_loss(inputs: Tensor, targets: Tensor, alpha: float = 0.25, gamma: float = 2.0,
+                       reduction: str = "none") -> Tensor:
+    """The focal loss of Lin et al. (2017) as torchvision.ops.sigmoid_focal_loss
+    writes it: with ``p = sigmoid(inputs)`` and ``p_t = p * targets + (1 - p)
+    * (1 - targets)``, ``BCE-with-logits * (1 - p_t) ** gamma``, weighted by
+    ``alpha * targets + (1 - alpha) * (1 - targets)`` when ``alpha >= 0``;
+    then ``reduction`` "none", "mean" (nan for an empty input) or "sum"."""
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"invalid reduction {reduction!r}: expected 'none', 'mean' or 'sum'")
     p = torch.sigmoid(inputs)
     ce = F.binary_cross_entropy_with_logits(inputs, targets, reduction="none")
     p_t = p * targets + (1 - p) * (1 - targets)
