@@ -47,6 +47,15 @@ def _check_same_device(op: str, **tensors: Tensor) -> None:
                      f"same device as '{first}' ({dev0}), but got {dev}")
 
 
+def _check_same_dtype(op: str, **tensors: Tensor) -> None:
+    """The kernels' check_same_dtype: every tensor has the first one's dtype."""
+    (first, t0), *rest = tensors.items()
+    for name, t in rest:
+        dtype0, dtype = t0.dtype, t.dtype
+        torch._check(dtype == dtype0, lambda: f"torchops.{op}: expected '{name}' to have the "
+                     f"same dtype as '{first}' ({dtype0}), but got {dtype}")
+
+
 def _check_output_size(op: str, shape, dtype: torch.dtype) -> None:
     """The kernels' allocation check (csrc/common/checks.h new_output), where
     the sizes are known: the byte count must fit in int64."""
@@ -80,7 +89,7 @@ def _matmul_fake(a: Tensor, b: Tensor) -> Tensor:
     torch._check(b.dim() == a.dim(), lambda: f"torchops.matmul: expected 'b' to have {a.dim()} dimensions like 'a'")
     _check_floating("matmul", "a", a)
     _check_same_device("matmul", a=a, b=b)
-    torch._check(b.dtype == a.dtype, lambda: f"torchops.matmul: expected 'b' to have the same dtype as 'a' ({a.dtype})")
+    _check_same_dtype("matmul", a=a, b=b)
     torch._check(a.shape[-1] == b.shape[-2], lambda: "torchops.matmul: inner dimensions differ")
     if a.dim() == 3:
         torch._check(a.shape[0] == b.shape[0], lambda: "torchops.matmul: batch dimensions differ")
@@ -110,9 +119,13 @@ def _d_sigmoid_fake(z: Tensor) -> Tensor:
 
 @torch.library.register_fake("torchops::_d_sigmoid_backward")
 def _d_sigmoid_backward_fake(grad: Tensor, z: Tensor) -> Tensor:
-    _check_floating("_d_sigmoid_backward", "z", z)
-    _check_same_device("_d_sigmoid_backward", z=z, grad=grad)
-    torch._check(grad.shape == z.shape, lambda: "torchops._d_sigmoid_backward: 'grad' and 'z' differ in shape")
+    op = "_d_sigmoid_backward"
+    _check_same_device(op, z=z, grad=grad)
+    _check_floating(op, "z", z)
+    _check_same_dtype(op, z=z, grad=grad)
+    z_shape, grad_shape = tuple(z.shape), tuple(grad.shape)
+    torch._check(grad.shape == z.shape, lambda: f"torchops.{op}: expected 'grad' to have the "
+                 f"shape of 'z' ({z_shape}), but got {grad_shape}")
     return torch.empty(z.shape, dtype=z.dtype, device=z.device)
 
 
@@ -129,15 +142,15 @@ def _check_boxes(op: str, name: str, t: Tensor) -> None:
         lambda: f"torchops.{op}: expected '{name}' to have shape (N, 4), but got shape {shape}")
 
 
-def _check_nms_args(op: str, boxes: Tensor, scores: Tensor, idxs: Tensor | None) -> None:
+def _check_nms_args(op: str, boxes: Tensor, scores: Tensor, idxs: Tensor | None,
+                    iou_threshold: float) -> None:
     _check_boxes(op, "boxes", boxes)
     _check_floating(op, "scores", scores)
     if idxs is None:
         _check_same_device(op, boxes=boxes, scores=scores)
     else:
         _check_same_device(op, boxes=boxes, scores=scores, idxs=idxs)
-    torch._check(scores.dtype == boxes.dtype,
-                 lambda: f"torchops.{op}: expected 'scores' to have the same dtype as 'boxes' ({boxes.dtype})")
+    _check_same_dtype(op, boxes=boxes, scores=scores)
     torch._check(scores.dim() == 1 and scores.shape[0] == boxes.shape[0],
                  lambda: f"torchops.{op}: expected 'scores' to have shape (N,) with N = {boxes.shape[0]}")
     if idxs is not None:
@@ -145,6 +158,9 @@ def _check_nms_args(op: str, boxes: Tensor, scores: Tensor, idxs: Tensor | None)
                      lambda: f"torchops.{op}: expected 'idxs' to be an int64 tensor, but got {idxs.dtype}")
         torch._check(idxs.dim() == 1 and idxs.shape[0] == boxes.shape[0],
                      lambda: f"torchops.{op}: expected 'idxs' to have shape (N,) with N = {boxes.shape[0]}")
+    # The comparison IoU > nan is always false: nothing would be suppressed.
+    torch._check(iou_threshold == iou_threshold,
+                 lambda: f"torchops.{op}: expected 'iou_threshold' to be a number, but got nan")
 
 
 def _kept_indices_fake(boxes: Tensor) -> Tensor:
@@ -179,7 +195,7 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
 
 @torch.library.register_fake("torchops::nms")
 def _nms_fake(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
-    _check_nms_args("nms", boxes, scores, None)
+    _check_nms_args("nms", boxes, scores, None, iou_threshold)
     return _kept_indices_fake(boxes)
 
 
@@ -200,7 +216,7 @@ def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: floa
 
 @torch.library.register_fake("torchops::batched_nms")
 def _batched_nms_fake(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float) -> Tensor:
-    _check_nms_args("batched_nms", boxes, scores, idxs)
+    _check_nms_args("batched_nms", boxes, scores, idxs, iou_threshold)
     return _kept_indices_fake(boxes)
 
 
@@ -223,8 +239,7 @@ def _box_iou_fake(boxes1: Tensor, boxes2: Tensor) -> Tensor:
     _check_boxes("box_iou", "boxes1", boxes1)
     _check_boxes("box_iou", "boxes2", boxes2)
     _check_same_device("box_iou", boxes1=boxes1, boxes2=boxes2)
-    torch._check(boxes2.dtype == boxes1.dtype,
-                 lambda: f"torchops.box_iou: expected 'boxes2' to have the same dtype as 'boxes1' ({boxes1.dtype})")
+    _check_same_dtype("box_iou", boxes1=boxes1, boxes2=boxes2)
     shape = (boxes1.shape[0], boxes2.shape[0])
     _check_output_size("box_iou", shape, boxes1.dtype)
     return boxes1.new_empty(shape)
@@ -232,11 +247,16 @@ def _box_iou_fake(boxes1: Tensor, boxes2: Tensor) -> Tensor:
 
 @torch.library.register_fake("torchops::_box_iou_backward")
 def _box_iou_backward_fake(grad: Tensor, boxes1: Tensor, boxes2: Tensor) -> tuple[Tensor, Tensor]:
-    _check_boxes("_box_iou_backward", "boxes1", boxes1)
-    _check_boxes("_box_iou_backward", "boxes2", boxes2)
-    _check_same_device("_box_iou_backward", grad=grad, boxes1=boxes1, boxes2=boxes2)
+    op = "_box_iou_backward"
+    _check_same_device(op, grad=grad, boxes1=boxes1, boxes2=boxes2)
+    _check_boxes(op, "boxes1", boxes1)
+    _check_boxes(op, "boxes2", boxes2)
+    _check_same_dtype(op, boxes1=boxes1, boxes2=boxes2)
+    _check_same_dtype(op, boxes1=boxes1, grad=grad)
+    grad_shape = tuple(grad.shape)
     torch._check(grad.dim() == 2 and grad.shape[0] == boxes1.shape[0] and grad.shape[1] == boxes2.shape[0],
-                 lambda: "torchops._box_iou_backward: expected 'grad' to have shape (N, M)")
+                 lambda: f"torchops.{op}: expected 'grad' to have shape (N, M) = (len(boxes1), "
+                 f"len(boxes2)), but got {grad_shape}")
     return boxes1.new_empty((boxes1.shape[0], 4)), boxes2.new_empty((boxes2.shape[0], 4))
 
 
@@ -348,10 +368,11 @@ def _check_roi_args(op: str, input: Tensor, rois: Tensor, pooled_height, pooled_
     torch._check(rois.dim() == 2 and rois.shape[1] == 5,
                  lambda: f"torchops.{op}: expected 'rois' to have shape (K, 5), got "
                  f"{rois_shape}")
-    dtype, rois_dtype = input.dtype, rois.dtype
-    torch._check(rois_dtype == dtype,
-                 lambda: f"torchops.{op}: expected 'rois' to have the same dtype as 'input' "
-                 f"({dtype}), but got {rois_dtype}")
+    _check_same_dtype(op, input=input, rois=rois)
+    _check_pooled_size(op, pooled_height, pooled_width)
+
+
+def _check_pooled_size(op: str, pooled_height, pooled_width) -> None:
     torch._check(pooled_height > 0,
                  lambda: f"torchops.{op}: expected 'pooled_height' to be positive")
     torch._check(pooled_width > 0,
@@ -364,13 +385,16 @@ def _check_roi_backward_args(op: str, grad: Tensor, rois: Tensor, pooled_height,
     _check_floating(op, "grad", grad)
     torch._check(rois.dim() == 2 and rois.shape[1] == 5,
                  lambda: f"torchops.{op}: expected 'rois' to have shape (K, 5)")
-    torch._check(grad.dim() == 4, lambda: f"torchops.{op}: expected 'grad' to have 4 dimensions")
-    grad_shape = tuple(grad.shape)
-    torch._check(grad.shape[0] == rois.shape[0] and grad.shape[1] == channels
-                 and grad.shape[2] == pooled_height and grad.shape[3] == pooled_width,
-                 lambda: f"torchops.{op}: 'grad' has shape {grad_shape}")
+    _check_same_dtype(op, grad=grad, rois=rois)
+    _check_pooled_size(op, pooled_height, pooled_width)
     torch._check(batch_size >= 0 and channels >= 0 and height >= 0 and width >= 0,
-                 lambda: f"torchops.{op}: negative 'batch_size', 'channels', 'height' or 'width'")
+                 lambda: f"torchops.{op}: expected 'batch_size', 'channels', 'height' and "
+                 f"'width' to be non-negative")
+    grad_shape = tuple(grad.shape)
+    torch._check(grad.dim() == 4 and grad.shape[0] == rois.shape[0] and grad.shape[1] == channels
+                 and grad.shape[2] == pooled_height and grad.shape[3] == pooled_width,
+                 lambda: f"torchops.{op}: expected 'grad' to have shape (K, channels, "
+                 f"pooled_height, pooled_width), but got {grad_shape}")
     _check_output_size(op, (batch_size, channels, height, width), grad.dtype)
 
 
@@ -484,27 +508,30 @@ def sigmoid_focal_loss(inputs: Tensor, targets: Tensor, alpha: float = 0.25,
     operator ``torch.ops.torchops.sigmoid_focal_loss`` itself raises
     RuntimeError.
     """
-    if reduction not in _FOCAL_REDUCTIONS:
-        raise ValueError(f"torchops.sigmoid_focal_loss: invalid value for 'reduction': "
-                         f"{reduction!r}; supported: 'none', 'mean', 'sum'")
+    _check_reduction("sigmoid_focal_loss", reduction, ValueError)
     return torch.ops.torchops.sigmoid_focal_loss.default(inputs, targets, alpha, gamma, reduction)
+
+
+def _check_reduction(op: str, reduction: str, error: type[Exception] = RuntimeError) -> None:
+    """The wrapper's check (ValueError, as torchvision raises) and the fakes'
+    (RuntimeError, as the kernels raise).  A plain raise rather than
+    torch._check: `reduction` is a constant string wherever dynamo traces the
+    wrapper, so this costs no guard and no graph break."""
+    if reduction not in _FOCAL_REDUCTIONS:
+        raise error(f"torchops.{op}: expected 'reduction' to be 'none', 'mean' or 'sum', "
+                    f"but got '{reduction}'")
 
 
 def _check_focal(op: str, inputs: Tensor, targets: Tensor, gamma: float, reduction: str) -> None:
     _check_same_device(op, inputs=inputs, targets=targets)
     _check_floating(op, "inputs", inputs)
     torch._check(gamma >= 0, lambda: f"torchops.{op}: expected 'gamma' to be >= 0, but got {gamma}")
-    dtype, t_dtype = inputs.dtype, targets.dtype
-    torch._check(t_dtype == dtype,
-                 lambda: f"torchops.{op}: expected 'targets' to have the same dtype as "
-                 f"'inputs' ({dtype}), but got {t_dtype}")
+    _check_same_dtype(op, inputs=inputs, targets=targets)
     shape, t_shape = tuple(inputs.shape), tuple(targets.shape)
     torch._check(targets.shape == inputs.shape,
                  lambda: f"torchops.{op}: expected 'targets' to have the shape of 'inputs' "
                  f"({shape}), but got {t_shape}")
-    torch._check(reduction in _FOCAL_REDUCTIONS,
-                 lambda: f"torchops.{op}: expected 'reduction' to be 'none', 'mean' or "
-                 f"'sum', but got '{reduction}'")
+    _check_reduction(op, reduction)
 
 
 @torch.library.register_fake("torchops::sigmoid_focal_loss")
@@ -520,11 +547,14 @@ def _sigmoid_focal_loss_backward_fake(grad: Tensor, inputs: Tensor, targets: Ten
                                       alpha: float, gamma: float, reduction: str) -> Tensor:
     _check_focal("_sigmoid_focal_loss_backward", inputs, targets, gamma, reduction)
     _check_same_device("_sigmoid_focal_loss_backward", inputs=inputs, grad=grad)
-    torch._check(grad.dtype == inputs.dtype,
-                 lambda: "torchops._sigmoid_focal_loss_backward: expected 'grad' to have the "
-                 "same dtype as 'inputs'")
-    want = inputs.shape if reduction == "none" else ()
-    torch._check(grad.shape == want,
-                 lambda: f"torchops._sigmoid_focal_loss_backward: expected 'grad' of shape "
-                 f"{tuple(want)}, but got {tuple(grad.shape)}")
+    _check_same_dtype("_sigmoid_focal_loss_backward", inputs=inputs, grad=grad)
+    shape, grad_shape = tuple(inputs.shape), tuple(grad.shape)
+    if reduction == "none":
+        torch._check(grad.shape == inputs.shape,
+                     lambda: f"torchops._sigmoid_focal_loss_backward: expected 'grad' to have "
+                     f"the shape of 'inputs' ({shape}) for reduction 'none', but got {grad_shape}")
+    else:
+        torch._check(grad.dim() == 0,
+                     lambda: f"torchops._sigmoid_focal_loss_backward: expected 'grad' to be a "
+                     f"0-dim tensor for reduction '{reduction}', but got shape {grad_shape}")
     return torch.empty(inputs.shape, dtype=inputs.dtype, device=inputs.device)
