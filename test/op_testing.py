@@ -1,13 +1,40 @@
-"""Helpers the generic tests share: calling an entry's op, its reference, and
-comparing outputs."""
+"""Helpers the generic tests share: their parameters (with the entries' Skip
+records as marks), calling an entry's op and its reference, and comparing
+outputs."""
 
 from __future__ import annotations
 
 import contextlib
 
+import pytest
 import torch
 
-from opdb import OpInfo, Sample, Tol, convert
+from opdb import GENERIC_TESTS, OpInfo, Sample, Tol, convert
+
+DEVICES = ("cpu", "cuda")
+
+
+def generic_param(test: str, op: OpInfo, device: str, dtype: torch.dtype | None = None, *,
+                  values: tuple, id: str):
+    """The pytest.param of one run of generic test `test` (a GENERIC_TESTS
+    name) for `op` on `device` at `dtype`: marked `cuda` on the GPU, and
+    skipped -- or, for an xfail record, expected to fail -- where one of
+    the entry's Skip records targets it.  A test that runs at one fixed
+    dtype takes it when `dtype` is None."""
+    fixed = GENERIC_TESTS[test]
+    if dtype is None and isinstance(fixed, tuple) and len(fixed) == 1:
+        dtype = fixed[0]
+    marks = [pytest.mark.cuda] if device == "cuda" else []
+    skip = op.skip_for(test, device, dtype)
+    if skip is not None:
+        marks.append(pytest.mark.xfail(reason=skip.reason, strict=True) if skip.xfail
+                     else pytest.mark.skip(reason=skip.reason))
+    return pytest.param(*values, id=id, marks=marks)
+
+
+def op_name(overload: torch._ops.OpOverload) -> str:
+    """torch.ops.torchops.<name>.default -> "<name>"."""
+    return overload._schema.name.split("::", 1)[1]
 
 
 def call(op: OpInfo, s: Sample):

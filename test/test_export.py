@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from op_testing import VIAS, assert_same_outputs, call_via, nonempty, outputs
+from op_testing import (DEVICES, VIAS, assert_same_outputs, call_via, generic_param, nonempty,
+                        outputs)
 from opdb import OP_DB, OpInfo, Sample, Tol
 
 # Runs in the fresh process: torch and torchops only.
@@ -86,7 +87,7 @@ def _run(device: str, tmp_path_factory) -> tuple[dict, dict, list]:
     folder = tmp_path_factory.mktemp(f"export-{device}")
     prepared: dict[str, _Prepared | str] = {}
     for op in OP_DB:
-        if "export" in op.skips:
+        if op.skip_for("export", device, torch.float32):
             continue
         for via in VIAS:
             key = f"{op.name}:{via}"
@@ -108,11 +109,9 @@ def _run(device: str, tmp_path_factory) -> tuple[dict, dict, list]:
 
 @pytest.mark.parametrize("via", VIAS)
 @pytest.mark.parametrize("op,device", [
-    pytest.param(op, d, id=f"{op.name}-{d}", marks=[pytest.mark.cuda] if d == "cuda" else [])
-    for op in OP_DB for d in ("cpu", "cuda")])
+    generic_param("export", op, d, values=(op, d), id=f"{op.name}-{d}")
+    for op in OP_DB for d in DEVICES])
 def test_export(op: OpInfo, device: str, via: str, tmp_path_factory):
-    if "export" in op.skips:
-        pytest.skip(op.skips["export"])
     prepared, results, leaked = _run(device, tmp_path_factory)
     key = f"{op.name}:{via}"
     p = prepared[key]

@@ -2,26 +2,38 @@
 
 * Coverage: every operator registered in the torchops namespace has a
   database entry (internal ``_<op>_backward`` ops: listed in some entry's
-  ``internal_ops``) and a fake kernel; every entry names a registered op.
+  ``internal_ops``); every entry names a registered op.
+* The checklist: what the dispatcher holds for each op -- CPU, CUDA (where
+  the CUDA library is loaded), Autograd and Autocast kernels, a fake -- agrees
+  with its entry, and each op has a benchmark case and a README row.  The
+  failure lists one line per missing item.
 * API snapshot: the schemas (and tags) of all torchops operators, so that a
   change of the public API is deliberate.  After an intended change, accept
   the new snapshot with
       EXPECTTEST_ACCEPT=1 python -m pytest test/test_gates.py -k schema
   (expecttest rewrites the string below) and review the diff.
-* Entry hygiene: skip reasons are written and name real tests; the samples
-  have the variety the generic tests rely on.
+* Entry hygiene: skip records, exemptions and kernel-only error inputs have
+  written reasons and name real tests, devices and dtypes; the samples have
+  the variety the generic tests rely on.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
 
 import expecttest
 import pytest
 import torch
 
 import torchops
-from opdb import GENERIC_TESTS, OP_DB, OPCHECK_UTILS, OpInfo
+from op_testing import generic_param, op_name
+from opdb import (DEVICE_TYPES, ENTRY_DTYPES, GENERIC_TESTS, MATMUL, OP_DB, OPCHECK_UTILS,
+                  OpInfo, Skip)
 
 NAMESPACE = "torchops::"
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def registered_ops() -> dict[str, list[torch._ops.OpOverload]]:
@@ -35,21 +47,111 @@ def registered_ops() -> dict[str, list[torch._ops.OpOverload]]:
     return ops
 
 
-def test_every_op_has_an_entry_and_a_fake():
+def test_every_op_has_an_entry():
     ops = registered_ops()
     assert ops, "no torchops operators registered"
     covered = {f"{NAMESPACE}{o.name}" for o in OP_DB}
     internal = {f"{NAMESPACE}{n}" for o in OP_DB for n in o.internal_ops}
     missing = [n for n in ops if n not in covered | internal]
-    assert not missing, (f"ops without an entry in test/opdb.py: {missing} (internal backward "
+    assert not missing, (f"ops without an entry in test/opdb/: {missing} (internal backward "
                          f"ops: list them in their op's `internal_ops`)")
     unknown = sorted((covered | internal) - set(ops))
     assert not unknown, f"entries/internal_ops naming no registered op: {unknown}"
-    no_fake = [str(ov) for overloads in ops.values() for ov in overloads
-               if not torch._C._dispatch_has_kernel_for_dispatch_key(ov.name(), "Meta")
-               and not torch._C._dispatch_has_kernel_for_dispatch_key(
-                   ov.name(), "CompositeImplicitAutograd")]
-    assert not no_fake, f"ops without a fake kernel (torch.library.register_fake in torchops/ops.py): {no_fake}"
+
+
+# --- the checklist ----------------------------------------------------------------------
+
+
+def _has_kernel(overload: torch._ops.OpOverload, key: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(overload.name(), key)
+
+
+def _has_fake(overload: torch._ops.OpOverload) -> bool:
+    """A fake registered with torch.library.register_fake, as `python -m
+    torchops doctor` reads it (or, for an op defined in Python, a
+    composite kernel that needs none)."""
+    entry = torch._library.simple_registry.singleton.find(overload._schema.name)
+    return (entry.fake_impl.kernel is not None
+            or _has_kernel(overload, "CompositeImplicitAutograd"))
+
+
+def readme_ops() -> set[str]:
+    """The op names of README.md's "Ops" table (rows "| `name(...)` | ...")."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("\n## Ops", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `(\w+)\(", section, flags=re.M))
+
+
+def benchmarked() -> tuple[set[str], set[str]]:
+    """(ops with a benchmark case, ops with a forward+backward case) in the
+    torchops.bench.cases registry."""
+    from torchops.bench import cases
+    return ({c.op for c in cases.CASES}, {c.op for c in cases.CASES if c.backward})
+
+
+def checklist_gaps() -> list[str]:
+    """One line per item an op of the dispatcher lacks (or has against its
+    entry): kernels, fake, benchmark case, README row."""
+    cuda_loaded = torchops._loader.records()["torchops_cuda"].loaded
+    cased, cased_backward = benchmarked()
+    rows = readme_ops()
+    entries = {o.name: o for o in OP_DB}
+    parents = {n: o for o in OP_DB for n in o.internal_ops}
+    gaps = []
+    for qualname, overloads in registered_ops().items():
+        name = qualname[len(NAMESPACE):]
+        entry, parent = entries.get(name), parents.get(name)
+        if entry is None and parent is None:
+            continue  # test_every_op_has_an_entry says so
+        # An internal backward op is differentiable when its op claims double
+        # backward, and has no autocast kernel (autocast wraps the forward).
+        if entry is not None:
+            owner, differentiable, autocast = entry, entry.differentiable, entry.autocast
+            claim = f"its entry says differentiable={differentiable}"
+        else:
+            owner, differentiable, autocast = parent, parent.supports_gradgrad, False
+            claim = f"entry {parent.name!r} says supports_gradgrad={differentiable}"
+        for ov in overloads:
+            def gap(what: str) -> None:
+                gaps.append(f"{ov.name()}: {what}")
+            if not _has_kernel(ov, "CPU"):
+                gap("no CPU kernel (csrc/cpu/)")
+            if cuda_loaded and not _has_kernel(ov, "CUDA"):
+                gap("no CUDA kernel (csrc/cuda/), though the CUDA library is loaded")
+            has_autograd = _has_kernel(ov, "Autograd")
+            if differentiable != has_autograd:
+                gap(f"{'an' if has_autograd else 'no'} Autograd kernel, though {claim}")
+            for key in ("AutocastCPU", "AutocastCUDA"):
+                has = _has_kernel(ov, key)
+                if autocast and not has:
+                    gap(f"no {key} kernel, though its entry says autocast=True")
+                if has and not autocast:
+                    gap(f"an {key} kernel, though its entry says autocast=False"
+                        if entry is not None else f"an {key} kernel, which an internal op "
+                        f"should not have (autocast wraps its forward op)")
+            if not _has_fake(ov):
+                gap("no fake (torch.library.register_fake in torchops/ops.py)")
+        exempt = name in owner.no_benchmark
+        if entry is not None and name not in cased and not exempt:
+            gaps.append(f"{qualname}: no benchmark case in torchops/bench/cases.py (nor an "
+                        f"exemption, with its reason, in its entry's no_benchmark)")
+        if entry is None and parent.name not in cased_backward and not exempt:
+            gaps.append(f"{qualname}: no fwd+bwd benchmark case of {parent.name} in "
+                        f"torchops/bench/cases.py (nor an exemption, with its reason, in "
+                        f"no_benchmark of entry {parent.name!r})")
+        if entry is not None and name not in rows:
+            gaps.append(f"{qualname}: no row in README.md's Ops table")
+    for name in sorted(rows - set(entries)):
+        gaps.append(f"README.md's Ops table has a row for {name!r}, which is no public op")
+    return gaps
+
+
+def test_every_op_has_its_kernels_fake_benchmark_and_readme_row():
+    gaps = checklist_gaps()
+    assert not gaps, "\n".join(["ops that miss an item of the checklist:", *gaps])
+
+
+# --- entries ----------------------------------------------------------------------------
 
 
 def test_entries_match_the_public_api():
@@ -62,23 +164,104 @@ def test_entries_match_the_public_api():
     assert len({o.name for o in OP_DB}) == len(OP_DB), "duplicate entries"
 
 
+def _written(reason) -> bool:
+    return isinstance(reason, str) and len(reason.split()) >= 3
+
+
+def skip_record_problems(op: OpInfo) -> list[str]:
+    """What is wrong with an entry's Skip records (empty when nothing)."""
+    problems = []
+    entry_dtypes = {dt for dts in op.dtypes.values() for dt in dts}
+    for s in op.skips:
+        where = f"{op.name}: {s}"
+        if s.test not in GENERIC_TESTS:
+            problems.append(f"{where}: unknown test {s.test!r} (known: {sorted(GENERIC_TESTS)})")
+            continue
+        if not _written(s.reason):
+            problems.append(f"{where}: needs a written reason")
+        if s.device not in (None, *DEVICE_TYPES):
+            problems.append(f"{where}: device must be None or one of {DEVICE_TYPES}")
+        if s.dtype is not None:
+            runs_at = GENERIC_TESTS[s.test]
+            allowed = entry_dtypes if runs_at == ENTRY_DTYPES else set(runs_at or ())
+            if s.dtype not in allowed:
+                problems.append(f"{where}: {s.test} never runs at {s.dtype} "
+                                f"(it runs at {sorted(map(str, allowed)) or 'no dtype'})")
+            if s.xfail and s.test == "property":
+                problems.append(f"{where}: the property test draws its dtype, so it can skip "
+                                f"one but not expect it to fail")
+    if len(set(op.skips)) != len(op.skips):
+        problems.append(f"{op.name}: duplicate Skip records")
+    return problems
+
+
 @pytest.mark.parametrize("op", [pytest.param(o, id=o.name) for o in OP_DB])
 def test_skips_have_reasons(op: OpInfo):
-    for table, known in ((op.skips, GENERIC_TESTS), (op.opcheck_skips, OPCHECK_UTILS)):
-        for name, reason in table.items():
-            assert name in known, f"{op.name}: unknown test {name!r} (known: {known})"
-            assert isinstance(reason, str) and len(reason.split()) >= 3, \
-                f"{op.name}: skipping {name!r} needs a written reason"
+    problems = skip_record_problems(op)
+    for name, reason in op.opcheck_skips.items():
+        if name not in OPCHECK_UTILS:
+            problems.append(f"{op.name}: unknown opcheck test_util {name!r} (known: {OPCHECK_UTILS})")
+        if not _written(reason):
+            problems.append(f"{op.name}: turning off {name!r} needs a written reason")
+    for name, reason in op.no_benchmark.items():
+        if name not in (op.name, *op.internal_ops):
+            problems.append(f"{op.name}: no_benchmark names {name!r}, neither the op nor one of "
+                            f"its internal_ops")
+        if not _written(reason):
+            problems.append(f"{op.name}: no_benchmark[{name!r}] needs a written reason")
     for name in op.internal_ops:
-        assert name.startswith("_"), f"{op.name}: internal op {name!r} should start with '_'"
+        if not name.startswith("_"):
+            problems.append(f"{op.name}: internal op {name!r} should start with '_'")
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("op", [pytest.param(o, id=o.name) for o in OP_DB])
+def test_error_inputs_are_well_formed(op: OpInfo):
+    """kernel_only inputs say why; an input for another overload calls one
+    of the entry's internal ops, through the dispatcher."""
+    internal = {getattr(torch.ops.torchops, n).default for n in op.internal_ops}
+    for e in op.error_inputs("cpu"):
+        assert not e.kernel_only or _written(e.kernel_only), \
+            f"{op.name}: {e.sample}: kernel_only needs a written reason"
+        if e.op is not None:
+            assert e.op in internal, \
+                f"{op.name}: {e.sample} calls {op_name(e.op)}, not one of its internal_ops"
+            assert not e.via_wrapper, f"{op.name}: {e.sample}: an internal op has no wrapper"
+
+
+def test_skip_records_target_a_test_a_device_and_a_dtype():
+    """The machinery the generic tests use: a record turns off exactly the
+    runs it names; xfail expects them to fail (strict)."""
+    op = dataclasses.replace(MATMUL, skips=[
+        Skip("gradcheck", "a reason of three words", device="cuda"),
+        Skip("correctness", "a reason of three words", dtype=torch.float16, xfail=True)])
+
+    def marks(test, device, dtype=None):
+        p = generic_param(test, op, device, dtype, values=(op,), id="x")
+        return [(m.name, m.kwargs.get("strict")) for m in p.marks if m.name != "cuda"]
+
+    assert marks("gradcheck", "cuda") == [("skip", None)]
+    assert marks("gradcheck", "cpu") == []
+    assert marks("gradgradcheck", "cuda") == []
+    assert marks("correctness", "cpu", torch.float16) == [("xfail", True)]
+    assert marks("correctness", "cuda", torch.float16) == [("xfail", True)]
+    assert marks("correctness", "cpu", torch.float32) == []
+    assert skip_record_problems(op) == []
+    bad = dataclasses.replace(MATMUL, skips=[
+        Skip("gradcheck", "why", dtype=torch.float16), Skip("no_such_test", "a reason of words"),
+        Skip("opcheck", "a reason of words", device="tpu")])
+    problems = "\n".join(skip_record_problems(bad))
+    for expected in ("needs a written reason", "never runs at torch.float16", "unknown test",
+                     "device must be"):
+        assert expected in problems, problems
+
+
+@pytest.mark.parametrize("op", [
+    generic_param("sample_variety", o, "cpu" if o.dtypes.get("cpu") else "cuda", values=(o,),
+                  id=o.name) for o in OP_DB])
 def test_sample_variety(op: OpInfo):
     """Samples include an empty tensor, a size-1 dim, a non-contiguous input
     and (differentiable ops) inputs requiring grad."""
-    if "sample_variety" in op.skips:
-        pytest.skip(op.skips["sample_variety"])
     device = "cpu" if op.dtypes.get("cpu") else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("CUDA-only op")

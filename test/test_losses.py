@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import torchops
-from opdb import _focal_ref
+from torchops.references import sigmoid_focal_loss as focal_ref
 
 OP = torch.ops.torchops.sigmoid_focal_loss.default
 BACKWARD = torch.ops.torchops._sigmoid_focal_loss_backward.default
@@ -86,7 +86,7 @@ def test_empty_inputs(shape):
     # As torchvision: loss.mean() of nothing is nan.
     mean = OP(x, t, 0.25, 2.0, "mean")
     assert mean.shape == () and math.isnan(mean.item())
-    assert math.isnan(_focal_ref(x.detach().double(), t.double(), reduction="mean").item())
+    assert math.isnan(focal_ref(x.detach().double(), t.double(), reduction="mean").item())
     for out in (none.sum(), total, mean):
         (grad,) = torch.autograd.grad(out, x)
         assert grad.shape == shape
@@ -127,7 +127,7 @@ def test_saturated_logits_are_finite(gamma, dtype):
     loss, grad = _value_and_grad(OP, x.to(dtype), t.to(dtype), 0.25, gamma, "none",
                                  upstream=torch.ones(20))
     assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
-    ref_loss, ref_grad = _value_and_grad(_focal_ref, x, t, 0.25, gamma, "none",
+    ref_loss, ref_grad = _value_and_grad(focal_ref, x, t, 0.25, gamma, "none",
                                          upstream=torch.ones(20, dtype=torch.float64))
     # Right answers: loss and gradient ~0; wrong ones: loss ~ 0.75 |x|, grad +-0.75.
     torch.testing.assert_close(loss.double(), ref_loss, atol=1e-6, rtol=1e-5)
@@ -253,7 +253,7 @@ def test_cuda_reduction_deterministic(reduction):
         for _ in range(3):
             again = _value_and_grad(OP, xs, ts, 0.25, 2.0, reduction)
             assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
-        ref = _focal_ref(xs.double(), ts.double(), 0.25, 2.0, reduction)
+        ref = focal_ref(xs.double(), ts.double(), 0.25, 2.0, reduction)
         torch.testing.assert_close(first[0].double(), ref, atol=0, rtol=1e-5)
 
 
@@ -264,7 +264,7 @@ def test_cuda_large_sum_accuracy():
     x, t = _data((1 << 24) + 5, "cuda", torch.float32, hard=True)
     for reduction in ("mean", "sum"):
         got = OP(x, t, 0.25, 2.0, reduction)
-        ref = _focal_ref(x.double(), t.double(), 0.25, 2.0, reduction)
+        ref = focal_ref(x.double(), t.double(), 0.25, 2.0, reduction)
         torch.testing.assert_close(got.double(), ref, atol=0, rtol=1e-5)
 
 

@@ -12,34 +12,28 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from op_testing import (VIAS, assert_matches_reference, assert_same_outputs, call, call_via,
-                        data_dependent_ok, floating, nonempty, outputs, reference, wrapper_view)
+from op_testing import (DEVICES, VIAS, assert_matches_reference, assert_same_outputs, call,
+                        call_via, data_dependent_ok, floating, generic_param, nonempty, op_name,
+                        outputs, reference, wrapper_view)
 from opdb import HALF_DTYPES, OP_DB, OPCHECK_UTILS, OpInfo, Sample, Tol, convert
-
-DEVICES = ("cpu", "cuda")
-
-
-def _marks(device: str) -> list:
-    return [pytest.mark.cuda] if device == "cuda" else []
 
 
 def _dt(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _op_device_params(devices=DEVICES):
-    return [pytest.param(op, d, id=f"{op.name}-{d}", marks=_marks(d)) for op in OP_DB for d in devices]
+def _op_device_params(test: str, devices=DEVICES):
+    """(op, device) for every entry, with its Skip records for `test`."""
+    return [generic_param(test, op, d, values=(op, d), id=f"{op.name}-{d}")
+            for op in OP_DB for d in devices]
 
 
-def _op_device_dtype_params(devices=DEVICES, dtypes=None):
-    return [pytest.param(op, d, dt, id=f"{op.name}-{d}-{_dt(dt)}", marks=_marks(d))
+def _op_device_dtype_params(test: str, devices=DEVICES, dtypes=None):
+    """(op, device, dtype) for every dtype the entry has on the device (of
+    `dtypes`, when given), with its Skip records for `test`."""
+    return [generic_param(test, op, d, dt, values=(op, d, dt), id=f"{op.name}-{d}-{_dt(dt)}")
             for op in OP_DB for d in devices for dt in op.dtypes.get(d, ())
             if dtypes is None or dt in dtypes]
-
-
-def _skip_if(op: OpInfo, test: str) -> None:
-    if test in op.skips:
-        pytest.skip(op.skips[test])
 
 
 def _need_dtype(op: OpInfo, device: str, dtype: torch.dtype) -> None:
@@ -58,30 +52,26 @@ def fresh_dynamo():
 # Forward values
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("op,device,dtype", _op_device_dtype_params())
+@pytest.mark.parametrize("op,device,dtype", _op_device_dtype_params("correctness"))
 def test_correctness(op: OpInfo, device: str, dtype: torch.dtype):
     """Every sample against the float64 reference: values, dtype, shape,
     device and (contiguous) strides; integer outputs exactly."""
-    _skip_if(op, "correctness")
     for s in op.samples(device, dtype):
         assert_matches_reference(op, s, call(op, s), reference(op, s), dtype, device)
 
 
-@pytest.mark.parametrize("op,device", _op_device_params())
+@pytest.mark.parametrize("op,device", _op_device_params("wrapper"))
 def test_wrapper(op: OpInfo, device: str):
     """The Python wrapper is the dispatcher op."""
-    _skip_if(op, "wrapper")
     for s in list(op.sample_inputs(device, torch.float64))[:3]:
         assert_same_outputs(call_via(op, s, "wrapper"), wrapper_view(op, call(op, s)), None, s)
 
 
-@pytest.mark.cuda
 @pytest.mark.parametrize("op,dtype", [
-    pytest.param(op, dt, id=f"{op.name}-{_dt(dt)}") for op in OP_DB
-    for dt in op.dtypes.get("cpu", ()) if dt in op.dtypes.get("cuda", ())])
+    generic_param("cpu_vs_cuda", op, "cuda", dt, values=(op, dt), id=f"{op.name}-{_dt(dt)}")
+    for op in OP_DB for dt in op.dtypes.get("cpu", ()) if dt in op.dtypes.get("cuda", ())])
 def test_cpu_vs_cuda(op: OpInfo, dtype: torch.dtype):
     """CPU and CUDA kernels agree on the same inputs (integer outputs exactly)."""
-    _skip_if(op, "cpu_vs_cuda")
     for s in op.samples("cpu", dtype):
         on_gpu = Sample(tuple(a.to("cuda") if isinstance(a, torch.Tensor) else a for a in s.args),
                         dict(s.kwargs), s.name)
@@ -104,13 +94,13 @@ def _first_floating_only(s: Sample, dtype: torch.dtype) -> Sample:
     return Sample(tuple(conv(a) for a in s.args), dict(s.kwargs), s.name + "_mixed")
 
 
-@pytest.mark.parametrize("op,device,dtype", _op_device_dtype_params(dtypes=HALF_DTYPES))
+@pytest.mark.parametrize("op,device,dtype",
+                         _op_device_dtype_params("autocast", dtypes=HALF_DTYPES))
 def test_autocast(op: OpInfo, device: str, dtype: torch.dtype):
     """Under torch.autocast, reduced-precision inputs give outputs of their own
     dtype that match the float32 computation within the dtype's tolerance.
     Ops with autocast kernels also take mixed float32/`dtype` inputs and
     return the first input's dtype (as torchvision's do)."""
-    _skip_if(op, "autocast")
     for s in op.samples(device, dtype):
         variants = [s]
         if op.autocast and sum(t.is_floating_point() for t in s.tensors()) > 1:
@@ -130,12 +120,11 @@ def test_autocast(op: OpInfo, device: str, dtype: torch.dtype):
 # Registration (opcheck)
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("op,device", _op_device_params())
+@pytest.mark.parametrize("op,device", _op_device_params("opcheck"))
 @pytest.mark.parametrize("requires_grad", [False, True], ids=["nograd", "grad"])
 def test_opcheck(op: OpInfo, device: str, requires_grad: bool):
     """torch.library.opcheck's four default test_utils on every sample; an
     entry turns one off only with a written reason (opcheck_skips)."""
-    _skip_if(op, "opcheck")
     if requires_grad and not op.differentiable:
         pytest.skip("not differentiable")
     utils = [u for u in OPCHECK_UTILS if u not in op.opcheck_skips]
@@ -174,20 +163,18 @@ def _gradcheck_kwargs(op: OpInfo) -> dict:
     return {"fast_mode": True, **op.gradcheck_kwargs}
 
 
-@pytest.mark.parametrize("op,device", _op_device_params())
+@pytest.mark.parametrize("op,device", _op_device_params("gradcheck"))
 def test_gradcheck(op: OpInfo, device: str):
     """Analytical gradients against finite differences, in float64."""
-    _skip_if(op, "gradcheck")
     if not op.differentiable:
         pytest.skip("not differentiable")
     for s in map(_perturbable, _grad_samples(op, device, torch.float64)):
         assert torch.autograd.gradcheck(_differentiable_fn(op, s), s.args, **_gradcheck_kwargs(op)), s
 
 
-@pytest.mark.parametrize("op,device", _op_device_params())
+@pytest.mark.parametrize("op,device", _op_device_params("gradgradcheck"))
 def test_gradgradcheck(op: OpInfo, device: str):
     """Double backward, for the ops that claim it."""
-    _skip_if(op, "gradgradcheck")
     if not (op.differentiable and op.supports_gradgrad):
         pytest.skip("no double backward")
     for s in map(_perturbable, _grad_samples(op, device, torch.float64)):
@@ -195,12 +182,13 @@ def test_gradgradcheck(op: OpInfo, device: str):
                                             **_gradcheck_kwargs(op)), s
 
 
-@pytest.mark.parametrize("op,device", _op_device_params())
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("op,device,dtype", [
+    generic_param("grad_vs_reference", op, d, dt, values=(op, d, dt),
+                  id=f"{op.name}-{d}-{_dt(dt)}")
+    for op in OP_DB for d in DEVICES for dt in (torch.float32, torch.bfloat16)])
 def test_grad_vs_reference(op: OpInfo, device: str, dtype: torch.dtype):
     """Forward and gradients in float32/bfloat16, inputs requiring grad,
     against the float64 reference's."""
-    _skip_if(op, "grad_vs_reference")
     if not op.differentiable:
         pytest.skip("not differentiable")
     _need_dtype(op, device, dtype)
@@ -244,13 +232,12 @@ def _with_tensors(template: Sample, tensors) -> tuple:
 
 @pytest.mark.usefixtures("fresh_dynamo")
 @pytest.mark.parametrize("via", VIAS)
-@pytest.mark.parametrize("op,device", _op_device_params())
+@pytest.mark.parametrize("op,device", _op_device_params("compile"))
 def test_compile(op: OpInfo, device: str, via: str):
     """torch.compile(fullgraph=True, dynamic=True) with inductor, of the
     dispatcher op and of the public wrapper: forward and backward match
     eager, and three input sizes compile at most twice (a wrapper that
     breaks the graph fails fullgraph)."""
-    _skip_if(op, "compile")
     samples = op.compile_samples(device, torch.float32, requires_grad=op.differentiable)
     assert len(samples) >= 3, (
         f"{op.name}: the compile test needs 3 non-empty samples of one structure (layouts, "
@@ -282,13 +269,12 @@ def test_compile(op: OpInfo, device: str, via: str):
         f"(a schema `int` where a size belongs? a guard in the fake?)")
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("op", [pytest.param(op, id=op.name) for op in OP_DB])
+@pytest.mark.parametrize("op", [generic_param("cuda_graph", op, "cuda", values=(op,), id=op.name)
+                                for op in OP_DB])
 def test_cuda_graph(op: OpInfo):
     """Capture in a CUDA graph and replay, with new data in the static
     inputs: the eager result.  A kernel launched on the default stream instead
     of the current one fails the capture or reads stale data."""
-    _skip_if(op, "cuda_graph")
     if op.data_dependent_output:
         pytest.skip("the output size depends on the data: allocating it needs a host sync, "
                     "which CUDA graph capture forbids")
@@ -345,21 +331,49 @@ def test_mixed_cpu_and_meta_inputs_raise(op: OpInfo):
         op.op(*args, **s.kwargs)
 
 
-@pytest.mark.parametrize("op,device", _op_device_params())
+@pytest.mark.parametrize("op,device", _op_device_params("error_inputs"))
 def test_error_inputs(op: OpInfo, device: str):
     """Every invalid input raises the declared error, whose message names the
     op; on CUDA the device stays usable (a valid call afterwards works)."""
-    _skip_if(op, "error_inputs")
     valid = next(filter(nonempty, op.sample_inputs(device, torch.float32)))
     errors = list(op.error_inputs(device))
     assert errors, f"{op.name}: no error_inputs"
     for e in errors:
         assert issubclass(e.error, (RuntimeError, ValueError, TypeError)), e
-        fn = op.wrapper if e.via_wrapper else op.op
+        target = e.op or op.op
+        fn = op.wrapper if e.via_wrapper else target
         with pytest.raises(e.error, match=e.match) as info:
             fn(*e.sample.args, **e.sample.kwargs)
-        assert op.name in str(info.value), f"{e.sample}: message does not name the op: {info.value}"
+        assert op_name(target) in str(info.value), \
+            f"{e.sample}: message does not name the op: {info.value}"
         if device == "cuda":
             torch.cuda.synchronize()
             call(op, valid)
             torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("op,device", _op_device_params("fake_error_inputs"))
+def test_fake_error_inputs(op: OpInfo, device: str):
+    """Every invalid call of the dispatcher ops (the entry's and its internal
+    backward ops) raises under FakeTensorMode too, with the kernels' error:
+    so torch.compile and torch.export fail at trace time, naming the op and
+    the argument, as eager does -- not later, or with a bare shape error.
+    Inputs marked kernel_only (a value inside a tensor, a real allocation)
+    are out of a fake's sight."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    checked = 0
+    for e in op.error_inputs(device):
+        if e.via_wrapper or e.kernel_only:
+            continue
+        target = e.op or op.op
+        mode = FakeTensorMode()
+        fake = lambda a: mode.from_tensor(a) if isinstance(a, torch.Tensor) else a  # noqa: E731
+        args = tuple(fake(a) for a in e.sample.args)
+        kwargs = {k: fake(v) for k, v in e.sample.kwargs.items()}
+        with mode, pytest.raises(e.error, match=e.match) as info:
+            target(*args, **kwargs)
+        assert op_name(target) in str(info.value), \
+            f"{e.sample}: the fake's message does not name the op: {info.value}"
+        checked += 1
+    assert checked, f"{op.name}: no error input reaches the fake"

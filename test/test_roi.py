@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import torchops
-from opdb import _random_rois, _roi_align_ref
+from opdb import random_rois as _random_rois
+from torchops.references import roi_align as _roi_align_ref
 
 ALIGN = torch.ops.torchops.roi_align.default
 POOL = torch.ops.torchops.roi_pool.default

@@ -1,0 +1,97 @@
+"""The op database: one entry per public torchops operator.
+
+Every generic test (test_ops.py, test_export.py, test_properties.py,
+test_gates.py) is generated from these entries, in the spirit of PyTorch's
+OpInfo: adding an op means adding an entry, not writing a new test file.  An
+entry says how to call the op, how to make sample inputs for a device and
+dtype, what its pure-PyTorch reference is (torchops.references), which
+tolerances apply, and which invalid inputs must raise what.
+
+Layout: ``core.py`` holds the records (OpInfo, Sample, ErrorInput, Tol, Skip)
+and the tensor helpers (make, make_transposed, convert, hyp_tensor,
+hyp_size); one module per family holds its entries: ``basic.py`` (matmul,
+d_sigmoid), ``boxes.py`` (nms, batched_nms, box_iou), ``roi.py`` (roi_align,
+roi_pool), ``losses.py`` (sigmoid_focal_loss).  Sample makers that the
+op-specific tests share are public names of their family module, re-exported
+here (make_boxes, make_scores, random_rois).
+
+Adding an op
+------------
+Write an ``OpInfo`` in its family's module (a new family: a new module,
+imported below) and add it to that module's list (BASIC_OPS, BOX_OPS,
+ROI_OPS, LOSS_OPS).  Required fields:
+
+``name``            public name (``torchops.<name>``).
+``op``              the overload, ``torch.ops.torchops.<name>.default``.
+``wrapper``         the typed Python wrapper in torchops.ops.
+``reference``       the op's function in torchops.references (pure PyTorch,
+                    the op's arguments), called with every floating tensor of
+                    a sample converted to float64 (integer tensors and scalars
+                    as they are); returns what the op returns (a tensor or a
+                    tuple).  Integer outputs are compared exactly, dtype
+                    included.
+``sample_inputs``   ``(device, dtype, requires_grad=False) -> iterable of
+                    Sample``.  Tensors go in ``Sample.args`` (positionally);
+                    scalars (float/int/bool/str) may go in args or kwargs.
+                    Cover: an empty dim, a size-1 dim, odd sizes, transposed or
+                    sliced (non-contiguous) and expanded (stride 0) inputs, and,
+                    when ``requires_grad`` is true, set it on the floating
+                    inputs that are differentiable (never on integer ones).
+                    ``dtype`` is the floating dtype under test; integer inputs
+                    (indices, ...) keep their own dtype.  Also list >= 3
+                    samples that differ only in their sizes (those >= 2): the
+                    compile and export tests take them (or give
+                    ``sample_inputs_compile``); dims of size 1 are fine when
+                    they are 1 in all three.  test_gates checks the variety.
+``error_inputs``    ``(device) -> iterable of ErrorInput``: invalid calls, the
+                    exception type and a regex that names the op and the
+                    argument ("torchops\\.<name>.*'boxes'").  Each must also
+                    raise under FakeTensorMode (the fake's checks), unless it
+                    sets ``kernel_only`` to the reason only the kernel can see
+                    it (a value inside a tensor, a real allocation).  Include
+                    the internal backward ops' invalid calls, with
+                    ``op=torch.ops.torchops._<name>_backward.default``, and
+                    the wrapper's own errors with ``via_wrapper=True``.
+
+Optional fields (defaults in brackets): ``dtypes`` [all four float dtypes on
+cpu and cuda], ``tols`` [DEFAULT_TOLS] per dtype, ``differentiable`` [True:
+the op has an Autograd kernel], ``supports_gradgrad`` [False: its internal
+backward ops have Autograd kernels too], ``data_dependent_output`` [False: the
+output size depends on the values, like nms], ``internal_ops`` [()]
+(``_<op>_backward`` ops this entry exercises), ``autocast`` [False: the op
+has AutocastCPU/AutocastCUDA kernels], ``no_benchmark`` [{}: op name -> why
+torchops/bench/cases.py has no case timing it], ``contiguous_outputs``
+[True], ``sample_inputs_large`` [None: extra, bigger samples for the
+``--full`` profile], ``sample_inputs_compile`` [None: derived],
+``hypothesis_sample`` [None: derived from ``sample_inputs``; ``(draw, device,
+dtype) -> Sample`` for a real property test, see hyp_tensor],
+``gradcheck_kwargs`` [{}: e.g. nondet_tol for atomics], ``wrapper_sample`` and
+``wrapper_outputs`` [None: the wrapper takes the op's arguments and returns
+its outputs], ``skips`` [[]: ``Skip(test, reason, device=None, dtype=None,
+xfail=False)`` records, a test of GENERIC_TESTS on one device and dtype (None:
+all) skipped or, with xfail, expected to fail] and ``opcheck_skips`` [{}:
+opcheck test_util name -> written reason].  test_gates rejects empty reasons
+and unknown names, and checks the op's kernels against these fields.
+"""
+
+from __future__ import annotations
+
+from .basic import BASIC_OPS, D_SIGMOID, MATMUL
+from .boxes import BATCHED_NMS, BOX_IOU, BOX_OPS, NMS, make_boxes, make_scores
+from .core import (DEFAULT_TOLS, DEVICE_TYPES, ENTRY_DTYPES, FLOAT_DTYPES, GENERIC_TESTS,
+                   HALF_DTYPES, OPCHECK_UTILS, ErrorInput, OpInfo, Sample, Skip, Tol, convert,
+                   devices, full_profile, hyp_size, hyp_tensor, make, make_transposed)
+from .losses import LOSS_OPS, SIGMOID_FOCAL_LOSS
+from .roi import ROI_ALIGN, ROI_OPS, ROI_POOL, random_rois
+
+OP_DB: list[OpInfo] = [*BASIC_OPS, *BOX_OPS, *ROI_OPS, *LOSS_OPS]
+
+__all__ = [
+    "OP_DB", "BASIC_OPS", "BOX_OPS", "ROI_OPS", "LOSS_OPS",
+    "MATMUL", "D_SIGMOID", "NMS", "BATCHED_NMS", "BOX_IOU", "ROI_ALIGN", "ROI_POOL",
+    "SIGMOID_FOCAL_LOSS",
+    "OpInfo", "Sample", "ErrorInput", "Tol", "Skip", "DEFAULT_TOLS", "FLOAT_DTYPES",
+    "HALF_DTYPES", "DEVICE_TYPES", "GENERIC_TESTS", "ENTRY_DTYPES", "OPCHECK_UTILS",
+    "make", "make_transposed", "convert", "hyp_tensor", "hyp_size", "full_profile", "devices",
+    "make_boxes", "make_scores", "random_rois",
+]
