@@ -180,7 +180,7 @@ class Library:
         if self.cuda:
             files = _files(csrc, ("cuda",), (".cu",), recursive=False)
         else:
-            files = _files(csrc, ("", "autograd", "autocast", "cpu"), (".cpp",), recursive=False)
+            files = _files(csrc, ("", "dispatch", "cpu"), (".cpp",), recursive=False)
         # cpp_extension.load names object files by basename only.
         stems = [p.stem for p in files]
         dupes = sorted({s for s in stems if stems.count(s) > 1})

@@ -2,14 +2,16 @@
 // torch.autocast the op computes in float32 and returns the dtype its inputs
 // came in (reduced-precision inputs are upcast, results cast back).
 //
-// Usage, in csrc/autocast/<op>_autocast.cpp:
+// Usage, in the op's dispatcher glue (csrc/dispatch/<op>_dispatch.cpp):
 //
 //   template <c10::DeviceType D>
 //   at::Tensor roi_align_autocast(const at::Tensor& input, ...) {
 //     const AutocastFloat32<D> guard;            // autocast off below us
 //     return guard.back(ops::roi_align(guard.up(input), ...), input);
 //   }
-//   TORCHOPS_REGISTER_AUTOCAST("roi_align", roi_align_autocast)
+//   ...
+//   // at file scope, with the op's other registrations:
+//   TORCHOPS_REGISTER_AUTOCAST("roi_align", torchops::dispatch::roi_align_autocast)
 #pragma once
 
 #include <ATen/autocast_mode.h>
@@ -39,7 +41,10 @@ class AutocastFloat32 {
 }  // namespace torchops
 
 // Registers `fn<CPU>` and `fn<CUDA>` as the op's AutocastCPU/AutocastCUDA
-// kernels.  One use per file (it opens TORCH_LIBRARY_IMPL blocks).
+// kernels.  It expands to TORCH_LIBRARY_IMPL blocks, which name their
+// registrars uniquely, so a file may use it more than once; it belongs at file
+// scope, where every glue file makes its registrations, so `fn` is written
+// fully qualified.
 #define TORCHOPS_REGISTER_AUTOCAST(op_name, fn)                         \
   TORCH_LIBRARY_IMPL(torchops, AutocastCPU, m) {                        \
     m.impl(op_name, &fn<c10::DeviceType::CPU>);                         \

@@ -1,4 +1,4 @@
-// Autograd of torchops.matmul.
+// Dispatcher glue of torchops.matmul: registers its Autograd kernel.
 //
 // Both gradients are matmuls themselves, of transposed views: the kernels
 // accept any strides, so no copies are made, and because the backward calls
@@ -7,13 +7,24 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
-#include "ops.h"
+#include "dispatch/handle.h"
 
-namespace torchops::autograd {
+namespace torchops::dispatch {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+namespace ops {
+
+at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
+  static const auto op =
+      typed_handle<at::Tensor(const at::Tensor&, const at::Tensor&)>(
+          "torchops::matmul");
+  return op.call(a, b);
+}
+
+}  // namespace ops
 
 class Matmul : public torch::autograd::Function<Matmul> {
  public:
@@ -45,9 +56,8 @@ at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b) {
 }
 
 }  // namespace
+}  // namespace torchops::dispatch
 
 TORCH_LIBRARY_IMPL(torchops, Autograd, m) {
-  m.impl("matmul", &matmul_autograd);
+  m.impl("matmul", &torchops::dispatch::matmul_autograd);
 }
-
-}  // namespace torchops::autograd

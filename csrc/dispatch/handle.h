@@ -1,0 +1,24 @@
+// The one helper every op's dispatcher glue (csrc/dispatch/<op>_dispatch.cpp)
+// shares: a typed handle for calling a torchops operator *through the
+// dispatcher*.
+//
+// Autograd and autocast kernels call the op below them this way, never a
+// kernel function directly: a call through the dispatcher picks the right
+// device kernel, is recorded by autograd (so a backward built from ops is
+// differentiable again), and is visible to torch.compile's tracer.  Each glue
+// file declares the typed calls it needs next to their only users, keeping the
+// handle in a function-local static so the schema is looked up once.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+namespace torchops::dispatch {
+
+template <typename Signature>
+c10::TypedOperatorHandle<Signature> typed_handle(const char* name) {
+  return c10::Dispatcher::singleton()
+      .findSchemaOrThrow(name, "")
+      .template typed<Signature>();
+}
+
+}  // namespace torchops::dispatch
