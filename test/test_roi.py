@@ -116,9 +116,12 @@ def test_empty_inputs(device):
 # ---------------------------------------------------------------------------------
 
 def test_cpu_backward_is_thread_count_independent():
-    x, rois, scale = _problem(c=16, k=60)
-    g_align = _features((60, 16, 4, 3), seed=1)
-    g_pool = _features((60, 16, 3, 3), seed=2)
+    # CPU tensors even where the default device is a GPU: set_num_threads
+    # governs the CPU kernels only (test_cuda_*_deterministic_backward covers
+    # the CUDA backwards).
+    x, rois, scale = _problem(c=16, k=60, device="cpu")
+    g_align = _features((60, 16, 4, 3), "cpu", seed=1)
+    g_pool = _features((60, 16, 3, 3), "cpu", seed=2)
     threads = torch.get_num_threads()
     results = []
     try:
@@ -134,17 +137,31 @@ def test_cpu_backward_is_thread_count_independent():
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_cpu_tap_walks(dtype):
-    """Boxes for each of the CPU kernel's three ways of walking the taps
-    (padded 4x4, dense row pass, sparse lists; chosen per RoI by cost):
-    wide bins sampled once (sparse), twice (4x4), small bins (dense)."""
-    x = _features((1, 3, 16, 400), dtype=dtype)
+@pytest.mark.parametrize("walk", ["auto", "sparse", "four", "dense"])
+def test_cpu_tap_walks(walk, dtype, monkeypatch):
+    """The CPU kernel's three ways of walking the taps (sparse lists, padded
+    4x4, dense row pass), each forced on every RoI through the kernel's
+    testing switch TORCHOPS_TESTING_ROI_ALIGN_WALK, against the float64
+    reference, forward and backward.  "auto" is the per-RoI choice by cost,
+    which these boxes spread over all three: wide bins sampled once (sparse),
+    twice (4x4), small bins (dense)."""
+    switch = "TORCHOPS_TESTING_ROI_ALIGN_WALK"
+    if walk == "auto":
+        monkeypatch.delenv(switch, raising=False)
+    else:
+        monkeypatch.setenv(switch, walk)
+    x = _features((1, 3, 64, 400), dtype=dtype)
     rois = torch.tensor([[0, 10.0, 1.0, 360.0, 14.0],   # 50-pixel bins
                          [0, 20.0, 2.0, 230.0, 13.0],   # 30-pixel bins
                          [0, 5.0, 3.0, 40.0, 12.0],     # 5-pixel bins
-                         [0, 100.0, 0.5, 103.0, 2.0]],  # sub-pixel bins
+                         [0, 100.0, 0.5, 103.0, 2.0],   # sub-pixel bins
+                         # 30 x 8-pixel bins: at sampling ratio 2 a bin has
+                         # 4 rows as well as 4 columns, the 4x4 walk's most.
+                         [0, 50.0, 4.3, 260.0, 59.9]],
                         dtype=dtype)
-    for sr in (1, 2, 0):
+    # The 4x4 walk serves bins of at most 4 taps per axis, so not the wide
+    # bins' adaptive grids (sampling_ratio 0): those it refuses, below.
+    for sr in (1, 2) if walk == "four" else (1, 2, 0):
         xr = x.clone().requires_grad_()
         out = ALIGN(xr, rois, 1.0, 7, 7, sr, False)
         xd = x.double().clone().requires_grad_()
@@ -155,6 +172,21 @@ def test_cpu_tap_walks(dtype):
         out.backward(g.to(dtype))
         want.backward(g)
         torch.testing.assert_close(xr.grad.double(), xd.grad, **tol)
+    # A forced walk that cannot serve a RoI raises instead of falling back, so
+    # the passes above ran the walk named; these show the switch is honoured.
+    if walk == "four":
+        with pytest.raises(RuntimeError, match=f"{switch}=four cannot walk RoI 0"):
+            ALIGN(x, rois, 1.0, 7, 7, 0, False)
+    if walk == "dense":
+        left_of_image = torch.tensor([[0, -30.0, 1.0, -20.0, 14.0]], dtype=dtype)
+        with pytest.raises(RuntimeError, match=f"{switch}=dense cannot walk RoI 0"):
+            ALIGN(x, left_of_image, 1.0, 7, 7, 2, False)
+        monkeypatch.setenv(switch, "sparse")
+        assert not ALIGN(x, left_of_image, 1.0, 7, 7, 2, False).any()
+    if walk == "auto":
+        monkeypatch.setenv(switch, "diagonal")
+        with pytest.raises(RuntimeError, match=f"{switch}=diagonal names no tap walk"):
+            ALIGN(x, rois, 1.0, 7, 7, 2, False)
 
 
 # ---------------------------------------------------------------------------------

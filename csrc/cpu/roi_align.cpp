@@ -20,6 +20,9 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 #include "common/roi_align.h"
@@ -93,6 +96,44 @@ enum class TapWalk {
   kDense,
 };
 
+// Testing switch: TORCHOPS_TESTING_ROI_ALIGN_WALK=sparse|four|dense makes
+// every RoI walk its taps that way instead of the cheapest way, and a RoI that
+// walk cannot serve raises.  The cost model alone decides which walk a box
+// gets, so without this a test cannot tell which walks its boxes reached, and
+// a walk that computes wrongly could go untested after a retune.  Unset or
+// empty: the cost-based choice.  Read with a bare getenv at each call, so a
+// test can set it in-process: about 15 ns against about 4 us for the smallest
+// call (c10::utils::get_env would take a lock).
+constexpr const char* kWalkSwitch = "TORCHOPS_TESTING_ROI_ALIGN_WALK";
+
+const char* walk_name(TapWalk walk) {
+  switch (walk) {
+    case TapWalk::kSparse:
+      return "sparse";
+    case TapWalk::kFour:
+      return "four";
+    case TapWalk::kDense:
+      return "dense";
+  }
+  return "?";
+}
+
+std::optional<TapWalk> forced_walk(const char* op) {
+  const char* value = std::getenv(kWalkSwitch);
+  if (value == nullptr || *value == '\0') {
+    return std::nullopt;
+  }
+  const std::string_view v(value);
+  for (const TapWalk walk : {TapWalk::kSparse, TapWalk::kFour, TapWalk::kDense}) {
+    if (v == walk_name(walk)) {
+      return walk;
+    }
+  }
+  TORCH_CHECK(false, "torchops.", op, ": ", kWalkSwitch, "=", v,
+              " names no tap walk (a testing switch: sparse, four or dense; "
+              "unset it for normal use)");
+}
+
 template <typename T>
 struct RoiTaps {
   int64_t batch = 0;
@@ -105,7 +146,8 @@ struct RoiTaps {
 
   int64_t span() const { return cols.last - cols.first + 1; }
 
-  void choose_walk(int64_t width) {
+  // False when `forced` cannot walk these taps.
+  bool choose_walk(int64_t width, std::optional<TapWalk> forced) {
     const int64_t ph = static_cast<int64_t>(rows.offsets.size()) - 1;
     const int64_t pw = static_cast<int64_t>(cols.offsets.size()) - 1;
     int64_t max_r = 0, max_c = 0, min_r = 4, min_c = 4, sparse = 0;
@@ -135,6 +177,15 @@ struct RoiTaps {
     } else if (cost_dense < cost_sparse) {
       walk = TapWalk::kDense;
     }
+    if (forced) {
+      // The same conditions that keep the cost model off these walks: kFour
+      // indexes each bin's first tap, kDense spans the RoI's columns.
+      if ((*forced == TapWalk::kFour && !four) ||
+          (*forced == TapWalk::kDense && cols.taps() == 0)) {
+        return false;
+      }
+      walk = *forced;
+    }
     if (walk == TapWalk::kFour) {
       row4.assign(ph * 4, 0);
       row4_w.assign(ph * 4, T(0));
@@ -157,6 +208,7 @@ struct RoiTaps {
         }
       }
     }
+    return true;
   }
 };
 
@@ -168,9 +220,10 @@ struct RoiAlignParams {
 
 // Sampling patterns of every RoI, built in parallel.
 template <typename scalar_t, typename T>
-std::vector<RoiTaps<T>> build_taps(const scalar_t* rois, int64_t k,
-                                   int64_t height, int64_t width,
-                                   const RoiAlignParams& p) {
+std::vector<RoiTaps<T>> build_taps(const char* op, const scalar_t* rois,
+                                   int64_t k, int64_t height, int64_t width,
+                                   const RoiAlignParams& p,
+                                   std::optional<TapWalk> forced) {
   std::vector<RoiTaps<T>> taps(static_cast<size_t>(k));
   at::parallel_for(0, k, 16, [&](int64_t begin, int64_t end) {
     std::vector<T> scratch(static_cast<size_t>(std::max(height, width)), T(0));
@@ -184,7 +237,10 @@ std::vector<RoiTaps<T>> build_taps(const scalar_t* rois, int64_t k,
                    p.pooled_height, box.inv_count, scratch);
       t.cols.build(box.start_w, box.bin_w, box.grid_w, width, p.pooled_width,
                    T(1), scratch);
-      t.choose_walk(width);
+      TORCH_CHECK(t.choose_walk(width, forced), "torchops.", op, ": ",
+                  kWalkSwitch, "=", walk_name(*forced), " cannot walk RoI ", i,
+                  " (four needs 1 to 4 input rows and columns in every bin, "
+                  "dense a RoI that samples some column)");
     }
   });
   return taps;
@@ -425,6 +481,7 @@ at::Tensor roi_align(const at::Tensor& input_in, const at::Tensor& rois_in,
   check_roi_forward(op, input_in, rois_in, pooled_height, pooled_width,
                     c10::DeviceType::CPU);
   check_sampling_ratio(op, sampling_ratio);
+  const std::optional<TapWalk> walk = forced_walk(op);
   const at::Tensor input = input_in.contiguous();
   const at::Tensor rois = rois_in.contiguous();
   const int64_t k = rois.size(0), channels = input.size(1);
@@ -442,7 +499,7 @@ at::Tensor roi_align(const at::Tensor& input_in, const at::Tensor& rois_in,
           return;
         }
         const std::vector<RoiTaps<T>> taps =
-            build_taps<scalar_t, T>(rp, k, height, width, p);
+            build_taps<scalar_t, T>(op, rp, k, height, width, p, walk);
         const scalar_t* in = input.const_data_ptr<scalar_t>();
         scalar_t* o = out.mutable_data_ptr<scalar_t>();
         const int64_t bins = pooled_height * pooled_width;
@@ -469,6 +526,7 @@ at::Tensor roi_align_backward(const at::Tensor& grad_in,
   check_roi_backward(op, grad_in, rois_in, pooled_height, pooled_width,
                      batch_size, channels, height, width, c10::DeviceType::CPU);
   check_sampling_ratio(op, sampling_ratio);
+  const std::optional<TapWalk> walk = forced_walk(op);
   const at::Tensor grad = grad_in.contiguous();
   const at::Tensor rois = rois_in.contiguous();
   const int64_t k = rois.size(0);
@@ -488,7 +546,7 @@ at::Tensor roi_align_backward(const at::Tensor& grad_in,
           return;
         }
         const std::vector<RoiTaps<T>> taps =
-            build_taps<scalar_t, T>(rp, k, height, width, p);
+            build_taps<scalar_t, T>(op, rp, k, height, width, p, walk);
         const scalar_t* gp = grad.const_data_ptr<scalar_t>();
         T* gi = grad_input.mutable_data_ptr<T>();
         const int64_t bins = pooled_height * pooled_width;
