@@ -77,7 +77,7 @@ def test_a_case_whose_op_is_missing_is_skipped_with_a_note():
 
 
 def test_a_failing_variant_becomes_a_note_and_a_failed_row():
-    bad_shapes = lambda p, dev, dt, rg: (torch.randn(3, 4), torch.randn(5, 6))  # noqa: E731
+    bad_shapes = lambda p: (torch.randn(3, 4), torch.randn(5, 6))  # noqa: E731
     case = Case(name="bad", op="matmul", inputs=bad_shapes, sizes={"cpu": [Size("3x4 @ 5x6")]},
                 reference=torch.matmul, compile=False)
     row = run([case], ["cpu"], _quiet())[0][0]
@@ -144,7 +144,7 @@ def test_every_case_makes_inputs_and_counts_work(case):
     torchvision peer's adapter where torchvision is installed) agree on shapes."""
     size = case.sizes_for("cpu", quick=True)[0]
     torch.manual_seed(0)
-    args = case.inputs(size.params, "cpu", size.dtype, case.backward)
+    args = case.make_inputs(size, "cpu")
     for counter in (case.flops, case.bytes):
         if counter is not None:
             assert counter(args) > 0

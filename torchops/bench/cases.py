@@ -43,7 +43,7 @@ class Peer:
 class Case:
     name: str                                   # unique, e.g. "roi_align fwd+bwd"
     op: str                                     # torch.ops.torchops.<op>
-    inputs: Callable[[Mapping[str, Any], str, torch.dtype, bool], tuple]
+    inputs: Callable[[Mapping[str, Any]], tuple]  # params -> the op's arguments (inputs.py)
     sizes: Mapping[str, Sequence[Size]]         # device -> sizes
     reference: Callable | None = None           # pure PyTorch, the op's arguments
     reference_name: str = "eager PyTorch"
@@ -65,6 +65,16 @@ class Case:
     def torchops_fn(self) -> Callable:
         return getattr(torch.ops.torchops, self.op).default
 
+    def make_inputs(self, size: Size, device: str) -> tuple:
+        """The op's arguments at `size` on `device`: floating tensors in the
+        size's dtype; with backward, the first one (the features, logits, ...)
+        requires its gradient."""
+        args = [a.to(device, size.dtype if a.is_floating_point() else a.dtype)
+                if isinstance(a, torch.Tensor) else a for a in self.inputs(size.params)]
+        if self.backward:
+            args[0].requires_grad_()
+        return tuple(args)
+
     def sizes_for(self, device: str, quick: bool) -> list[Size]:
         sizes = list(self.sizes.get(device, ()))
         return ([s for s in sizes if s.quick] or sizes[:1]) if quick else sizes
@@ -82,9 +92,10 @@ def _nbytes(*ts) -> int:
     return sum(t.numel() * t.element_size() for t in ts if isinstance(t, torch.Tensor))
 
 
-def _mm(m, k, n, dtype=torch.float32, b=None, quick=False):
-    return Size(f"{m}x{k}x{n}" if b is None else f"{b} x {m}x{k}x{n}",
-                {"m": m, "k": k, "n": n, "b": b}, dtype, quick)
+def _mm(n, dtype=torch.float32, b=None, quick=False):
+    """Square (B x) n x n @ n x n."""
+    return Size(f"{n}x{n}x{n}" if b is None else f"{b} x {n}x{n}x{n}",
+                {"m": n, "k": n, "n": n, "b": b}, dtype, quick)
 
 
 def _elements(n, dtype=torch.float32, quick=False):
@@ -130,11 +141,9 @@ ROI_POOL = dict(op="roi_pool", inputs=inputs.roi_pool_args, peer=_torchvision(
 
 CASES: list[Case] = [
     Case(name="matmul", op="matmul", inputs=inputs.matrices, sizes={
-        "cuda": [_mm(512, 512, 512, quick=True), _mm(1024, 1024, 1024), _mm(4096, 4096, 4096),
-                 _mm(4096, 4096, 4096, bf16), _mm(4096, 4096, 4096, f16), _mm(512, 512, 512, b=32),
-                 _mm(512, 512, 512, bf16, b=32)],
-        "cpu": [_mm(256, 256, 256, quick=True), _mm(512, 512, 512), _mm(1024, 1024, 1024),
-                _mm(256, 256, 256, b=16)]},
+        "cuda": [_mm(512, quick=True), _mm(1024), _mm(4096), _mm(4096, bf16), _mm(4096, f16),
+                 _mm(512, b=32), _mm(512, bf16, b=32)],
+        "cpu": [_mm(256, quick=True), _mm(512), _mm(1024), _mm(256, b=16)]},
          reference=torch.matmul, reference_name="torch.matmul (cuBLAS / CPU BLAS)",
          flops=lambda a: 2.0 * a[0].numel() * a[1].shape[-1],
          note="The eager reference is the vendor BLAS (torch.mm/bmm), i.e. the peer."),
@@ -151,7 +160,8 @@ CASES: list[Case] = [
     Case(name="nms", op="nms", inputs=inputs.nms_args, sizes={
         "cuda": [_boxes(n, r, quick=(n == 1000 and r == "sparse"))
                  for n in (1000, 5000, 20000, 100000) for r in ("sparse", "dense")],
-        "cpu": [_boxes(5000, r, quick=(r == "sparse"), threads=SCALING) for r in ("sparse", "dense")]},
+        "cpu": [_boxes(5000, r, quick=(r == "sparse"), threads=SCALING)
+                for r in ("sparse", "dense")]},
          peer=_torchvision("nms"),
          note="No eager reference: exact NMS is a sequential loop over the boxes."),
     Case(name="batched_nms", op="batched_nms", inputs=inputs.batched_nms_args, sizes={
@@ -200,6 +210,7 @@ CASES: list[Case] = [
 def select(names: list[str] | None) -> list[Case]:
     """Cases whose case name or operator name is in `names` (all when None)."""
     known = {c.name for c in CASES} | {c.op for c in CASES}
-    if set(names or ()) - known:
-        raise ValueError(f"unknown benchmark(s) {sorted(set(names) - known)}; known: {sorted(known)}")
+    unknown = sorted(set(names or ()) - known)
+    if unknown:
+        raise ValueError(f"unknown benchmark(s) {unknown}; known: {sorted(known)}")
     return [c for c in CASES if not names or c.name in names or c.op in names]

@@ -14,8 +14,6 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["add_parser", "main"]
-
 DESCRIPTION = """\
 Time every torchops operator against its eager PyTorch reference, torch.compile
 of that reference and the peer library (torchvision, the vendor BLAS) where
@@ -52,25 +50,19 @@ def add_parser(sub) -> None:
         "variant once, and exit: fills torch.compile's on-disk caches for a later run")
 
 
-def _devices(spec: str | None) -> list[str]:
-    if spec is None:
-        return ["cuda" if torch.cuda.is_available() else "cpu"]
-    devices = [d.strip() for d in spec.split(",") if d.strip()]
+def _parse(args: argparse.Namespace) -> tuple[list[str], tuple | None]:
+    """The devices and CPU thread counts asked for."""
+    devices = [d.strip() for d in (args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+                                   ).split(",")]
     if not devices or any(d not in ("cpu", "cuda") for d in devices):
-        raise SystemExit(f"bench: --device takes cpu, cuda or cuda,cpu; got {spec!r}")
+        raise SystemExit(f"bench: --device takes cpu, cuda or cuda,cpu; got {args.device!r}")
     if "cuda" in devices and not torch.cuda.is_available():
         raise SystemExit("bench: --device cuda, but torch sees no CUDA GPU "
                          f"(torch {torch.__version__}, CUDA {torch.version.cuda or 'none'})")
-    return devices
-
-
-def _thread_counts(spec: str | None) -> tuple[int | str, ...] | None:
-    if spec is None:
-        return None
-    counts = [t.strip() for t in spec.split(",")]
+    counts = [t.strip() for t in args.threads.split(",")] if args.threads else []
     if not all(t == "all" or (t.isdigit() and int(t) > 0) for t in counts):
-        raise SystemExit(f"bench: --threads takes positive counts or 'all'; got {spec!r}")
-    return tuple(t if t == "all" else int(t) for t in counts)
+        raise SystemExit(f"bench: --threads takes positive counts or 'all'; got {args.threads!r}")
+    return devices, tuple(t if t == "all" else int(t) for t in counts) or None
 
 
 def _git_commit() -> str | None:
@@ -79,40 +71,40 @@ def _git_commit() -> str | None:
     root = Path(__file__).resolve().parents[2]
     if os.environ.get("TORCHOPS_COMMIT") or not (root / ".git").exists():
         return os.environ.get("TORCHOPS_COMMIT")
+    git = lambda *a: subprocess.run(["git", "-C", str(root), *a],  # noqa: E731
+                                    capture_output=True, text=True, timeout=10)
     try:
-        head, dirty = (subprocess.run(["git", "-C", str(root), *a], capture_output=True,
-                                      text=True, timeout=10)
-                       for a in (["rev-parse", "--short", "HEAD"],
-                                 ["status", "--porcelain", "--", "csrc", "torchops"]))
+        head, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "--",
+                                                              "csrc", "torchops")
     except (OSError, subprocess.SubprocessError):
         return None
-    if head.returncode != 0:
+    return head.stdout.strip() + " (modified)" * bool(dirty.stdout.strip()) \
+        if head.returncode == 0 else None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
         return None
-    return head.stdout.strip() + (" (modified)" if dirty.stdout.strip() else "")
 
 
 def environment(devices: list[str], command: str, all_threads: int) -> dict:
     import torchops
-
-    def version(dist: str) -> str | None:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return None
 
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
                 if line.startswith("model name")), platform.processor() or platform.machine())
     env = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "command": command, "torch": torch.__version__, "cuda": torch.version.cuda,
-           "torchvision": version("torchvision"), "triton": version("triton"),
+           "torchvision": _version("torchvision"), "triton": _version("triton"),
            "torchops": torchops.__version__, "torchops_commit": _git_commit(),
            "python": platform.python_version(),
            "cpu": f"{cpu} ({all_threads} threads used as 'all')"}
     if "cuda" in devices:
         p = torch.cuda.get_device_properties(torch.cuda.current_device())
-        env["gpu"] = (f"{p.name} ({p.total_memory / 2**30:.0f} GiB, "
-                      f"{p.multi_processor_count} SMs, sm_{p.major}{p.minor})")
+        env["gpu"] = (f"{p.name} ({p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs, "
+                      f"sm_{p.major}{p.minor})")
     return env
 
 
@@ -121,26 +113,23 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     from torchops.bench import report
     from torchops.bench.runner import ALL_THREADS, Options, plan, run
 
-    devices = _devices(args.device)
-    names = [n.strip() for spec in (args.op or []) for n in spec.split(",") if n.strip()]
+    devices, threads = _parse(args)
     try:
-        cases = registry.select(names or None)
+        cases = registry.select([n.strip() for spec in args.op or [] for n in spec.split(",")
+                                 if n.strip()])
     except ValueError as e:
         raise SystemExit(f"bench: {e}")
-    threads = _thread_counts(args.threads)
     if args.list:
         for case, device, size, n in plan(cases, devices, args.quick, threads):
-            missing = case.missing()
             print(f"{device:5s} {case.name:34s} {size.label:28s} {str(size.dtype)[6:]:9s} "
-                  f"{n or '-':>3}" + (f"  (skipped: {missing})" if missing else ""))
+                  f"{n or '-':>3}" + (f"  (skipped: {case.missing()})" if case.missing() else ""))
         return 0
 
-    opts = Options(quick=args.quick, slow=args.slow, compile=not args.no_compile,
-                   min_time=args.min_time, time_budget=args.time_budget, threads=threads,
-                   compile_only=args.compile_only)
-    rows, rooflines = run(cases, devices, opts)
+    rows, rooflines = run(cases, devices, Options(
+        quick=args.quick, slow=args.slow, compile=not args.no_compile, min_time=args.min_time,
+        time_budget=args.time_budget, threads=threads, compile_only=args.compile_only))
     if args.compile_only:
-        done = sum(1 for r in rows if any(n.startswith("compiled in") for n in r.notes))
+        done = sum(any(n.startswith("compiled in") for n in r.notes) for r in rows)
         failed = [f"{r.device} {r.case} {r.size}: {n}" for r in rows for n in r.notes
                   if n.startswith("compiled:")]
         print(f"bench: compiled {done} rows" + "".join(f"\n  {f}" for f in failed))
@@ -158,15 +147,13 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     report.write_json(rows, meta, out / "bench.json")
     written = [out / "bench.csv", out / "bench.json"]
     why_no_plot = report.write_plot(rows, out / "bench.png")
-    if why_no_plot is None:
-        written.append(out / "bench.png")
-    else:
+    if why_no_plot:
         print(f"bench: {why_no_plot}", file=sys.stderr)
+    written += [out / "bench.png"] * (not why_no_plot)
     if args.write_doc:
-        doc = Path(args.write_doc)
-        doc.parent.mkdir(parents=True, exist_ok=True)
-        doc.write_text(markdown, encoding="utf-8")
-        written.append(doc)
+        written.append(Path(args.write_doc))
+        written[-1].parent.mkdir(parents=True, exist_ok=True)
+        written[-1].write_text(markdown, encoding="utf-8")
     print(markdown)
     print("bench: wrote " + ", ".join(map(str, written)), file=sys.stderr)
     return 1 if args.strict and report.failed_rows(rows) else 0

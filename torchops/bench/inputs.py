@@ -1,9 +1,9 @@
 """Random inputs of realistic shape for the benchmark cases.
 
-Every factory takes ``(params, device, dtype, requires_grad)`` and returns the
-torchops operator's positional arguments.  Values are drawn on the CPU from
-torch's global generator (seeded per row) and moved, so every device sees the
-same values.
+Every factory takes a size's params and returns the torchops operator's
+positional arguments, drawn on the CPU from torch's global generator (seeded
+per row) in float32: Case.make_inputs moves them to the row's device and
+dtype, so every device sees the same values.
 """
 
 from __future__ import annotations
@@ -16,19 +16,14 @@ import torch
 P = Mapping[str, Any]
 
 
-def _leaf(t: torch.Tensor, device: str, dtype: torch.dtype, requires_grad: bool) -> torch.Tensor:
-    return t.to(device=device, dtype=dtype).requires_grad_(requires_grad)
-
-
-def matrices(p: P, device: str, dtype: torch.dtype, requires_grad: bool) -> tuple:
+def matrices(p: P) -> tuple:
     """``(B?, M, K) @ (B?, K, N)``: params m, k, n and optional b."""
     pre = (p["b"],) if p.get("b") else ()
-    return (_leaf(torch.randn(*pre, p["m"], p["k"]), device, dtype, requires_grad),
-            _leaf(torch.randn(*pre, p["k"], p["n"]), device, dtype, requires_grad))
+    return torch.randn(*pre, p["m"], p["k"]), torch.randn(*pre, p["k"], p["n"])
 
 
-def vector(p: P, device: str, dtype: torch.dtype, requires_grad: bool) -> tuple:
-    return (_leaf(torch.empty(p["n"]).uniform_(-8, 8), device, dtype, requires_grad),)
+def vector(p: P) -> tuple:
+    return (torch.empty(p["n"]).uniform_(-8, 8),)
 
 
 def _scattered(n: int, coverage: float = 0.25) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,25 +49,23 @@ def random_boxes(n: int, regime: str = "sparse") -> torch.Tensor:
     return torch.cat([ctr - wh / 2, ctr + wh / 2], dim=1)
 
 
-def nms_args(p: P, device: str, dtype: torch.dtype, requires_grad: bool) -> tuple:
+def nms_args(p: P) -> tuple:
     boxes = random_boxes(p["n"], p.get("regime", "sparse"))
     # Distinct scores: with ties, torchvision's (unstable) sort may order the
     # kept boxes differently, and the check would flag a non-difference.
-    scores = (torch.randperm(p["n"]) + torch.rand(p["n"])) / p["n"]
-    return boxes.to(device, dtype), scores.to(device, dtype), float(p.get("iou", 0.5))
+    return boxes, (torch.randperm(p["n"]) + torch.rand(p["n"])) / p["n"], float(p.get("iou", 0.5))
 
 
-def batched_nms_args(p: P, device: str, dtype: torch.dtype, requires_grad: bool) -> tuple:
-    boxes, scores, iou = nms_args(p, device, dtype, requires_grad)
-    return boxes, scores, torch.randint(0, p.get("classes", 80), (p["n"],)).to(device), iou
+def batched_nms_args(p: P) -> tuple:
+    boxes, scores, iou = nms_args(p)
+    return boxes, scores, torch.randint(0, p.get("classes", 80), (p["n"],)), iou
 
 
-def box_pairs(p: P, device: str, dtype: torch.dtype, requires_grad: bool) -> tuple:
-    return (random_boxes(p["n"], "dense").to(device, dtype),
-            random_boxes(p["m"], "dense").to(device, dtype))
+def box_pairs(p: P) -> tuple:
+    return random_boxes(p["n"], "dense"), random_boxes(p["m"], "dense")
 
 
-def _features_and_rois(p: P, device: str, dtype: torch.dtype, requires_grad: bool):
+def _features_and_rois(p: P):
     """Features ``(N, C, H, W)`` at stride 1/p["scale"] of the image, and
     ``(K, 5)`` RoIs ``(batch index, x1, y1, x2, y2)`` in image pixels with sides
     uniform in 32 .. half the image."""
@@ -84,26 +77,23 @@ def _features_and_rois(p: P, device: str, dtype: torch.dtype, requires_grad: boo
                       torch.empty(k).uniform_(32, img_h / 2)], dim=1)
     x1y1 = torch.rand(k, 2) * (torch.tensor([img_w, img_h]) - wh)
     rois = torch.cat([torch.randint(0, n, (k, 1)).float(), x1y1, x1y1 + wh], dim=1)
-    return _leaf(feats, device, dtype, requires_grad), rois.to(device, dtype), scale
+    return feats, rois, scale
 
 
-def roi_align_args(p: P, device: str, dtype: torch.dtype, requires_grad: bool) -> tuple:
+def roi_align_args(p: P) -> tuple:
     """7x7 bins, sampling_ratio 2, aligned."""
-    feats, rois, scale = _features_and_rois(p, device, dtype, requires_grad)
-    return feats, rois, scale, 7, 7, 2, True
+    return (*_features_and_rois(p), 7, 7, 2, True)
 
 
-def roi_pool_args(p: P, device: str, dtype: torch.dtype, requires_grad: bool) -> tuple:
-    feats, rois, scale = _features_and_rois(p, device, dtype, requires_grad)
-    return feats, rois, scale, 7, 7
+def roi_pool_args(p: P) -> tuple:
+    return (*_features_and_rois(p), 7, 7)
 
 
-def focal_loss_args(p: P, device: str, dtype: torch.dtype, requires_grad: bool) -> tuple:
+def focal_loss_args(p: P) -> tuple:
     """Logits ``(N, C)`` and one-hot float targets (a quarter of the rows are
     background: all zeros), alpha 0.25, gamma 2, mean."""
     n, c = p["n"], p["c"]
     logits, targets = torch.randn(n, c) * 2, torch.zeros(n, c)
     fg = torch.rand(n) >= 0.25
     targets[fg, torch.randint(0, c, (n,))[fg]] = 1.0
-    return (_leaf(logits, device, dtype, requires_grad), targets.to(device, dtype),
-            0.25, 2.0, "mean")
+    return logits, targets, 0.25, 2.0, "mean"

@@ -1,5 +1,5 @@
-"""Benchmark results as Markdown (the terminal's table and docs/performance.md),
-CSV, JSON and a PNG plot."""
+"""Benchmark results as Markdown (printed, and docs/performance.md), CSV, JSON
+and a PNG plot."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from pathlib import Path
 from torchops.bench.cases import VARIANTS
 from torchops.bench.runner import Row, fmt_time
 
-__all__ = ["markdown_report", "write_csv", "write_json", "write_plot", "summary_line",
-           "failed_rows"]
-
-_KEY_COLUMNS = ("size", "dtype", "threads", "torchops")
 ALTERNATIVES = VARIANTS[1:]
+CSV_FIELDS = ["device", "case", "op", "size", "dtype", "threads", "backward", "deterministic",
+              "variant", "variant_name", "median_s", "p25_s", "p75_s", "samples", "calls",
+              "method", "metric", "throughput", "roofline_pct", "torchops_speedup", "check",
+              "notes"]
 
 
 def _groups(rows: list[Row]) -> list[tuple[str, str, list[Row]]]:
@@ -31,17 +31,17 @@ def _x(v: float | None) -> str:
 
 def _cells(r: Row) -> dict[str, str]:
     m, tput, pct = r.results.get("torchops"), r.throughput(), r.roofline_pct()
-    cells = {
-        "size": r.size, "dtype": r.dtype, "threads": str(r.threads) if r.threads else "-",
-        "torchops": "skipped" if r.skipped else fmt_time(r.seconds("torchops")),
-        "IQR": f"{100 * m.iqr / m.median:.0f}%" if m and m.median > 0 else "-",
-        "throughput": "-" if tput is None else (f"{tput * 1e3:.3g} GFLOP/s" if r.metric == "TFLOP/s"
-                                                and tput < 1 else f"{tput:.3g} {r.metric}"),
-        "% roofline": "-" if pct is None else f"{pct:.0f}%",
-    }
+    if tput is not None and r.metric == "TFLOP/s" and tput < 1:
+        tput_text = f"{tput * 1e3:.3g} GFLOP/s"
+    else:
+        tput_text = "-" if tput is None else f"{tput:.3g} {r.metric}"
+    cells = {"size": r.size, "dtype": r.dtype, "threads": str(r.threads) if r.threads else "-",
+             "torchops": "skipped" if r.skipped else fmt_time(r.seconds("torchops")),
+             "IQR": f"{100 * m.iqr / m.median:.0f}%" if m and m.median > 0 else "-",
+             "throughput": tput_text, "% roofline": "-" if pct is None else f"{pct:.0f}%"}
     for v in ALTERNATIVES:
         cells[v], cells[f"vs {v}"] = fmt_time(r.seconds(v)), _x(r.speedup(v))
-    # Against the strongest alternative, where there is a choice.
+    # Against the strongest alternative, where the row has a choice.
     several = sum(v in r.results for v in ALTERNATIVES) > 1
     cells["vs best"] = f"{_x(r.speedup(r.best()))} ({r.best()})" if several else "-"
     cells["check"] = "MISMATCH" if r.check.startswith("MISMATCH") else r.check
@@ -49,33 +49,29 @@ def _cells(r: Row) -> dict[str, str]:
 
 
 def _table(rows: list[Row]) -> list[str]:
+    """A Markdown table, padded so that it also reads as a table in a terminal."""
     cells = [_cells(r) for r in rows]
-    header = [h for h in cells[0] if h in _KEY_COLUMNS or any(c[h] != "-" for c in cells)]
+    header = [h for h in cells[0] if h in ("size", "dtype", "threads", "torchops")
+              or any(c[h] != "-" for c in cells)]
     body = [[c[h].replace("|", "\\|") for h in header] for c in cells]
-    widths = [max(len(x) for x in col) for col in zip(header, *body)]
-    line = lambda cs: "| " + " | ".join(c.ljust(w) for c, w in zip(cs, widths)) + " |"  # noqa: E731
-    rule = "|" + "|".join("-" * (w + 2) if h in ("size", "dtype", "check") else "-" * (w + 1) + ":"
-                          for h, w in zip(header, widths)) + "|"
+    widths = [max(map(len, col)) for col in zip(header, *body)]
+    left = [h in ("size", "dtype", "check") for h in header]
+    line = lambda cs: "| " + " | ".join(  # noqa: E731
+        c.ljust(w) if lft else c.rjust(w) for c, w, lft in zip(cs, widths, left)) + " |"
+    rule = "|" + "|".join("-" * (w + 2 - (not lft)) + ("" if lft else ":")
+                          for w, lft in zip(widths, left)) + "|"
     return [line(header), rule] + [line(b) for b in body]
 
 
-def _names(rows: list[Row]) -> str:
-    names = {}
-    for r in rows:
-        names.update(r.names)
-    return "<br>".join(f"{v} = {names[v]}" for v in ALTERNATIVES if v in names)
-
-
-def _at(where: str) -> str:
-    return "" if where == "gpu" else f" at {where} thread" + ("" if where == "1" else "s")
+def _at(threads: str) -> str:
+    return "" if threads in ("gpu", "0") else f" at {threads} thread" + "s" * (threads != "1")
 
 
 def _notes(rows: list[Row], case_note: str) -> list[str]:
     """The case's note, then each row's notes; a note every row of the group
     carries is said once, without naming the row."""
     out = [case_note] if case_note else []
-    per_row = [(r.size + _at(str(r.threads)).replace(" at", ",") if r.threads else r.size, n)
-               for r in rows
+    per_row = [(r.size + _at(str(r.threads)).replace(" at", ","), n) for r in rows
                for n in r.notes + ([r.check] if r.check.startswith("MISMATCH") else [])]
     bodies = [n for _, n in per_row]
     for where, n in per_row:
@@ -86,11 +82,10 @@ def _notes(rows: list[Row], case_note: str) -> list[str]:
 
 
 def _roofline(roof: dict) -> str:
-    bw = ", ".join(f"{v:g} GB/s{_at(k)}" for k, v in roof.get("bandwidth_GBps", {}).items())
+    bw = ", ".join(f"{v:g} GB/s{_at(k)}" for k, v in roof["bandwidth_GBps"].items())
     fl = ", ".join(f"{k.split('@')[0]} {v:g} TFLOP/s{_at(k.split('@')[1])}"
-                   for k, v in roof.get("mm_TFLOPs", {}).items())
-    return "; ".join(([f"copy {bw}"] if bw else []) + ([f"torch.mm {fl}"] if fl else [])) \
-        or "not measured"
+                   for k, v in roof["mm_TFLOPs"].items())
+    return "; ".join([f"copy {bw}"] * bool(bw) + [f"torch.mm {fl}"] * bool(fl)) or "not measured"
 
 
 def markdown_report(rows: list[Row], meta: dict, case_notes: dict[str, str]) -> str:
@@ -100,16 +95,12 @@ def markdown_report(rows: list[Row], meta: dict, case_notes: dict[str, str]) -> 
         "# Performance", "",
         f"Generated by `{env['command']}` on {env['date']}; do not edit by hand "
         "(regenerate with `scripts/gpu_check.sh`, see [benchmarks.md](benchmarks.md)).", "",
-        "| | |", "|---|---|",
-        *([f"| GPU | {env['gpu']} |"] if env.get("gpu") else []),
-        f"| CPU | {env['cpu']} |",
-        f"| torch | {env['torch']} (CUDA {env['cuda'] or 'none'}) |",
+        "| | |", "|---|---|", *([f"| GPU | {env['gpu']} |"] if env.get("gpu") else []),
+        f"| CPU | {env['cpu']} |", f"| torch | {env['torch']} (CUDA {env['cuda'] or 'none'}) |",
         f"| torchvision | {env['torchvision'] or 'not installed'} |",
-        f"| triton | {env.get('triton') or 'not installed'} |",
-        f"| torchops | {env['torchops']}{commit} |",
-        f"| python | {env['python']} |",
-        *(f"| roofline ({d}) | {_roofline(roof)} |" for d, roof in meta["roofline"].items()),
-        "",
+        f"| triton | {env['triton'] or 'not installed'} |",
+        f"| torchops | {env['torchops']}{commit} |", f"| python | {env['python']} |",
+        *(f"| roofline ({d}) | {_roofline(roof)} |" for d, roof in meta["roofline"].items()), "",
         "Times are medians over many repeats with cold caches (CUDA: `triton.testing.do_bench`, "
         "which flushes the L2 before every call; CPU: `torch.utils.benchmark`, rotating through "
         "input sets larger than the last-level cache; docs/benchmarks.md explains the method); "
@@ -123,9 +114,10 @@ def markdown_report(rows: list[Row], meta: dict, case_notes: dict[str, str]) -> 
     current = None
     for device, case, rs in _groups(rows):
         if device != current:
-            out += ["", f"## {device.upper()}"]
-            current = device
-        out += ["", f"### {case}", ""] + ([_names(rs), ""] if _names(rs) else []) + _table(rs)
+            out, current = out + ["", f"## {device.upper()}"], device
+        names = {k: v for r in rs for k, v in r.names.items()}
+        names = "<br>".join(f"{v} = {names[v]}" for v in ALTERNATIVES if v in names)
+        out += ["", f"### {case}", ""] + [names, ""] * bool(names) + _table(rs)
         notes = _notes(rs, case_notes.get(case, ""))
         out += [""] + [f"- {n}" for n in notes] if notes else []
     return "\n".join(out + ["", summary_line(rows), ""])
@@ -138,41 +130,29 @@ def failed_rows(rows: list[Row]) -> list[Row]:
 
 
 def summary_line(rows: list[Row]) -> str:
-    bad = sum(1 for r in rows if r.check.startswith("MISMATCH"))
-    failed = sum(1 for r in rows if not r.skipped and "torchops" not in r.results)
-    return (f"bench: {len(rows)} rows, {sum(1 for r in rows if r.results)} timed, "
-            f"{sum(1 for r in rows if r.skipped)} skipped, {failed} torchops failures, "
-            f"{bad} mismatches")
-
-
-CSV_FIELDS = ["device", "case", "op", "size", "dtype", "threads", "backward", "deterministic",
-              "variant", "variant_name", "median_s", "p25_s", "p75_s", "samples", "calls",
-              "method", "metric", "throughput", "roofline_pct", "torchops_speedup", "check",
-              "notes"]
-
-
-def _g(v: float | None) -> str:
-    return "" if v is None else f"{v:.4g}"
+    """The run's last line, which scripts/gpu_check.sh's summary quotes."""
+    count = lambda f: sum(1 for r in rows if f(r))  # noqa: E731
+    return (f"bench: {len(rows)} rows, {count(lambda r: r.results)} timed, "
+            f"{count(lambda r: r.skipped)} skipped, "
+            f"{count(lambda r: not r.skipped and 'torchops' not in r.results)} torchops failures, "
+            f"{count(lambda r: r.check.startswith('MISMATCH'))} mismatches")
 
 
 def write_csv(rows: list[Row], path: Path) -> None:
-    """One line per (row, variant timed); a row with nothing timed gets one
-    line, with its notes."""
+    """One line per (row, variant timed); a row with nothing timed gets one,
+    with its notes."""
+    g = lambda v, f=".4g": "" if v is None else format(v, f)  # noqa: E731
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            base = {k: getattr(r, k) for k in CSV_FIELDS[:8] + ["metric", "check"]}
-            base["notes"] = " | ".join(r.notes)
-            if not r.results:
-                w.writerow(base)
-            for v, m in r.results.items():
-                w.writerow({**base, "variant": v, "variant_name": r.names.get(v, ""),
-                            "median_s": f"{m.median:.6g}", "p25_s": f"{m.p25:.6g}",
-                            "p75_s": f"{m.p75:.6g}", "samples": m.samples, "calls": m.calls,
-                            "method": m.method, "throughput": _g(r.throughput(v)),
-                            "roofline_pct": _g(r.roofline_pct(v)),
-                            "torchops_speedup": _g(r.speedup(v)) if v != "torchops" else ""})
+            base = {**vars(r), "notes": " | ".join(r.notes)}
+            for v, m in r.results.items() or [(None, None)]:
+                w.writerow({**base} if m is None else {
+                    **base, **vars(m), "variant": v, "variant_name": r.names.get(v, ""),
+                    **{f"{k}_s": g(getattr(m, k), ".6g") for k in ("median", "p25", "p75")},
+                    "throughput": g(r.throughput(v)), "roofline_pct": g(r.roofline_pct(v)),
+                    "torchops_speedup": g(r.speedup(v)) if v != "torchops" else ""})
 
 
 def write_json(rows: list[Row], meta: dict, path: Path) -> None:
@@ -192,19 +172,16 @@ def write_plot(rows: list[Row], path: Path) -> str | None:
     panels = [g for g in _groups(rows) if any(r.speedup(v) for r in g[2] for v in ALTERNATIVES)]
     if not panels:
         return "no speedups to plot"
-    cols = min(3, len(panels))
-    fig, axes = plt.subplots((len(panels) + cols - 1) // cols, cols,
-                             figsize=(6 * cols, 3.6 * ((len(panels) + cols - 1) // cols)),
-                             squeeze=False)
+    cols, n_rows = min(3, len(panels)), (len(panels) + 2) // 3
+    fig, axes = plt.subplots(n_rows, cols, figsize=(6 * cols, 3.6 * n_rows), squeeze=False)
     for ax, (device, case, rs) in zip(axes.flat, panels):
         labels = list(dict.fromkeys(f"{r.size}\n{r.dtype}" for r in rs))
         series: dict[str, dict[int, float]] = {}
         for r in rs:
-            for v in ALTERNATIVES:
-                if r.speedup(v):
-                    who = r.names.get(v, v).split(".")[0] if v == "peer" else v
-                    key = f"vs {who}" + (f", {r.threads} thr" if r.threads else "")
-                    series.setdefault(key, {})[labels.index(f"{r.size}\n{r.dtype}")] = r.speedup(v)
+            for v in (v for v in ALTERNATIVES if r.speedup(v)):
+                who = r.names[v].split(".")[0] if v == "peer" else v
+                series.setdefault(f"vs {who}" + (f", {r.threads} thr" if r.threads else ""), {})[
+                    labels.index(f"{r.size}\n{r.dtype}")] = r.speedup(v)
         for key, pts in series.items():
             ax.plot(list(pts), list(pts.values()), marker="o", label=key)
         ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
@@ -212,8 +189,7 @@ def write_plot(rows: list[Row], path: Path) -> str | None:
         ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}x"))
         ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.set_xticks(range(len(labels)))
-        ax.set_xticklabels(labels, fontsize=7, rotation=30, ha="right")
+        ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=30, ha="right")
         ax.set_title(f"{case} [{device}]", fontsize=10)
         ax.set_ylabel("torchops speedup")
         ax.legend(fontsize=7)

@@ -16,7 +16,7 @@ import itertools
 import math
 import os
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -107,34 +107,35 @@ class Roofline:
     dtype (what cuBLAS / the CPU BLAS reach).  GPU rows pass ``threads=0``."""
 
     def __init__(self, device: str, quick: bool):
-        self.device, self.quick, self.bw, self.mm = device, quick, {}, {}
-        # Longer than a row's timing: every row of the device divides by these.
-        self.timing = dict(min_time=0.05, max_time=0.5) if quick else dict(min_time=0.3, max_time=3)
+        self.device, self.quick, self.peaks = device, quick, {}
 
-    def _seconds(self, fn: Callable) -> float:
+    def _measure(self, key: tuple, work: float, fn: Callable) -> None:
         fn()
-        return measure(lambda i: fn(), self.device, **self.timing).median
+        # Longer than a row's timing: every row of the device divides by it.
+        timing = dict(min_time=0.05, max_time=0.5) if self.quick else dict(min_time=0.3, max_time=3)
+        self.peaks[key] = work / measure(lambda i: fn(), self.device, **timing).median
 
     def bandwidth(self, threads: int) -> float:
         """Bytes per second."""
-        if threads not in self.bw:
-            cuda = self.device == "cuda"
-            src = torch.ones(((256 if cuda else 32) if self.quick else (1024 if cuda else 256)) << 18,
-                             device=self.device)
+        if ("copy", threads) not in self.peaks:
+            mib = {"cuda": 1024, "cpu": 256}[self.device] // (4 if self.quick else 1)
+            src = torch.ones(mib << 18, device=self.device)  # float32: MiB << 18 values
             dst = torch.empty_like(src)
-            self.bw[threads] = 2 * src.nbytes / self._seconds(lambda: dst.copy_(src))
-        return self.bw[threads]
+            self._measure(("copy", threads), 2 * src.nbytes, lambda: dst.copy_(src))
+        return self.peaks["copy", threads]
 
     def flops(self, dtype: torch.dtype, threads: int) -> float:
-        key = (str(dtype).removeprefix("torch."), threads)
-        if key not in self.mm:
-            n = (4096 if self.quick else 8192) if self.device == "cuda" else (512 if self.quick else 2048)
+        if (dtype, threads) not in self.peaks:
+            n = ((4096 if self.quick else 8192) if self.device == "cuda"
+                 else (512 if self.quick else 2048))
             a, b = (torch.randn(n, n, device=self.device).to(dtype) for _ in range(2))
-            self.mm[key] = 2 * n**3 / self._seconds(lambda: torch.mm(a, b))
-        return self.mm[key]
+            self._measure((dtype, threads), 2 * n**3, lambda: torch.mm(a, b))
+        return self.peaks[dtype, threads]
 
     def to_dict(self) -> dict:
         """Keys: the thread count (CPU) or "gpu"; for FLOP/s, "dtype@threads"."""
         where = lambda t: str(t) if t else "gpu"  # noqa: E731
-        return {"bandwidth_GBps": {where(t): round(v / 1e9, 1) for t, v in self.bw.items()},
-                "mm_TFLOPs": {f"{d}@{where(t)}": round(v / 1e12, 3) for (d, t), v in self.mm.items()}}
+        return {"bandwidth_GBps": {where(t): round(v / 1e9, 1)
+                                   for (k, t), v in self.peaks.items() if k == "copy"},
+                "mm_TFLOPs": {f"{str(k).removeprefix('torch.')}@{where(t)}": round(v / 1e12, 3)
+                              for (k, t), v in self.peaks.items() if k != "copy"}}
