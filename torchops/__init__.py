@@ -10,18 +10,31 @@ cache, if no matching prebuilt library is installed).  It never initialises
 CUDA.
 """
 
+import os as _os
 import sys as _sys
 
 from torchops._build import VERSION as __version__
 from torchops import _loader
 
+
+def _running_the_cli() -> bool:
+    # `doctor` and `build` must run when loading fails -- that is when they are
+    # needed -- and the package is imported before either starts: by
+    # `python -m torchops`, with sys.argv[0] == "-m" meanwhile (documented in
+    # the `python -m` reference), and by the `torchops` console script, whose
+    # wrapper imports torchops.cli with sys.argv[0] the script's own path.
+    if not _sys.argv:
+        return False
+    name = _os.path.basename(_sys.argv[0])
+    for suffix in ("-script.pyw", "-script.py", ".exe"):  # Windows launchers
+        name = name.removesuffix(suffix)
+    return _sys.argv[0] == "-m" or name == "torchops"
+
+
 try:
     _loader.load()
 except _loader.LoadError as _e:
-    # `python -m torchops doctor` must be able to report a failed load, and
-    # Python imports this package before running torchops/__main__.py; while
-    # it does, sys.argv[0] is "-m" (documented in the `python -m` reference).
-    if not (_sys.argv and _sys.argv[0] == "-m"):
+    if not _running_the_cli():
         raise
     load_error = _e
 else:

@@ -1,9 +1,11 @@
 """``python -m torchops``: build, doctor, demo and bench.
 
 * ``build``  -- build (or confirm) the native libraries now, so that the first
-  ``import torchops`` in a job does not compile.
+  ``import torchops`` in a job does not compile; it compiles even with
+  TORCHOPS_JIT=0, so that "build ahead, then run with JIT off" works.
 * ``doctor`` -- versions, which library was loaded from where, the cache
-  folder, and every registered op with the dispatch keys that have kernels.
+  folder, and every registered op with the dispatch keys that have kernels;
+  when loading failed, every attempt, why it failed, and the fix.
 * ``demo``   -- run every op once on small inputs and print the results.
 * ``bench``  -- time every op against PyTorch and peer libraries
   (torchops/bench; docs/benchmarks.md).
@@ -58,19 +60,34 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"C++ compiler  {_build.cxx_version() or 'not found'}")
     print(f"nvcc          {_build.nvcc_version() or 'not found'} ({_build.nvcc_path() or '-'})")
     print(f"sources       {_build.find_csrc() or 'not installed (JIT builds impossible)'}")
-    print(f"JIT cache     {_loader.jit_cache_dir()}")
+    # Owner and mode: the loader refuses a cache that others can write.
+    print(f"JIT cache     {_loader.describe_path(_loader.jit_cache_dir())}")
     print()
-    for name, rec in _loader.records().items():
-        where = f"{rec.how}: {rec.path}" if rec.loaded else rec.how or "not loaded"
+    recs = _loader.records()
+    for name in ("torchops_cpu", "torchops_cuda"):
+        rec = recs.get(name)
+        if rec is None:
+            print(f"{name:14s}not attempted")
+            continue
+        where = f"{rec.how}: {rec.path}" if rec.loaded else ("NOT LOADED" if rec.how == "failed"
+                                                             else rec.how or "not loaded")
         print(f"{name:14s}{where}")
         if rec.manifest:
             m = rec.manifest
-            print(f"{'':14s}built by {m['built_by']} for torch {m['torch_version']}, "
-                  f"CUDA {m['cuda_version']}, archs {m['arch_list']}, at {m['built_at']}")
+            print(f"{'':14s}built by {m.get('built_by')} for torch {m.get('torch_version')}, "
+                  f"CUDA {m.get('cuda_version')}, archs {m.get('arch_list')}, "
+                  f"at {m.get('built_at')}")
         for t in rec.tried:
             print(f"{'':14s}tried: {t}")
-    if torchops.load_error is not None:
-        print(f"\nLOAD ERROR: {torchops.load_error}")
+    error = torchops.load_error
+    if error is not None:
+        text = str(error)
+        if getattr(error, "fix", ""):
+            # The attempts are listed above; their reasons and the fix suffice.
+            print(f"\nLOAD ERROR: {text.splitlines()[0].removesuffix(' Tried:')}")
+            print(f"Fix: {error.fix}.")
+        else:
+            print(f"\nLOAD ERROR: {text}")
         return 1
     rows = [[q, ", ".join(kernel_keys(q)), "yes" if has_fake(q) else "NO"]
             for q in registered_ops()]
@@ -80,9 +97,16 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    _require_loaded()
+    # Not _require_loaded(): the import may have failed for exactly the reason
+    # this command fixes (nothing built yet and TORCHOPS_JIT=0, or a damaged
+    # cache entry), so load again, allowed to compile.
+    try:
+        recs = _loader.load(build=True)
+    except _loader.LoadError as e:
+        print(f"torchops: {e}", file=sys.stderr)
+        return 1
     status = 0
-    for name, rec in _loader.records().items():
+    for name, rec in recs.items():
         if rec.loaded:
             print(f"{name}: ready ({rec.how}: {rec.path})")
         else:
