@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -35,9 +36,9 @@ spec = importlib.util.spec_from_file_location("b", sys.argv[1] + "/torchops/_bui
 b = importlib.util.module_from_spec(spec); sys.modules["b"] = b; spec.loader.exec_module(b)
 from filelock import FileLock
 final = b.CPU.jit_dir(b.find_csrc(), None)
-final.parent.mkdir(parents=True, exist_ok=True)
+final.parent.parent.mkdir(mode=0o700); final.parent.mkdir(mode=0o700)   # as the loader does
 (final.parent / f".{final.name}.tmp-99999-dead").mkdir()   # a crashed build's leftovers
-lock = FileLock(str(final) + ".lock"); lock.acquire()
+lock = FileLock(str(final) + ".lock", mode=0o600); lock.acquire()
 print("LOCKED", flush=True); time.sleep(600)
 """
 
@@ -77,13 +78,25 @@ def test_jit_build_cache_and_concurrency(tmp_path):
     assert sorted(r["how"] for r in reports) == ["jit-built", "jit-cache"], outs
     assert all(r["ok"] for r in reports)
     assert len({r["path"] for r in reports}) == 1
-    builder_out = outs[[r["how"] for r in reports].index("jit-built")]
+    builder = [r["how"] for r in reports].index("jit-built")
+    builder_out = outs[builder]
     assert "python -m torchops build" in builder_out  # the user is told
+    # ... and the other one is told whom it waits for.
+    assert f"waiting for process {procs[builder].pid} " in outs[1 - builder], outs[1 - builder]
     folders = [p for p in cache.rglob("torchops_cpu-*") if p.is_dir()]
     assert len(folders) == 1, folders
     assert not list(cache.rglob(".*.tmp-*")), "temporary build folders left behind"
     manifest = json.loads((folders[0] / "manifest.json").read_text())
     assert manifest["built_by"] == "jit" and manifest["sources_hash"]
+    so = folders[0] / "torchops_cpu.so"
+    assert manifest["library_size"] == so.stat().st_size and manifest["library_sha256"]
+    # Private: folders 0700 (so nobody else can plant a library), lock files 0600,
+    # and no builder record left behind.
+    for folder in (cache, folders[0].parent, folders[0]):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+    locks = list(cache.rglob("*.lock"))
+    assert locks and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in locks)
+    assert not list(cache.rglob("*.builder"))
     print(f"JIT build took {time.time() - t0:.0f} s")
 
     # A third process loads from the cache without compiling: with no compiler
@@ -94,6 +107,34 @@ def test_jit_build_cache_and_concurrency(tmp_path):
     r = _report(out.stdout)
     assert r["how"] == "jit-cache" and r["ok"]
     assert "building" not in out.stderr
+
+    # A damaged entry is never mapped (a truncated library would be SIGBUS).
+    # Overwritten bytes, with TORCHOPS_JIT=0: an error naming the damage and
+    # the advertised fix.  (Cases without a build: test_loader_cache.py.)
+    data = so.read_bytes()
+    so.write_bytes(data[:1000] + bytes(b ^ 0xFF for b in data[1000:2000]) + data[2000:])
+    out = subprocess.run([sys.executable, "-c", "import torchops"], capture_output=True,
+                         text=True, env=_env(cache, TORCHOPS_JIT="0"), timeout=300)
+    assert out.returncode == 1, out.stderr
+    assert "damaged: sha256" in out.stderr and "python -m torchops build" in out.stderr
+
+    # Truncated to half: that fix works, despite TORCHOPS_JIT=0 -- one line
+    # says the entry is damaged, it is rebuilt under the lock -- and a later
+    # JIT-off run loads the result without a compiler and computes right.
+    # (One rebuild only: each costs minutes of CI on 2 cores.)
+    so.write_bytes(data[: len(data) // 2])
+    out = subprocess.run([sys.executable, "-m", "torchops", "build"], capture_output=True,
+                         text=True, env=_env(cache, TORCHOPS_JIT="0"), timeout=900)
+    assert out.returncode == 0, out.stdout + out.stderr
+    said = [ln for ln in out.stderr.splitlines() if "unusable" in ln]
+    assert len(said) == 1 and "damaged" in said[0] and "rebuilding" in said[0], out.stderr
+    assert f"torchops_cpu: ready (jit-built: {so})" in out.stdout, out.stdout + out.stderr
+    out = subprocess.run([sys.executable, "-c", REPORT], capture_output=True, text=True,
+                         env=_env(cache, TORCHOPS_JIT="0", PATH="/nonexistent"), timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    r = _report(out.stdout)
+    assert r["how"] == "jit-cache" and r["ok"] and r["path"] == str(so)
+    assert "unusable" not in out.stderr and "building" not in out.stderr
 
 
 def test_no_prebuilt_and_no_jit_gives_one_clear_error(tmp_path):
