@@ -53,8 +53,11 @@ _b = _build_module()
 
 def _entry(cache: Path, csrc: Path | None = None) -> Path:
     """The exact folder the loader uses for torchops_cpu under `cache`."""
-    final = _b.CPU.jit_dir(csrc or _b.find_csrc(), None)
-    return cache / final.relative_to(_b.cache_root())
+    # _build.py read afresh: the key covers its flags, and the subprocess
+    # that is to find this entry reads the file as it is now.
+    b = _build_module()
+    final = b.CPU.jit_dir(csrc or b.find_csrc(), None)
+    return cache / final.relative_to(b.cache_root())
 
 
 def _plant(cache: Path, so: Path, csrc: Path | None = None) -> Path:
