@@ -100,5 +100,7 @@ libs = extensions()
 setup(
     ext_modules=[lib.build_aot(ROOT) for lib in libs],
     cmdclass={"build_ext": make_build_ext(libs), "build_py": BuildPy},
-    options={"bdist_wheel": {"py_limited_api": "cp39"}},
+    # The abi3 tag names the oldest Python the wheel installs on: the one
+    # pyproject's requires-python names.
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )

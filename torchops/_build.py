@@ -97,6 +97,12 @@ def _first_line(cmd: list[str]) -> str | None:
     return text[0] if text else None
 
 
+def debug_symbols() -> bool:
+    """TORCHOPS_DEBUG_SYMBOLS=1 builds libraries with debug information and
+    symbols (AOT and JIT alike; the flags are part of the JIT cache key)."""
+    return os.environ.get("TORCHOPS_DEBUG_SYMBOLS", "0").strip() == "1"
+
+
 def cxx_compiler() -> str:
     return os.environ.get("CXX", "c++")
 
@@ -186,7 +192,7 @@ class Library:
         dupes = sorted({s for s in stems if stems.count(s) > 1})
         if dupes:
             raise RuntimeError(f"{self.name}: source basenames must be unique, "
-                               f"repeated: {dupes} (autograd files end in _autograd)")
+                               f"repeated: {dupes} (dispatch glue files end in _dispatch)")
         return files
 
     def cxx_flags(self) -> list[str]:
@@ -196,6 +202,10 @@ class Library:
         flags = ["-O3", "-std=c++17", "-fvisibility=hidden"]
         if not self.cuda:
             flags.append("-fopenmp")
+        # setuptools compiles with Python's -g: 40 MB of debug information
+        # around 1 MB of code.  Release builds drop it (-g0 after -g wins);
+        # TORCHOPS_DEBUG_SYMBOLS=1 keeps it, for gdb and perf.
+        flags.append("-g" if debug_symbols() else "-g0")
         return flags
 
     def nvcc_flags(self) -> list[str]:
@@ -208,7 +218,10 @@ class Library:
         # statically, and a second, uninitialised copy of the iostream/locale
         # machinery inside our library segfaults the first time an error
         # message is formatted.
-        return ["-l:libstdc++.so.6"] + ([] if self.cuda else ["-fopenmp"])
+        # -s: no symbol table or debug sections in release libraries (the
+        # dynamic symbols that loading needs stay).
+        return (["-l:libstdc++.so.6"] + ([] if self.cuda else ["-fopenmp"])
+                + ([] if debug_symbols() else ["-s"]))
 
     def include_dirs(self, csrc: Path) -> list[Path]:
         return [csrc]
