@@ -40,11 +40,12 @@ OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python3}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"   # this checkout's torchops, always
 BUDGET=${GPU_CHECK_BUDGET:-570}
-# memcheck: every op family, forward and backward, float32, plus the bad
-# inputs.  racecheck: every op whose kernels use shared memory (matmul's
-# tiles, box_iou's and nms's box tiles, the focal loss's block reduction).
-MEMCHECK_K=${GPU_CHECK_MEMCHECK_K:-"(float32 and (correctness or grad_vs_reference)) or error_inputs"}
-RACECHECK_K=${GPU_CHECK_RACECHECK_K:-"float32 and correctness and (matmul or box_iou or nms or sigmoid_focal_loss)"}
+# memcheck: every op family in every dtype, forward and backward, the bad
+# inputs, and the deterministic backwards (test_roi.py).  racecheck: every
+# op whose kernels use shared memory (matmul's tiles, box_iou's and nms's box
+# tiles, the focal loss's block reduction), forward and backward.
+MEMCHECK_K=${GPU_CHECK_MEMCHECK_K:-"correctness or grad_vs_reference or error_inputs or deterministic"}
+RACECHECK_K=${GPU_CHECK_RACECHECK_K:-"(correctness or grad_vs_reference) and (matmul or box_iou or nms or sigmoid_focal_loss)"}
 T0=$(date +%s)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -165,7 +166,7 @@ if command -v "$SANITIZER" > /dev/null; then
     # about PyTorch's own kernels.
     step memcheck "$(cap 240 "$WINDOW")" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SANITIZER" \
       --tool memcheck --kernel-name kns=torchops --error-exitcode 99 --print-limit 20 \
-      "$PY" -m pytest test/test_ops.py -q -p no:cacheprovider -m cuda -k "$MEMCHECK_K"
+      "$PY" -m pytest test/test_ops.py test/test_roi.py -q -p no:cacheprovider -m cuda -k "$MEMCHECK_K"
     step racecheck "$(cap 180 "$(( WINDOW - $(cat "$TMP/memcheck.secs") ))")" "$SANITIZER" \
       --tool racecheck --kernel-name kns=torchops --error-exitcode 99 --print-limit 20 \
       "$PY" -m pytest test/test_ops.py -q -p no:cacheprovider -m cuda -k "$RACECHECK_K"
@@ -177,8 +178,13 @@ else
   SAN_PID=
 fi
 # shellcheck disable=SC2086
+# pytest-xdist (in the GPU image) spreads the suite over 8 processes: one
+# process took longer than the window (about 290 s in a 10-minute check).
+XDIST=""
+"$PY" -c "import xdist" 2> /dev/null && XDIST="-n ${GPU_CHECK_TEST_WORKERS:-8}"
+# shellcheck disable=SC2086
 step tests "$(cap 330 "$WINDOW")" env TORCHOPS_TEST_PROFILE=full "$PY" -m pytest test -q \
-  -p no:cacheprovider -rfEs ${GPU_CHECK_TEST_ARGS:-}
+  -p no:cacheprovider -rfEs --durations=15 $XDIST ${GPU_CHECK_TEST_ARGS:-}
 finished tests
 wait "$JIT_PID"; finished jit-build
 wait "$PRE_PID"; finished precompile
