@@ -16,6 +16,8 @@
 // torchvision's kernels.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cmath>
 
 #include "common/boxes.h"
@@ -67,6 +69,24 @@ C10_HOST_DEVICE inline bool nms_suppresses(
   const T area_a = (a.x2 - a.x1) * (a.y2 - a.y1);
   const T area_b = (b.x2 - b.x1) * (b.y2 - b.y1);
   return iou_of(inter, area_a, area_b) > threshold;
+}
+
+// nms and batched_nms are one kernel per device, with or without categories:
+// `Impl(op, boxes, scores, idxs or nullptr, iou_threshold)`.  These are the
+// two ops' entry points over it, registered by each device's file.
+using NmsImpl = at::Tensor (*)(const char*, const at::Tensor&,
+                               const at::Tensor&, const at::Tensor*, double);
+
+template <NmsImpl Impl>
+at::Tensor nms_entry(const at::Tensor& boxes, const at::Tensor& scores,
+                     double iou_threshold) {
+  return Impl("nms", boxes, scores, nullptr, iou_threshold);
+}
+
+template <NmsImpl Impl>
+at::Tensor batched_nms_entry(const at::Tensor& boxes, const at::Tensor& scores,
+                             const at::Tensor& idxs, double iou_threshold) {
+  return Impl("batched_nms", boxes, scores, &idxs, iou_threshold);
 }
 
 }  // namespace torchops

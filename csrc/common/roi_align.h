@@ -91,4 +91,21 @@ C10_HOST_DEVICE inline bool roi_align_axis(T v, int64_t size, int64_t& lo,
   return true;
 }
 
+// The two pixels, and their weights, that one sample reads along an axis.
+template <typename T>
+struct AxisTap {
+  int64_t lo = 0, hi = 0;
+  T w_lo = T(0), w_hi = T(0);
+};
+
+// Sample i of bin p along one axis: where it lies (roi_align_sample) and
+// what it reads (roi_align_axis).  False when it contributes nothing.
+template <typename T>
+C10_HOST_DEVICE inline bool roi_align_tap(T start, T bin, int64_t p, int64_t i,
+                                          int64_t grid, int64_t size,
+                                          AxisTap<T>& tap) {
+  return roi_align_axis(roi_align_sample(start, bin, p, i, grid), size, tap.lo,
+                        tap.hi, tap.w_lo, tap.w_hi);
+}
+
 }  // namespace torchops

@@ -111,22 +111,18 @@ inline __attribute__((always_inline)) int64_t suppress_impl(
   return newly;
 }
 
-TORCHOPS_CPU_MULTIVERSION int64_t suppress_f32(
-    View<float> v, View<float> k, int64_t nk, int64_t b, int64_t e, float t) {
-  return suppress_impl<float, false>(v, k, nk, b, e, t);
-}
-TORCHOPS_CPU_MULTIVERSION int64_t suppress_f64(
-    View<double> v, View<double> k, int64_t nk, int64_t b, int64_t e, double t) {
-  return suppress_impl<double, false>(v, k, nk, b, e, t);
-}
-TORCHOPS_CPU_MULTIVERSION int64_t suppress_batched_f32(
-    View<float> v, View<float> k, int64_t nk, int64_t b, int64_t e, float t) {
-  return suppress_impl<float, true>(v, k, nk, b, e, t);
-}
-TORCHOPS_CPU_MULTIVERSION int64_t suppress_batched_f64(
-    View<double> v, View<double> k, int64_t nk, int64_t b, int64_t e, double t) {
-  return suppress_impl<double, true>(v, k, nk, b, e, t);
-}
+// Function multiversioning (target_clones) does not apply to templates: one
+// multiversioned instantiation per (type, batched).
+#define TORCHOPS_SUPPRESS_CLONE(NAME, T, BATCHED)                          \
+  TORCHOPS_CPU_MULTIVERSION int64_t NAME(View<T> v, View<T> k, int64_t nk, \
+                                         int64_t b, int64_t e, T t) {      \
+    return suppress_impl<T, BATCHED>(v, k, nk, b, e, t);                   \
+  }
+TORCHOPS_SUPPRESS_CLONE(suppress_f32, float, false)
+TORCHOPS_SUPPRESS_CLONE(suppress_f64, double, false)
+TORCHOPS_SUPPRESS_CLONE(suppress_batched_f32, float, true)
+TORCHOPS_SUPPRESS_CLONE(suppress_batched_f64, double, true)
+#undef TORCHOPS_SUPPRESS_CLONE
 
 inline int64_t suppress(bool batched, View<float> v, View<float> k, int64_t nk,
                         int64_t b, int64_t e, float t) {
@@ -263,21 +259,11 @@ at::Tensor nms_impl(const char* op, const at::Tensor& boxes_in,
   return keep.narrow(0, 0, n_keep);
 }
 
-at::Tensor nms(const at::Tensor& boxes, const at::Tensor& scores,
-               double iou_threshold) {
-  return nms_impl("nms", boxes, scores, nullptr, iou_threshold);
-}
-
-at::Tensor batched_nms(const at::Tensor& boxes, const at::Tensor& scores,
-                       const at::Tensor& idxs, double iou_threshold) {
-  return nms_impl("batched_nms", boxes, scores, &idxs, iou_threshold);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchops, CPU, m) {
-  m.impl("nms", &nms);
-  m.impl("batched_nms", &batched_nms);
+  m.impl("nms", &nms_entry<nms_impl>);
+  m.impl("batched_nms", &batched_nms_entry<nms_impl>);
 }
 
 }  // namespace torchops::cpu

@@ -52,16 +52,14 @@ struct AxisTaps {
     for (int64_t p = 0; p < pooled; ++p) {
       int64_t lo_p = size, hi_p = -1;
       for (int64_t i = 0; i < grid; ++i) {
-        int64_t lo, hi;
-        T w_lo, w_hi;
-        if (!roi_align_axis(roi_align_sample(start, bin, p, i, grid), size, lo,
-                            hi, w_lo, w_hi)) {
+        AxisTap<T> tap;
+        if (!roi_align_tap(start, bin, p, i, grid, size, tap)) {
           continue;
         }
-        scratch[lo] += w_lo * scale;
-        scratch[hi] += w_hi * scale;
-        lo_p = std::min(lo_p, lo);
-        hi_p = std::max(hi_p, hi);
+        scratch[tap.lo] += tap.w_lo * scale;
+        scratch[tap.hi] += tap.w_hi * scale;
+        lo_p = std::min(lo_p, tap.lo);
+        hi_p = std::max(hi_p, tap.hi);
       }
       for (int64_t j = lo_p; j <= hi_p; ++j) {
         if (scratch[j] != T(0)) {

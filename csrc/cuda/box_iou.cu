@@ -51,6 +51,21 @@ struct BoxesArg {
   int64_t n, s0, s1;
 };
 
+// Boxes i0 .. i0 + count of `b` (count <= the block size) into shared
+// memory with their areas, one per thread, then a barrier: the row tile
+// every column thread of the block reads.  All threads must call it.
+template <typename scalar_t, typename T>
+__device__ inline void load_row_tile(const scalar_t* __restrict__ b,
+                                     const BoxesArg& a, int64_t i0, int count,
+                                     Box<T>* rows, T* row_area) {
+  if (threadIdx.x < count) {
+    const Box<T> r = load_box<T>(b, i0 + threadIdx.x, a.s0, a.s1);
+    rows[threadIdx.x] = r;
+    row_area[threadIdx.x] = area_of(r);
+  }
+  __syncthreads();
+}
+
 template <typename scalar_t, typename T>
 __global__ void __launch_bounds__(kThreads) box_iou_kernel(
     const scalar_t* __restrict__ b1, BoxesArg a1,
@@ -68,12 +83,7 @@ __global__ void __launch_bounds__(kThreads) box_iou_kernel(
   for (int64_t i0 = static_cast<int64_t>(blockIdx.y) * kRows; i0 < a1.n;
        i0 += static_cast<int64_t>(gridDim.y) * kRows) {
     const int count = static_cast<int>(min_of<int64_t>(kRows, a1.n - i0));
-    if (threadIdx.x < count) {
-      const Box<T> r = load_box<T>(b1, i0 + threadIdx.x, a1.s0, a1.s1);
-      rows[threadIdx.x] = r;
-      row_area[threadIdx.x] = area_of(r);
-    }
-    __syncthreads();
+    load_row_tile(b1, a1, i0, count, rows, row_area);
     if (j < m) {
       for (int r = 0; r < count; ++r) {
         const Box<T>& a = rows[r];
@@ -151,12 +161,7 @@ __global__ void __launch_bounds__(kThreads) grad_boxes2_kernel(
   T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
   for (int64_t i0 = i_begin; i0 < i_end; i0 += kThreads) {
     const int count = static_cast<int>(min_of<int64_t>(kThreads, i_end - i0));
-    if (threadIdx.x < count) {
-      const Box<T> r = load_box<T>(b1, i0 + threadIdx.x, a1.s0, a1.s1);
-      rows[threadIdx.x] = r;
-      row_area[threadIdx.x] = area_of(r);
-    }
-    __syncthreads();
+    load_row_tile(b1, a1, i0, count, rows, row_area);
     if (j < m) {
       for (int r = 0; r < count; ++r) {
         const BoxPairGrad<T> d = box_iou_pair_grad(

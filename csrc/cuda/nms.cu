@@ -371,21 +371,11 @@ at::Tensor nms_impl(const char* op, const at::Tensor& boxes,
   return keep.narrow(0, 0, kept);
 }
 
-at::Tensor nms(const at::Tensor& boxes, const at::Tensor& scores,
-               double iou_threshold) {
-  return nms_impl("nms", boxes, scores, nullptr, iou_threshold);
-}
-
-at::Tensor batched_nms(const at::Tensor& boxes, const at::Tensor& scores,
-                       const at::Tensor& idxs, double iou_threshold) {
-  return nms_impl("batched_nms", boxes, scores, &idxs, iou_threshold);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
-  m.impl("nms", &nms);
-  m.impl("batched_nms", &batched_nms);
+  m.impl("nms", &nms_entry<nms_impl>);
+  m.impl("batched_nms", &batched_nms_entry<nms_impl>);
 }
 
 }  // namespace torchops::cuda

@@ -83,26 +83,24 @@ __global__ void __launch_bounds__(kThreads) roi_align_forward_kernel(
     if (valid_image(box.batch, p)) {
       const scalar_t* plane = input + box.batch * s.n + b.c * s.c;
       for (int64_t iy = 0; iy < box.grid_h; ++iy) {
-        int64_t y0, y1;
-        T wy0, wy1;
-        if (!roi_align_axis(
-                roi_align_sample(box.start_h, box.bin_h, b.ph, iy, box.grid_h),
-                p.height, y0, y1, wy0, wy1)) {
+        AxisTap<T> ty;
+        if (!roi_align_tap(box.start_h, box.bin_h, b.ph, iy, box.grid_h,
+                           p.height, ty)) {
           continue;
         }
-        const scalar_t* row0 = plane + y0 * s.h;
-        const scalar_t* row1 = plane + y1 * s.h;
+        const scalar_t* row0 = plane + ty.lo * s.h;
+        const scalar_t* row1 = plane + ty.hi * s.h;
         for (int64_t ix = 0; ix < box.grid_w; ++ix) {
-          int64_t x0, x1;
-          T wx0, wx1;
-          if (!roi_align_axis(
-                  roi_align_sample(box.start_w, box.bin_w, b.pw, ix, box.grid_w),
-                  p.width, x0, x1, wx0, wx1)) {
+          AxisTap<T> tx;
+          if (!roi_align_tap(box.start_w, box.bin_w, b.pw, ix, box.grid_w,
+                             p.width, tx)) {
             continue;
           }
-          const int64_t o0 = x0 * s.w, o1 = x1 * s.w;
-          acc += wy0 * (wx0 * static_cast<T>(row0[o0]) + wx1 * static_cast<T>(row0[o1])) +
-                 wy1 * (wx0 * static_cast<T>(row1[o0]) + wx1 * static_cast<T>(row1[o1]));
+          const int64_t o0 = tx.lo * s.w, o1 = tx.hi * s.w;
+          acc += ty.w_lo * (tx.w_lo * static_cast<T>(row0[o0]) +
+                            tx.w_hi * static_cast<T>(row0[o1])) +
+                 ty.w_hi * (tx.w_lo * static_cast<T>(row1[o0]) +
+                            tx.w_hi * static_cast<T>(row1[o1]));
         }
       }
       acc *= box.inv_count;
@@ -180,28 +178,24 @@ __global__ void __launch_bounds__(kThreads) roi_align_backward_atomic_kernel(
                                     b.pw * gs.w]) * box.inv_count;
     T* plane = grad_input + (box.batch * p.channels + b.c) * p.height * p.width;
     for (int64_t iy = 0; iy < box.grid_h; ++iy) {
-      int64_t y0, y1;
-      T wy0, wy1;
-      if (!roi_align_axis(
-              roi_align_sample(box.start_h, box.bin_h, b.ph, iy, box.grid_h),
-              p.height, y0, y1, wy0, wy1)) {
+      AxisTap<T> ty;
+      if (!roi_align_tap(box.start_h, box.bin_h, b.ph, iy, box.grid_h,
+                         p.height, ty)) {
         continue;
       }
-      T* row0 = plane + y0 * p.width;
-      T* row1 = plane + y1 * p.width;
-      const T gy0 = g * wy0, gy1 = g * wy1;
+      T* row0 = plane + ty.lo * p.width;
+      T* row1 = plane + ty.hi * p.width;
+      const T gy0 = g * ty.w_lo, gy1 = g * ty.w_hi;
       for (int64_t ix = 0; ix < box.grid_w; ++ix) {
-        int64_t x0, x1;
-        T wx0, wx1;
-        if (!roi_align_axis(
-                roi_align_sample(box.start_w, box.bin_w, b.pw, ix, box.grid_w),
-                p.width, x0, x1, wx0, wx1)) {
+        AxisTap<T> tx;
+        if (!roi_align_tap(box.start_w, box.bin_w, b.pw, ix, box.grid_w,
+                           p.width, tx)) {
           continue;
         }
-        atomicAdd(row0 + x0, gy0 * wx0);
-        atomicAdd(row0 + x1, gy0 * wx1);
-        atomicAdd(row1 + x0, gy1 * wx0);
-        atomicAdd(row1 + x1, gy1 * wx1);
+        atomicAdd(row0 + tx.lo, gy0 * tx.w_lo);
+        atomicAdd(row0 + tx.hi, gy0 * tx.w_hi);
+        atomicAdd(row1 + tx.lo, gy1 * tx.w_lo);
+        atomicAdd(row1 + tx.hi, gy1 * tx.w_hi);
       }
     }
   }
@@ -260,27 +254,23 @@ __global__ void __launch_bounds__(kThreads) roi_align_contributions_kernel(
     const int64_t from = t;  // the bin (k, ph, pw), a row of grad_t
     const int64_t plane = box.batch * p.height * p.width;
     for (int64_t iy = 0; iy < gh; ++iy) {
-      int64_t y0 = 0, y1 = 0;
-      T wy0 = T(0), wy1 = T(0);
-      const bool vy = roi_align_axis(
-          roi_align_sample(box.start_h, box.bin_h, ph, iy, box.grid_h),
-          p.height, y0, y1, wy0, wy1);
+      AxisTap<T> ty;
+      const bool vy = roi_align_tap(box.start_h, box.bin_h, ph, iy, box.grid_h,
+                                    p.height, ty);
       for (int64_t ix = 0; ix < gw; ++ix) {
-        int64_t x0 = 0, x1 = 0;
-        T wx0 = T(0), wx1 = T(0);
-        const bool vx = roi_align_axis(
-            roi_align_sample(box.start_w, box.bin_w, pw, ix, box.grid_w),
-            p.width, x0, x1, wx0, wx1);
+        AxisTap<T> tx;
+        const bool vx = roi_align_tap(box.start_w, box.bin_w, pw, ix,
+                                      box.grid_w, p.width, tx);
         const int64_t e = base + (iy * gw + ix) * 4;
         const bool ok = valid && vy && vx;
-        keys[e + 0] = ok ? plane + y0 * p.width + x0 : sentinel;
-        keys[e + 1] = ok ? plane + y0 * p.width + x1 : sentinel;
-        keys[e + 2] = ok ? plane + y1 * p.width + x0 : sentinel;
-        keys[e + 3] = ok ? plane + y1 * p.width + x1 : sentinel;
-        weight[e + 0] = ok ? wy0 * wx0 * box.inv_count : T(0);
-        weight[e + 1] = ok ? wy0 * wx1 * box.inv_count : T(0);
-        weight[e + 2] = ok ? wy1 * wx0 * box.inv_count : T(0);
-        weight[e + 3] = ok ? wy1 * wx1 * box.inv_count : T(0);
+        keys[e + 0] = ok ? plane + ty.lo * p.width + tx.lo : sentinel;
+        keys[e + 1] = ok ? plane + ty.lo * p.width + tx.hi : sentinel;
+        keys[e + 2] = ok ? plane + ty.hi * p.width + tx.lo : sentinel;
+        keys[e + 3] = ok ? plane + ty.hi * p.width + tx.hi : sentinel;
+        weight[e + 0] = ok ? ty.w_lo * tx.w_lo * box.inv_count : T(0);
+        weight[e + 1] = ok ? ty.w_lo * tx.w_hi * box.inv_count : T(0);
+        weight[e + 2] = ok ? ty.w_hi * tx.w_lo * box.inv_count : T(0);
+        weight[e + 3] = ok ? ty.w_hi * tx.w_hi * box.inv_count : T(0);
         src[e + 0] = src[e + 1] = src[e + 2] = src[e + 3] = from;
       }
     }

@@ -89,6 +89,21 @@ inline float exp_vec(float y) {
   return exp_core(clamped) * float_of(factor);
 }
 
+// 2 atanh(s) = 2 (s + s^3/3 + s^5/5 + ... + s^kLast/kLast), by Horner's rule
+// in z = s^2 (log_vec and log1p_unit both reduce to it).  The loop has
+// constant bounds, so it unrolls into the same straight-line, vectorisable
+// code as writing the terms out.
+template <int kLast>
+inline float two_atanh_series(float s) {
+  const float z = s * s;
+  float p = 1.0f / kLast;
+  for (int d = kLast - 2; d >= 3; d -= 2) {
+    p = p * z + 1.0f / static_cast<float>(d);
+  }
+  const float w = 2.0f * s;
+  return w + w * z * p;
+}
+
 // log(q) for 0 <= q < 2^127 (0 gives -inf, +inf gives inf, negative or NaN
 // gives NaN).
 //
@@ -110,16 +125,9 @@ inline float log_vec(float q) {
   const float m = float_of(mantissa | (high ? 0x3F000000u : kOne));
   const int32_t k = static_cast<int32_t>((b >> 23) & 0xFFu) - (high ? 126 : 127) -
       (subnormal ? 24 : 1);
-  const float s = (m - 1.0f) / (m + 1.0f);
-  const float z = s * s;
-  float p = 1.0f / 11.0f;
-  p = p * z + 1.0f / 9.0f;
-  p = p * z + 1.0f / 7.0f;
-  p = p * z + 1.0f / 5.0f;
-  p = p * z + 1.0f / 3.0f;
-  const float w = 2.0f * s;
   const float kf = static_cast<float>(k);
-  const float r = kf * kLn2Hi + (w + w * z * p + kf * kLn2Lo);
+  const float r = kf * kLn2Hi +
+      (two_atanh_series<11>((m - 1.0f) / (m + 1.0f)) + kf * kLn2Lo);
   const uint32_t special = (b0 & ~kSign) == 0 ? (kSign | kInf)  // -inf for +-0
       : b0 < kInf ? 0u                                          // + 0.0
       : b0 == kInf ? kInf : kNan;
@@ -140,17 +148,7 @@ inline float pow_vec(float q, float gamma) {
 // for small e, and the odd series 2 (s + s^3/3 + s^5/5 + ...) truncated after
 // s^15 is below float rounding for s^2 <= 1/9.
 inline float log1p_unit(float e) {
-  const float s = e / (2.0f + e);
-  const float z = s * s;
-  float p = 1.0f / 15.0f;
-  p = p * z + 1.0f / 13.0f;
-  p = p * z + 1.0f / 11.0f;
-  p = p * z + 1.0f / 9.0f;
-  p = p * z + 1.0f / 7.0f;
-  p = p * z + 1.0f / 5.0f;
-  p = p * z + 1.0f / 3.0f;
-  const float w = 2.0f * s;
-  return w + w * z * p;
+  return two_atanh_series<15>(e / (2.0f + e));
 }
 
 }  // namespace torchops::cpu::vec_math
