@@ -184,9 +184,18 @@ fi
 # left to CPU CI: the jit-build step above builds both libraries here.
 XDIST=""
 "$PY" -c "import xdist" 2> /dev/null && XDIST="-n ${GPU_CHECK_TEST_WORKERS:-4}"
+TESTS_LIMIT=$(cap 330 "$WINDOW")
+# pytest-timeout (in the GPU image), where it has --session-timeout: the run
+# ends itself 20 s before the step's limit, so a slow suite still prints its
+# summary and the --durations table (which tests took the time) instead of
+# being killed silently; a single test over 240 s fails with its stack.
+TIMEOUTS=""
+if "$PY" -m pytest --help 2> /dev/null | grep -q -- --session-timeout; then
+  TIMEOUTS="--timeout 240 --session-timeout $(( TESTS_LIMIT > 60 ? TESTS_LIMIT - 20 : TESTS_LIMIT ))"
+fi
 # shellcheck disable=SC2086
-step tests "$(cap 330 "$WINDOW")" env TORCHOPS_TEST_PROFILE=full "$PY" -m pytest test -q \
-  -p no:cacheprovider -rfEs --durations=15 -m "not slow" $XDIST ${GPU_CHECK_TEST_ARGS:-}
+step tests "$TESTS_LIMIT" env TORCHOPS_TEST_PROFILE=full "$PY" -m pytest test -q \
+  -p no:cacheprovider -rfEs --durations=25 -m "not slow" $XDIST $TIMEOUTS ${GPU_CHECK_TEST_ARGS:-}
 finished tests
 wait "$JIT_PID"; finished jit-build
 wait "$PRE_PID"; finished precompile
