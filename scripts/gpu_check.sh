@@ -180,10 +180,12 @@ fi
 # shellcheck disable=SC2086
 # pytest-xdist (in the GPU image) spreads the suite over 4 processes (one
 # process needed more than the window; 8 starved the steps running beside
-# it of the 16 cores).  The slow loader test (two CPU-library JIT builds) is
-# left to CPU CI: the jit-build step above builds both libraries here.
+# it of the 16 cores).  The slow loader test (two CPU-library JIT builds) and
+# test_loader_cache.py (dozens of subprocesses, all with TORCHOPS_CUDA=0:
+# nothing GPU-specific) are left to CPU CI; the build steps above cover
+# loading both libraries here.
 XDIST=""
-"$PY" -c "import xdist" 2> /dev/null && XDIST="-n ${GPU_CHECK_TEST_WORKERS:-4}"
+"$PY" -c "import xdist" 2> /dev/null && XDIST="-n ${GPU_CHECK_TEST_WORKERS:-4} --dist loadgroup"
 TESTS_LIMIT=$(cap 330 "$WINDOW")
 # pytest-timeout (in the GPU image), where it has --session-timeout: the run
 # ends itself 20 s before the step's limit, so a slow suite still prints its
@@ -195,7 +197,8 @@ if "$PY" -m pytest --help 2> /dev/null | grep -q -- --session-timeout; then
 fi
 # shellcheck disable=SC2086
 step tests "$TESTS_LIMIT" env TORCHOPS_TEST_PROFILE=full "$PY" -m pytest test -q \
-  -p no:cacheprovider -rfEs --durations=25 -m "not slow" $XDIST $TIMEOUTS ${GPU_CHECK_TEST_ARGS:-}
+  -p no:cacheprovider -rfEs --durations=25 -m "not slow" --ignore test/test_loader_cache.py \
+  $XDIST $TIMEOUTS ${GPU_CHECK_TEST_ARGS:-}
 finished tests
 wait "$JIT_PID"; finished jit-build
 wait "$PRE_PID"; finished precompile

@@ -80,6 +80,10 @@ def _prepare(op: OpInfo, device: str, via: str, folder) -> _Prepared:
 
 _RUNS: dict[str, tuple] = {}
 
+# Under pytest-xdist (the GPU check), every export test goes to one worker, so
+# the per-process _RUNS cache exports each program once, not once per worker.
+pytestmark = pytest.mark.xdist_group("export")
+
 
 def _run(device: str, tmp_path_factory) -> tuple[dict, dict, list]:
     if device in _RUNS:
