@@ -124,7 +124,7 @@ step env 60 env PY="$PY" SANITIZER="$SANITIZER" bash -c '
   echo "nvcc: $(command -v nvcc) $(nvcc --version 2>/dev/null | grep -o "release [0-9.]*")"
   command -v nvcc > /dev/null || echo "MISSING: nvcc"
   echo "compute-sanitizer: $SANITIZER"; command -v "$SANITIZER" > /dev/null || echo "MISSING: compute-sanitizer"
-  echo "checkout: $(git log -1 --oneline 2>/dev/null)"'
+  echo "checkout: ${TORCHOPS_COMMIT:-$(git log -1 --oneline 2>/dev/null)}"'
 # Anything missing fails the check now, before minutes go into steps that
 # would fail for that reason (or, worse, pass without testing).
 grep -q '^MISSING: ' "$TMP/env.log" && echo 1 > "$TMP/env.rc"
