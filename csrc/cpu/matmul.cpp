@@ -37,7 +37,13 @@ struct Gemm {
   typedef T Vec __attribute__((vector_size(W)));
 };
 
-constexpr int64_t kMr = 6;      // rows of the register tile
+// Rows of the register tile: 2 * rows accumulators plus the two B vectors
+// and a broadcast must fit the vector registers (16 for AVX2, 32 for
+// AVX-512).
+template <int W>
+constexpr int64_t tile_rows() {
+  return W == 64 ? 12 : 6;
+}
 constexpr int64_t kKc = 256;    // depth of a packed block (A panel in L1)
 constexpr int64_t kMc = 96;     // rows of a packed A block (in L2)
 constexpr int64_t kNc = 3072;   // columns of a packed B block (in L3)
@@ -59,6 +65,7 @@ inline __attribute__((always_inline)) void micro_kernel(
     T* __restrict__ c, int64_t ldc, int64_t mr, int64_t ncols) {
   using Vec = typename Gemm<T, W>::Vec;
   constexpr int64_t L = lanes<T, W>();
+  constexpr int64_t kMr = tile_rows<W>();
   Vec acc[kMr][2];
   for (int64_t r = 0; r < kMr; ++r) {
     acc[r][0] = Vec{};
@@ -104,6 +111,7 @@ inline __attribute__((always_inline)) void macro_kernel(
     int64_t mc, int64_t nc, int64_t kc, const T* __restrict__ apack,
     const T* __restrict__ bpack, T* __restrict__ c, int64_t ldc) {
   constexpr int64_t NR = nr<T, W>();
+  constexpr int64_t kMr = tile_rows<W>();
   for (int64_t j = 0; j < nc; j += NR) {
     const T* bp = bpack + j * kc;
     for (int64_t i = 0; i < mc; i += kMr) {
@@ -152,8 +160,9 @@ bool cpu_has_avx512() {
 
 // a[i0 .. i0 + mc, p0 .. p0 + kc] (leading dim lda) into panels of kMr rows,
 // k-major inside a panel; rows past mc are zero.
-template <typename T>
+template <typename T, int W>
 void pack_a(const T* a, int64_t lda, int64_t mc, int64_t kc, T* out) {
+  constexpr int64_t kMr = tile_rows<W>();
   for (int64_t i = 0; i < mc; i += kMr) {
     T* panel = out + i * kc;
     const int64_t rows = std::min(kMr, mc - i);
@@ -186,6 +195,7 @@ template <typename acc_t, int W>
 void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
                   const MatmulShape& s) {
   constexpr int64_t NR = nr<acc_t, W>();
+  constexpr int64_t kMr = tile_rows<W>();
   const acc_t* ap = a.const_data_ptr<acc_t>();
   const acc_t* bp = b.const_data_ptr<acc_t>();
   acc_t* cp = c.mutable_data_ptr<acc_t>();
@@ -220,7 +230,7 @@ void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
           for (int64_t blk = begin; blk < end; ++blk) {
             const int64_t ic = blk * mc;
             const int64_t rows = std::min(mc, s.m - ic);
-            pack_a(ab + ic * s.k + pc, s.k, rows, kc, apack.data());
+            pack_a<acc_t, W>(ab + ic * s.k + pc, s.k, rows, kc, apack.data());
             macro_kernel_acc(std::integral_constant<int, W>{}, rows, nc, kc,
                              apack.data(), bpack.data(),
                              cb + ic * s.n + jc, s.n);
