@@ -187,8 +187,9 @@ def roi_align(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: 
     return out
 
 
-def _round_half_away(v: float) -> int:
-    """C's round(): halves away from zero (Python's round() goes to even)."""
+def round_half_away(v: float) -> int:
+    """C's round(): halves away from zero (Python's round() goes to even).
+    roi_pool rounds box corners this way; its tests share it."""
     return int(math.copysign(math.floor(abs(v) + 0.5), v))
 
 
@@ -212,7 +213,7 @@ def roi_pool(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: i
     argmax = torch.full(shape, -1, dtype=torch.int64, device=input.device)
     for k, roi in enumerate(rois.tolist()):
         b = int(roi[0])
-        x1, y1, x2, y2 = (_round_half_away(v * spatial_scale) for v in roi[1:])
+        x1, y1, x2, y2 = (round_half_away(v * spatial_scale) for v in roi[1:])
         bin_h = max(y2 - y1 + 1, 1) / pooled_height
         bin_w = max(x2 - x1 + 1, 1) / pooled_width
         for ph in range(pooled_height):

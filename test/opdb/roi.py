@@ -13,11 +13,6 @@ from torchops import references
 from .core import ErrorInput, OpInfo, Sample, Tol, make
 
 
-def _c_round(v: float) -> int:
-    # roi_pool rounds box corners like C's round(): halves away from zero.
-    return int(math.copysign(math.floor(abs(v) + 0.5), v))
-
-
 def _pool_bins_agree(size: int, pooled: int) -> bool:
     """roi_pool's bin edges floor(p * size / pooled), ceil((p + 1) * size /
     pooled) come out the same in float32 and float64 arithmetic (they
@@ -52,7 +47,7 @@ def random_rois(n_images: int, k: int, height: int, width: int, scale: float, dt
     for row in rois:
         for lo, hi, p in ((1, 3, pooled[1]), (2, 4, pooled[0])):
             def size():
-                a, b = (_c_round(float(v) * scale) for v in (row[lo], row[hi]))
+                a, b = (references.round_half_away(float(v) * scale) for v in (row[lo], row[hi]))
                 return max(b - a + 1, 1)
             while not _pool_bins_agree(size(), p):
                 row[hi] = torch.tensor(float(row[hi]) + 1 / scale).to(dtype).double()
