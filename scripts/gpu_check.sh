@@ -14,7 +14,8 @@
 #   jit-build  a fresh cache and TORCHOPS_PREBUILT=0: both libraries built just in
 #              time, then the same smoke test                    } these run
 #   precompile torch.compile of every benchmarked reference, once  } at the
-#   tests      the whole suite incl. the GPU tests, long profile   } same time
+#   tests      the GPU-side tests (-m cuda) and the gates, long    } same time
+#              profile (CPU CI runs the CPU-side suite)              }
 #   memcheck   compute-sanitizer memcheck on one op family's       }
 #   racecheck  CUDA tests, racecheck on the shared-memory kernels  }
 #   bench      python -m torchops bench --device cuda,cpu, regenerating
@@ -177,28 +178,22 @@ else
   cannot racecheck "compute-sanitizer not found"
   SAN_PID=
 fi
-# shellcheck disable=SC2086
-# pytest-xdist (in the GPU image) spreads the suite over 4 processes (one
-# process needed more than the window; 8 starved the steps running beside
-# it of the 16 cores).  The slow loader test (two CPU-library JIT builds) and
-# test_loader_cache.py (dozens of subprocesses, all with TORCHOPS_CUDA=0:
-# nothing GPU-specific) are left to CPU CI; the build steps above cover
-# loading both libraries here.
+# The GPU-side suite: every test marked cuda (the opdb tests on the GPU, the
+# CUDA-only properties, export and compile of the CUDA kernels) in the long
+# profile, plus the files that read the loaded libraries (the gates, the
+# loader, the model).  The CPU-side tests are CPU CI's job on every landing:
+# run here too they doubled the step and pushed it past its window.
+# pytest-xdist (in the GPU image) spreads the tests over 4 processes (8
+# starved the steps running beside it of the 16 cores).
 XDIST=""
 "$PY" -c "import xdist" 2> /dev/null && XDIST="-n ${GPU_CHECK_TEST_WORKERS:-4} --dist loadgroup"
 TESTS_LIMIT=$(cap 330 "$WINDOW")
-# pytest-timeout (in the GPU image), where it has --session-timeout: the run
-# ends itself 20 s before the step's limit, so a slow suite still prints its
-# summary and the --durations table (which tests took the time) instead of
-# being killed silently; a single test over 240 s fails with its stack.
-TIMEOUTS=""
-if "$PY" -m pytest --help 2> /dev/null | grep -q -- --session-timeout; then
-  TIMEOUTS="--timeout 240 --session-timeout $(( TESTS_LIMIT > 60 ? TESTS_LIMIT - 20 : TESTS_LIMIT ))"
-fi
 # shellcheck disable=SC2086
-step tests "$TESTS_LIMIT" env TORCHOPS_TEST_PROFILE=full "$PY" -m pytest test -q \
-  -p no:cacheprovider -rfEs --durations=25 -m "not slow" --ignore test/test_loader_cache.py \
-  $XDIST $TIMEOUTS ${GPU_CHECK_TEST_ARGS:-}
+step tests "$TESTS_LIMIT" env TORCHOPS_TEST_PROFILE=full bash -c "
+  '$PY' -m pytest test/test_gates.py test/test_loader.py test/test_model.py -q -p no:cacheprovider \
+    -rfEs -m 'not slow' ${GPU_CHECK_TEST_ARGS:-} && echo &&
+  '$PY' -m pytest test -q -p no:cacheprovider -rfEs --durations=15 -m 'cuda and not slow' \
+    --ignore test/test_loader_cache.py $XDIST ${GPU_CHECK_TEST_ARGS:-}"
 finished tests
 wait "$JIT_PID"; finished jit-build
 wait "$PRE_PID"; finished precompile
@@ -236,7 +231,8 @@ note() {  # the line of a step's log that says how it went
   esac
   [ -f "$TMP/$1.log" ] || return 0
   case "$1" in
-    tests) grep -E '(passed|failed|error)' "$TMP/$1.log" | grep -E ' in [0-9.]+s' | tail -n 1 | tr -d '=' | sed 's/^ *//' ;;
+    tests) grep -E '(passed|failed|error)' "$TMP/$1.log" | grep -E ' in [0-9.]+s' | tail -n 2 | tr -d '=' \
+             | sed 's/^ *//; s/ *$//' | paste -sd';' - | sed 's/;/; then /' ;;
     memcheck|racecheck) grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$TMP/$1.log" | tail -n 1 | sed 's/^=* *//' ;;
     bench) grep -E '^bench: [0-9]+ rows' "$TMP/$1.log" | tail -n 1 ;;
     precompile) grep -E '^bench: compiled' "$TMP/$1.log" | tail -n 1 ;;
