@@ -45,7 +45,7 @@ struct TileCfg {
 using CfgBig = TileCfg<128, 256, 32, 2, 4, 4, 1>;
 using CfgMid = TileCfg<128, 128, 32, 2, 4, 4, 1>;
 // 64x64: small or batched-small problems (one block per 64x64 of C).
-using CfgSmall = TileCfg<64, 64, 32, 2, 2, 4, 2>;
+using CfgSmall = TileCfg<64, 64, 32, 2, 2, 4, 3>;
 
 // Element bytes ES: 2 (bf16/f16) or 4 (f32 read as TF32).
 template <class Cfg, int ES>
@@ -246,6 +246,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 
   const int KT = (p.k + BK - 1) / BK;
 
+#pragma unroll 1
   for (int64_t bz = blockIdx.y; bz < p.batch; bz += gridDim.y) {
     const char* a_b = p.a + bz * p.a_bs * 2;
     const char* b_b = p.b + bz * p.b_bs * 2;
@@ -323,6 +324,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 
     int rs = 0, ws = STAGES - 1;  // stage read / written next
     load_frags(0, 0, 0);
+#pragma unroll 1
     for (int kt = 0; kt < KT; ++kt) {
 #pragma unroll
       for (int kk = 0; kk < KK; ++kk) {
@@ -396,10 +398,6 @@ inline int operand_layout(const Operand& o, int64_t rows, int64_t cols) {
                      (o.col_stride % 8 == 0 || cols <= 1);
   return row_c ? 0 : col_c ? 1 : -1;
 }
-
-struct Choice {
-  int cfg;  // 0 big, 1 mid, 2 small
-};
 
 template <class Cfg>
 inline int64_t tiles_of(const GemmArgs& g) {
@@ -493,6 +491,8 @@ inline bool sm80_supports(const GemmArgs& g) {
   constexpr int64_t kMaxDim = int64_t(1) << 30;  // int tile math in the kernel
   if (g.m < 0 || g.n < 0 || g.k < 0 || g.batch < 0) return false;
   if (g.m > kMaxDim || g.n > kMaxDim || g.k > kMaxDim) return false;
+  // Tiles of the smallest config go in grid.x.
+  if (((g.m + 63) / 64) * ((g.n + 63) / 64) > int64_t(INT32_MAX)) return false;
   if (operand_layout(g.a, g.m, g.k) < 0) return false;
   if (operand_layout(g.b, g.k, g.n) < 0) return false;
   if (g.batch > 1 &&
