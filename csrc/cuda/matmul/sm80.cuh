@@ -1,0 +1,544 @@
+// Ampere/Ada tensor-core path of torchops.matmul (runs on sm_80 and later,
+// Hopper included, without wgmma): bf16/f16 inputs with fp32 accumulation
+// through mma.sync m16n8k16, and f32 through TF32 mma.sync m16n8k8 when the
+// caller allows it.  Torch-free: builds into the stand-alone harness too.
+//
+//   global --cp.async (16-byte chunks, zero-filled past the edges)-->
+//   shared (STAGES-deep ring, XOR-swizzled) --ldmatrix(.trans)--> registers
+//   --mma.sync--> fp32 accumulators --> converted, bounds-checked stores.
+//
+// Each operand tile is staged in shared memory along the operand's contiguous
+// dimension ("K-major": rows of k; "MN-major": rows of m or n); ldmatrix
+// without .trans serves a K-major tile and with .trans an MN-major one, so
+// every combination of row-/column-major A and B reads global memory in
+// 16-byte chunks.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "gemm_args.cuh"
+
+namespace torchops::cuda::gemm {
+namespace sm80_detail {
+
+template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_,
+          int MIN_BLOCKS_>
+struct TileCfg {
+  static constexpr int BM = BM_, BN = BN_, BK = BK_;
+  static constexpr int WARPS_M = WARPS_M_, WARPS_N = WARPS_N_;
+  static constexpr int STAGES = STAGES_, MIN_BLOCKS = MIN_BLOCKS_;
+  static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
+  static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;  // warp tile
+  static constexpr int MI = WM / 16, NI = WN / 8;  // mma tiles per warp
+  static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile: 16-multiples");
+  static_assert(STAGES >= 3, "the ring's reuse distance assumes >= 3 stages");
+};
+
+// 128x256: the big-problem tile (warp 64x64: 16 mma per 8 ldmatrix.x4).
+using CfgBig = TileCfg<128, 256, 32, 2, 4, 4, 1>;
+using CfgMid = TileCfg<128, 128, 32, 2, 4, 4, 1>;
+// 64x64: small or batched-small problems (one block per 64x64 of C).
+using CfgSmall = TileCfg<64, 64, 32, 2, 2, 4, 3>;
+
+// Element bytes ES: 2 (bf16/f16) or 4 (f32 read as TF32).
+template <class Cfg, int ES>
+struct Smem {
+  static constexpr int EPC = 16 / ES;  // elements per 16-byte chunk
+  static constexpr int A_BYTES = Cfg::BM * Cfg::BK * ES;
+  static constexpr int B_BYTES = Cfg::BN * Cfg::BK * ES;
+  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+  static constexpr size_t TOTAL = size_t(Cfg::STAGES) * STAGE_BYTES;
+};
+
+// A stored tile: ROWS rows of CPR 16-byte chunks.  K-major: rows are m (or n),
+// chunks run along k; MN-major: rows are k, chunks along m (or n).
+template <int MN, int BK, int ES, bool KMAJOR>
+struct TileShape {
+  static constexpr int ROWS = KMAJOR ? MN : BK;
+  static constexpr int CPR = (KMAJOR ? BK : MN) * ES / 16;
+};
+
+// XOR swizzle of the chunk column: the 8 rows one ldmatrix phase reads (same
+// chunk column, 8 consecutive rows from a multiple of 8) land in 8 distinct
+// 16-byte bank groups of a 128-byte line.  Its period is 8 rows, and it only
+// touches the low bits of the column, so it's a permutation within each row.
+template <int CPR>
+__device__ __forceinline__ int swz_xor(int r) {
+  if constexpr (CPR >= 8) {
+    return r & 7;
+  } else if constexpr (CPR == 4) {
+    return (r >> 1) & 3;
+  } else if constexpr (CPR == 2) {
+    return (r >> 2) & 1;
+  } else {
+    return 0;
+  }
+}
+
+template <int CPR>
+__device__ __forceinline__ int swz(int r, int c) {
+  return r * CPR + (c ^ swz_xor<CPR>(r));
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define TORCHOPS_SM80_DEVICE 1
+#endif
+
+// src_bytes < 16 zero-fills the rest of the chunk; 0 reads nothing.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src,
+                                           int src_bytes) {
+#ifdef TORCHOPS_SM80_DEVICE
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+               "l"(src), "r"(src_bytes)
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#ifdef TORCHOPS_SM80_DEVICE
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#ifdef TORCHOPS_SM80_DEVICE
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+template <bool TRANS>
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+#ifdef TORCHOPS_SM80_DEVICE
+  if constexpr (TRANS) {
+    asm volatile(
+        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+        : "r"(addr)
+        : "memory");
+  } else {
+    asm volatile(
+        "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+        : "r"(addr)
+        : "memory");
+  }
+#endif
+}
+
+// d += a * b, m16n8k16, fp32 accumulators.
+template <bool BF16>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
+                                          uint32_t b0, uint32_t b1) {
+#ifdef TORCHOPS_SM80_DEVICE
+  if constexpr (BF16) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+#endif
+}
+
+struct KParams {
+  const char* a;
+  const char* b;
+  void* c;
+  // Element strides.  "outer" is the operand's non-contiguous matrix stride
+  // (the one between the stored tile's rows in global memory).
+  int64_t a_bs, a_os, b_bs, b_os;
+  int64_t batch;
+  int m, n, k;
+  int tiles_m, tiles_n;
+  int c_vec2;  // C can take 2-element stores (n even, 4-byte aligned base)
+};
+
+// Issues one stage's cp.async copies of one operand tile.  g points at the
+// tile's first element (always inside the operand: the tile starts in range);
+// rows at or past outer_rem and chunks at or past inner_rem are zero-filled,
+// a chunk straddling inner_rem copies only its in-range elements.
+template <int ROWS, int CPR, int THREADS, int ES>
+__device__ __forceinline__ void load_tile(uint32_t s_tile, const char* g,
+                                          int64_t outer_stride, int outer_rem,
+                                          int inner_rem, int tid) {
+  constexpr int EPC = 16 / ES;
+  constexpr int RPI = THREADS / CPR;  // rows covered per pass of the block
+  static_assert(THREADS % CPR == 0 && (ROWS * CPR) % THREADS == 0,
+                "tile chunks must split evenly");
+  // RPI is a multiple of the swizzle's 8-row period, so every pass of this
+  // thread shares one swizzled column and one row step.
+  static_assert(RPI % 8 == 0, "swizzle period");
+  const int r0 = tid / CPR, c = tid % CPR;
+  const int inner = c * EPC;
+  const int n_in = inner_rem - inner;
+  const int bytes = n_in <= 0 ? 0 : (n_in >= EPC ? EPC : n_in) * ES;
+  const char* src0 = g + (int64_t(r0) * outer_stride + inner) * ES;
+  const int64_t step = int64_t(RPI) * outer_stride * ES;
+  const uint32_t dst0 = s_tile + swz<CPR>(r0, c) * 16;
+#pragma unroll
+  for (int i = 0; i < ROWS / RPI; ++i) {
+    const bool ok = bytes > 0 && r0 + i * RPI < outer_rem;
+    // A zero-byte copy still gets an address inside the operand.
+    cp_async16(dst0 + i * RPI * CPR * 16, ok ? src0 + i * step : g,
+               ok ? bytes : 0);
+  }
+}
+
+template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, bool BF16>
+__global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
+    sm80_gemm_16bit(const KParams p) {
+#ifdef TORCHOPS_SM80_DEVICE
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK;
+  constexpr int STAGES = Cfg::STAGES, THREADS = Cfg::THREADS;
+  constexpr int MI = Cfg::MI, NI = Cfg::NI, WM = Cfg::WM, WN = Cfg::WN;
+  constexpr int KK = BK / 16;  // mma k-steps per stage
+  static_assert(KK % 2 == 0, "fragment double buffer assumes an even KK");
+  using SM = Smem<Cfg, 2>;
+  using TA = TileShape<BM, BK, 2, A_KMAJOR>;
+  using TB = TileShape<BN, BK, 2, B_KMAJOR>;
+  using OutT = typename std::conditional<BF16, __nv_bfloat16, __half>::type;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t s_base = smem_u32(smem);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm0 = (warp / Cfg::WARPS_N) * WM;
+  const int wn0 = (warp % Cfg::WARPS_N) * WN;
+
+  // Grouped raster: 8 tile-rows share their B tiles while they run together.
+  constexpr int GROUP = 8;
+  const int t = blockIdx.x;
+  const int width = GROUP * p.tiles_n;
+  const int first_m = (t / width) * GROUP;
+  const int gsz = min(p.tiles_m - first_m, GROUP);
+  const int m0 = (first_m + (t % width) % gsz) * BM;
+  const int n0 = ((t % width) / gsz) * BN;
+
+  // ldmatrix lane roles.  Matrix j = lane/8 of an x4, row lane%8 of it.
+  // A x4 = m16 x k16: j -> (m half j&1, k half j>>1);
+  // B x4 = n16 x k16: j -> (n half j>>1, k half j&1).
+  // lr: stored row within a 16-row group; lx: chunk offset xor swizzle (the
+  // 16-row groups start at multiples of 8 and the chunk bases are even, so
+  // (base + lc) ^ swz(base_row + lr) == base ^ (lc ^ swz(lr))).
+  const int j = lane >> 3, r8 = lane & 7;
+  const int a_lr = r8 + (A_KMAJOR ? (j & 1) : (j >> 1)) * 8;
+  const int a_lc = A_KMAJOR ? (j >> 1) : (j & 1);
+  const int a_lx = a_lc ^ swz_xor<TA::CPR>(a_lr);
+  const int b_lr = r8 + (B_KMAJOR ? (j >> 1) : (j & 1)) * 8;
+  const int b_lc = B_KMAJOR ? (j & 1) : (j >> 1);
+  const int b_lx = b_lc ^ swz_xor<TB::CPR>(b_lr);
+
+  const int KT = (p.k + BK - 1) / BK;
+
+#pragma unroll 1
+  for (int64_t bz = blockIdx.y; bz < p.batch; bz += gridDim.y) {
+    const char* a_b = p.a + bz * p.a_bs * 2;
+    const char* b_b = p.b + bz * p.b_bs * 2;
+
+    auto load_stage = [&](int stage, int kt) {
+      const int k0 = kt * BK;
+      const uint32_t s_a = s_base + stage * SM::STAGE_BYTES;
+      const uint32_t s_b = s_a + SM::A_BYTES;
+      if constexpr (A_KMAJOR) {
+        load_tile<TA::ROWS, TA::CPR, THREADS, 2>(
+            s_a, a_b + (int64_t(m0) * p.a_os + k0) * 2, p.a_os, p.m - m0,
+            p.k - k0, tid);
+      } else {
+        load_tile<TA::ROWS, TA::CPR, THREADS, 2>(
+            s_a, a_b + (int64_t(k0) * p.a_os + m0) * 2, p.a_os, p.k - k0,
+            p.m - m0, tid);
+      }
+      if constexpr (B_KMAJOR) {
+        load_tile<TB::ROWS, TB::CPR, THREADS, 2>(
+            s_b, b_b + (int64_t(n0) * p.b_os + k0) * 2, p.b_os, p.n - n0,
+            p.k - k0, tid);
+      } else {
+        load_tile<TB::ROWS, TB::CPR, THREADS, 2>(
+            s_b, b_b + (int64_t(k0) * p.b_os + n0) * 2, p.b_os, p.k - k0,
+            p.n - n0, tid);
+      }
+    };
+
+    uint32_t af[2][MI][4];
+    uint32_t bfr[2][NI][2];
+    auto load_frags = [&](int buf, int stage, int kk) {
+      const uint32_t s_a = s_base + stage * SM::STAGE_BYTES;
+      const uint32_t s_b = s_a + SM::A_BYTES;
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        const int mb = wm0 + mi * 16;
+        // (row base, even chunk base) of this 16x16 block in the stored tile
+        const int row = A_KMAJOR ? mb : kk * 16;
+        const int ch = A_KMAJOR ? kk * 2 : mb / 8;
+        ldsm_x4<!A_KMAJOR>(
+            af[buf][mi],
+            s_a + ((row + a_lr) * TA::CPR + (ch ^ a_lx)) * 16);
+      }
+#pragma unroll
+      for (int nj = 0; nj < NI / 2; ++nj) {
+        const int nb = wn0 + nj * 16;
+        const int row = B_KMAJOR ? nb : kk * 16;
+        const int ch = B_KMAJOR ? kk * 2 : nb / 8;
+        uint32_t r[4];
+        ldsm_x4<!B_KMAJOR>(r,
+                           s_b + ((row + b_lr) * TB::CPR + (ch ^ b_lx)) * 16);
+        bfr[buf][2 * nj][0] = r[0];
+        bfr[buf][2 * nj][1] = r[1];
+        bfr[buf][2 * nj + 1][0] = r[2];
+        bfr[buf][2 * nj + 1][1] = r[3];
+      }
+    };
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+
+    // Group g of the cp.async sequence holds k-tile g (empty past the end).
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < KT) load_stage(s, s);
+      cp_async_commit();
+    }
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+
+    int rs = 0, ws = STAGES - 1;  // stage read / written next
+    load_frags(0, 0, 0);
+#pragma unroll 1
+    for (int kt = 0; kt < KT; ++kt) {
+#pragma unroll
+      for (int kk = 0; kk < KK; ++kk) {
+        if (kk == KK - 1) {
+          // Tile kt+1 landed (groups committed: STAGES+kt); every warp is done
+          // with stage (kt-1)%STAGES, which kk==0 of the next tile refills.
+          cp_async_wait<STAGES - 2>();
+          __syncthreads();
+          rs = rs + 1 == STAGES ? 0 : rs + 1;
+        }
+        load_frags((kk + 1) & 1, rs, (kk + 1) % KK);
+        if (kk == 0) {
+          // ws == (kt-1)%STAGES: its last reader finished before the barrier
+          // at kk==KK-1 of tile kt-1.
+          const int nk = kt + STAGES - 1;
+          if (nk < KT) load_stage(ws, nk);
+          cp_async_commit();
+          ws = ws + 1 == STAGES ? 0 : ws + 1;
+        }
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+          for (int ni = 0; ni < NI; ++ni)
+            mma_16816<BF16>(acc[mi][ni], af[kk & 1][mi], bfr[kk & 1][ni][0],
+                            bfr[kk & 1][ni][1]);
+      }
+    }
+    cp_async_wait<0>();
+
+    // Accumulator (mi, ni): c0,c1 at (row g, cols 2t,2t+1), c2,c3 at row g+8.
+    OutT* C = static_cast<OutT*>(p.c) + bz * int64_t(p.m) * p.n;
+    const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + wm0 + mi * 16 + g + h * 8;
+        if (row >= p.m) continue;
+        OutT* crow = C + int64_t(row) * p.n;
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) {
+          const int col = n0 + wn0 + ni * 8 + t4 * 2;
+          const float x = acc[mi][ni][2 * h], y = acc[mi][ni][2 * h + 1];
+          if (p.c_vec2 && col + 1 < p.n) {
+            if constexpr (BF16) {
+              *reinterpret_cast<__nv_bfloat162*>(crow + col) =
+                  __floats2bfloat162_rn(x, y);
+            } else {
+              *reinterpret_cast<__half2*>(crow + col) = __floats2half2_rn(x, y);
+            }
+          } else {
+            if (col < p.n) crow[col] = OutT(x);
+            if (col + 1 < p.n) crow[col + 1] = OutT(y);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the next batch entry's prologue refills the ring
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+
+// Layout of one operand viewed as a rows x cols matrix: 0 = row-contiguous
+// (unit col stride), 1 = column-contiguous, -1 = neither usable.
+inline int operand_layout(const Operand& o, int64_t rows, int64_t cols) {
+  const bool row_c = (o.col_stride == 1 || cols <= 1) &&
+                     (o.row_stride % 8 == 0 || rows <= 1);
+  const bool col_c = (o.row_stride == 1 || rows <= 1) &&
+                     (o.col_stride % 8 == 0 || cols <= 1);
+  return row_c ? 0 : col_c ? 1 : -1;
+}
+
+template <class Cfg>
+inline int64_t tiles_of(const GemmArgs& g) {
+  return ((g.m + Cfg::BM - 1) / Cfg::BM) * ((g.n + Cfg::BN - 1) / Cfg::BN);
+}
+
+// Picks the tile with the least estimated time: waves of tiles over the
+// resident block slots, each wave costing the tile's area over its relative
+// per-SM throughput (bigger tiles: fewer shared-memory bytes per mma).
+inline int choose_cfg(const GemmArgs& g, int sms) {
+  const int64_t area[3] = {int64_t(CfgBig::BM) * CfgBig::BN,
+                           int64_t(CfgMid::BM) * CfgMid::BN,
+                           int64_t(CfgSmall::BM) * CfgSmall::BN};
+  const int64_t tiles[3] = {tiles_of<CfgBig>(g) * g.batch,
+                            tiles_of<CfgMid>(g) * g.batch,
+                            tiles_of<CfgSmall>(g) * g.batch};
+  const int per_sm[3] = {CfgBig::MIN_BLOCKS, CfgMid::MIN_BLOCKS,
+                         CfgSmall::MIN_BLOCKS};
+  const double eff[3] = {1.0, 0.85, 0.55};
+  int best = 0;
+  double best_cost = 0;
+  for (int i = 0; i < 3; ++i) {
+    const int64_t slots = int64_t(sms) * per_sm[i];
+    const int64_t waves = (tiles[i] + slots - 1) / slots;
+    const double cost = double(waves) * double(area[i]) * per_sm[i] / eff[i];
+    if (i == 0 || cost < best_cost * 0.97) {
+      best = i;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+// cudaFuncSetAttribute once per (kernel, device).
+template <class Kernel>
+inline cudaError_t prepare_kernel(Kernel k, size_t smem, int dev) {
+  static std::atomic<uint64_t> done{0};
+  const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
+  if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
+  cudaError_t e = cudaFuncSetAttribute(
+      k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (e == cudaSuccess && bit) done.fetch_or(bit, std::memory_order_relaxed);
+  return e;
+}
+
+template <class Cfg, bool A_K, bool B_K, bool BF16>
+inline cudaError_t launch_16bit(const KParams& p0, cudaStream_t stream,
+                                int dev) {
+  KParams p = p0;
+  p.tiles_m = int((p.m + Cfg::BM - 1) / Cfg::BM);
+  p.tiles_n = int((p.n + Cfg::BN - 1) / Cfg::BN);
+  constexpr size_t smem = Smem<Cfg, 2>::TOTAL;
+  auto kernel = sm80_gemm_16bit<Cfg, A_K, B_K, BF16>;
+  cudaError_t e = prepare_kernel(kernel, smem, dev);
+  if (e != cudaSuccess) return e;
+  const dim3 grid(unsigned(int64_t(p.tiles_m) * p.tiles_n),
+                  unsigned(p.batch < 65535 ? p.batch : 65535), 1);
+  kernel<<<grid, Cfg::THREADS, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <class Cfg, bool BF16>
+inline cudaError_t dispatch_layout(const KParams& p, bool a_k, bool b_k,
+                                   cudaStream_t s, int dev) {
+  if (a_k) {
+    return b_k ? launch_16bit<Cfg, true, true, BF16>(p, s, dev)
+               : launch_16bit<Cfg, true, false, BF16>(p, s, dev);
+  }
+  return b_k ? launch_16bit<Cfg, false, true, BF16>(p, s, dev)
+             : launch_16bit<Cfg, false, false, BF16>(p, s, dev);
+}
+
+template <bool BF16>
+inline cudaError_t dispatch_cfg(int cfg, const KParams& p, bool a_k, bool b_k,
+                                cudaStream_t s, int dev) {
+  switch (cfg) {
+    case 0:
+      return dispatch_layout<CfgBig, BF16>(p, a_k, b_k, s, dev);
+    case 1:
+      return dispatch_layout<CfgMid, BF16>(p, a_k, b_k, s, dev);
+    default:
+      return dispatch_layout<CfgSmall, BF16>(p, a_k, b_k, s, dev);
+  }
+}
+
+}  // namespace sm80_detail
+
+inline bool sm80_supports(const GemmArgs& g) {
+  using sm80_detail::operand_layout;
+  if (g.dtype != DType::f16 && g.dtype != DType::bf16) return false;
+  constexpr int64_t kMaxDim = int64_t(1) << 30;  // int tile math in the kernel
+  if (g.m < 0 || g.n < 0 || g.k < 0 || g.batch < 0) return false;
+  if (g.m > kMaxDim || g.n > kMaxDim || g.k > kMaxDim) return false;
+  // Tiles of the smallest config go in grid.x.
+  if (((g.m + 63) / 64) * ((g.n + 63) / 64) > int64_t(INT32_MAX)) return false;
+  if (operand_layout(g.a, g.m, g.k) < 0) return false;
+  if (operand_layout(g.b, g.k, g.n) < 0) return false;
+  if (g.batch > 1 &&
+      (g.a.batch_stride % 8 != 0 || g.b.batch_stride % 8 != 0)) {
+    return false;
+  }
+  if (reinterpret_cast<uintptr_t>(g.a.ptr) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(g.b.ptr) % 16 != 0) {
+    return false;
+  }
+  return true;
+}
+
+inline size_t sm80_workspace_bytes(const GemmArgs&) { return 0; }
+
+inline cudaError_t sm80_run(const GemmArgs& g, void* /*workspace*/,
+                            cudaStream_t stream) {
+  using namespace sm80_detail;
+  if (g.m == 0 || g.n == 0 || g.batch == 0) return cudaSuccess;
+  int dev = 0, sms = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess) return e;
+
+  // A is m x k: K-major when row-contiguous.  B is k x n: K-major when
+  // column-contiguous.  The outer stride is the other matrix stride.
+  const bool a_k = operand_layout(g.a, g.m, g.k) == 0;
+  const bool b_k = operand_layout(g.b, g.k, g.n) == 1;
+  KParams p{};
+  p.a = static_cast<const char*>(g.a.ptr);
+  p.b = static_cast<const char*>(g.b.ptr);
+  p.c = g.c;
+  p.a_bs = g.batch > 1 ? g.a.batch_stride : 0;
+  p.b_bs = g.batch > 1 ? g.b.batch_stride : 0;
+  p.a_os = a_k ? g.a.row_stride : g.a.col_stride;
+  p.b_os = b_k ? g.b.col_stride : g.b.row_stride;
+  p.batch = g.batch;
+  p.m = int(g.m);
+  p.n = int(g.n);
+  p.k = int(g.k);
+  p.c_vec2 = (g.n % 2 == 0) && (reinterpret_cast<uintptr_t>(g.c) % 4 == 0);
+
+  const int cfg = choose_cfg(g, sms);
+  if (g.dtype == DType::bf16) return dispatch_cfg<true>(cfg, p, a_k, b_k, stream, dev);
+  return dispatch_cfg<false>(cfg, p, a_k, b_k, stream, dev);
+}
+
+}  // namespace torchops::cuda::gemm
