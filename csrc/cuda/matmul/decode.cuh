@@ -1,0 +1,570 @@
+// Small-M GEMM (decode: M <= 16), bound by streaming B once from memory.
+//
+// Every CTA owns a slice of output columns and (with split-K) a K-range;
+// its warps interleave over that K-range, each streaming its part of B
+// with 16-byte loads, and their partial sums meet in a fixed-order tree in
+// shared memory.  A (at most 16 rows) is re-read through L1.
+//
+// half/bfloat16 (sm_80+): tensor cores, mma.m16n8k16 with A's rows padded
+// to 16 (the MMA is nearly free here; loads are the cost).  The K order
+// inside an MMA is free, so each lane's 16-byte vector is used as loaded:
+//   B k-contiguous (nn.Linear weight): lane (g, t) loads B column n0+g,
+//     k = kc+8t..+7; words 0,1 feed one MMA and words 2,3 the next, and A is
+//     loaded with the same k permutation (16 bytes of rows g and g+8).
+//   B n-contiguous: lane (g, t) loads 4 rows k = kc+4t..+3, columns
+//     n0+8g..+7, and byte_perm's them into k-pairs: column n0+8g+e is
+//     column g of n-tile e (a warp covers 64 columns in 8 MMAs).
+// float32: exact FMA on CUDA cores (lane = 4 k's of 4 columns, or 4
+// columns of 4 k's), register tile MT x 4 with MT >= M a template.
+//
+// Split-K over CTAs (when the column slices alone cannot fill the GPU)
+// writes float partials to the workspace, [split][batch][m][n], and a
+// second kernel sums them in split order: bitwise reproducible.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gemm_args.cuh"
+
+namespace torchops::cuda::gemm {
+namespace decode_detail {
+
+constexpr int kMaxM = 16;
+constexpr int kMaxGridZ = 65535;
+
+struct Params {
+  const void* a;
+  int64_t a_bs, a_rs;  // A's k stride is 1
+  const void* b;
+  int64_t b_bs, b_ld;  // B's other stride is 1 (k for the BK kernels, n for BN)
+  void* c;
+  float* ws;  // split-K partials, used when splits > 1
+  int64_t batch;
+  int m, n, k;
+  int splits, kps;  // K per split (multiple of 64)
+};
+
+__device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+__device__ __forceinline__ uint2 ldg8(const void* p) { return __ldg(static_cast<const uint2*>(p)); }
+// B is read exactly once: streaming (evict-first) loads.
+__device__ __forceinline__ uint4 ldcs16(const void* p) { return __ldcs(static_cast<const uint4*>(p)); }
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+template <typename T> struct IsBf16 { static constexpr bool value = false; };
+template <> struct IsBf16<__nv_bfloat16> { static constexpr bool value = true; };
+
+// d += A(16x16, row) * B(16x8, col), float accumulation.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (IsBf16<T>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+#else
+  __trap();  // decode_supports refuses half types below sm_80
+#endif
+}
+
+// Sums v over the NW warps of the block into warp 0, in a fixed tree
+// (w += w + half, half = NW/2 .. 1).  red: (NW/2) * NV * 32 floats.
+template <int NW, int NV>
+__device__ __forceinline__ void tree_reduce(float (&v)[NV], float* red, int warp, int lane) {
+#pragma unroll
+  for (int half = NW / 2; half >= 1; half >>= 1) {
+    if (warp >= half && warp < 2 * half) {
+#pragma unroll
+      for (int j = 0; j < NV; ++j) red[((warp - half) * NV + j) * 32 + lane] = v[j];
+    }
+    __syncthreads();
+    if (warp < half) {
+#pragma unroll
+      for (int j = 0; j < NV; ++j) v[j] += red[(warp * NV + j) * 32 + lane];
+    }
+    __syncthreads();
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void put(const Params& p, int64_t bi, int row, int col, float v) {
+  const int64_t idx = (bi * p.m + row) * p.n + col;
+  if (p.splits == 1) {
+    static_cast<T*>(p.c)[idx] = from_float<T>(v);
+  } else {
+    p.ws[int64_t(blockIdx.y) * p.batch * p.m * p.n + idx] = v;
+  }
+}
+
+// ---- half/bfloat16, B k-contiguous: CTA = 32 columns (4 n-tiles), 16 warps.
+constexpr int kBkWarps = 16, kBkTiles = 4, kBkU = 2;  // U: 32-k chunks per warp step
+constexpr int kBkCols = 8 * kBkTiles;
+
+template <typename T>
+__global__ void __launch_bounds__(kBkWarps * 32, 1) decode_mma_bk(const Params p) {
+  constexpr int NV = kBkTiles * 4;
+  constexpr int KSTEP = 32 * kBkU;
+  __shared__ float red[kBkWarps / 2 * NV * 32];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * kBkCols;
+  const int kbeg = blockIdx.y * p.kps;
+  const int kend = min(p.k, kbeg + p.kps);  // multiple of 8: whole lane vectors in or out
+
+  for (int64_t bi = blockIdx.z; bi < p.batch; bi += gridDim.z) {
+    const T* A = static_cast<const T*>(p.a) + bi * p.a_bs;
+    const T* B = static_cast<const T*>(p.b) + bi * p.b_bs;
+    const bool ar0 = g < p.m, ar1 = g + 8 < p.m;
+    const T* a0 = A + int64_t(g) * p.a_rs;
+    const T* a1 = A + int64_t(g + 8) * p.a_rs;
+    const T* bcol[kBkTiles];
+    bool bok[kBkTiles];
+#pragma unroll
+    for (int j = 0; j < kBkTiles; ++j) {
+      const int col = n0 + j * 8 + g;
+      bok[j] = col < p.n;
+      bcol[j] = B + int64_t(col) * p.b_ld;
+    }
+    float acc[kBkTiles][4];
+#pragma unroll
+    for (int j = 0; j < kBkTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+    for (int kc = kbeg + warp * KSTEP; kc < kend; kc += kBkWarps * KSTEP) {
+      uint4 av[kBkU][2], bv[kBkU][kBkTiles];
+#pragma unroll
+      for (int u = 0; u < kBkU; ++u) {
+        const int kk = kc + u * 32 + t * 8;
+        const bool kin = kk < kend;
+        const uint4 z = make_uint4(0, 0, 0, 0);
+        av[u][0] = (kin && ar0) ? ldg16(a0 + kk) : z;
+        av[u][1] = (kin && ar1) ? ldg16(a1 + kk) : z;
+#pragma unroll
+        for (int j = 0; j < kBkTiles; ++j) bv[u][j] = (kin && bok[j]) ? ldcs16(bcol[j] + kk) : z;
+      }
+#pragma unroll
+      for (int u = 0; u < kBkU; ++u) {
+#pragma unroll
+        for (int j = 0; j < kBkTiles; ++j) {
+          mma16816<T>(acc[j], av[u][0].x, av[u][1].x, av[u][0].y, av[u][1].y, bv[u][j].x, bv[u][j].y);
+          mma16816<T>(acc[j], av[u][0].z, av[u][1].z, av[u][0].w, av[u][1].w, bv[u][j].z, bv[u][j].w);
+        }
+      }
+    }
+
+    float (&flat)[NV] = *reinterpret_cast<float(*)[NV]>(&acc[0][0]);
+    tree_reduce<kBkWarps, NV>(flat, red, warp, lane);
+    if (warp == 0) {
+#pragma unroll
+      for (int j = 0; j < kBkTiles; ++j) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int row = g + (r >> 1) * 8, col = n0 + j * 8 + t * 2 + (r & 1);
+          if (row < p.m && col < p.n) put<T>(p, bi, row, col, acc[j][r]);
+        }
+      }
+    }
+  }
+}
+
+// ---- half/bfloat16, B n-contiguous: CTA = 64 columns (8 n-tiles), 16 warps.
+constexpr int kBnWarps = 16, kBnU = 2;  // U: 16-k chunks per warp step
+constexpr int kBnCols = 64;
+
+template <typename T>
+__global__ void __launch_bounds__(kBnWarps * 32, 1) decode_mma_bn(const Params p) {
+  constexpr int NV = 8 * 4;
+  constexpr int KSTEP = 16 * kBnU;
+  __shared__ float red[kBnWarps / 2 * NV * 32];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * kBnCols;
+  const int colg = n0 + g * 8;  // n % 8 == 0: a lane's 8 columns are all in or all out
+  const int kbeg = blockIdx.y * p.kps;
+  const int kend = min(p.k, kbeg + p.kps);
+
+  for (int64_t bi = blockIdx.z; bi < p.batch; bi += gridDim.z) {
+    const T* A = static_cast<const T*>(p.a) + bi * p.a_bs;
+    const T* B = static_cast<const T*>(p.b) + bi * p.b_bs + colg;
+    const bool ar0 = g < p.m, ar1 = g + 8 < p.m, cok = colg < p.n;
+    const T* a0 = A + int64_t(g) * p.a_rs;
+    const T* a1 = A + int64_t(g + 8) * p.a_rs;
+    float acc[8][4];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e][0] = acc[e][1] = acc[e][2] = acc[e][3] = 0.f;
+
+    for (int kc = kbeg + warp * KSTEP; kc < kend; kc += kBnWarps * KSTEP) {
+      uint2 av[kBnU][2];
+      uint4 bv[kBnU][4];
+#pragma unroll
+      for (int u = 0; u < kBnU; ++u) {
+        const int kr = kc + u * 16 + t * 4;  // this lane's 4 k rows; kend % 4 == 0
+        const bool kin = kr < kend;
+        av[u][0] = (kin && ar0) ? ldg8(a0 + kr) : make_uint2(0, 0);
+        av[u][1] = (kin && ar1) ? ldg8(a1 + kr) : make_uint2(0, 0);
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          bv[u][r] = (kin && cok) ? ldcs16(B + int64_t(kr + r) * p.b_ld) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kBnU; ++u) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          // k-pairs (rows 0,1) and (rows 2,3) of column e: logical k (2t, 2t+1)
+          // and (2t+8, 2t+9), matching A's words x and y.
+          const uint32_t sel = (e & 1) ? 0x7632u : 0x5410u;
+          const uint32_t b0 = __byte_perm(word(bv[u][0], e >> 1), word(bv[u][1], e >> 1), sel);
+          const uint32_t b1 = __byte_perm(word(bv[u][2], e >> 1), word(bv[u][3], e >> 1), sel);
+          mma16816<T>(acc[e], av[u][0].x, av[u][1].x, av[u][0].y, av[u][1].y, b0, b1);
+        }
+      }
+    }
+
+    float (&flat)[NV] = *reinterpret_cast<float(*)[NV]>(&acc[0][0]);
+    tree_reduce<kBnWarps, NV>(flat, red, warp, lane);
+    if (warp == 0) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          // MMA column 2t+(r&1) of n-tile e is column n0 + 8*(2t+(r&1)) + e.
+          const int row = g + (r >> 1) * 8, col = n0 + (t * 2 + (r & 1)) * 8 + e;
+          if (row < p.m && col < p.n) put<T>(p, bi, row, col, acc[e][r]);
+        }
+      }
+    }
+  }
+}
+
+// ---- float32, B k-contiguous: CTA = 4 columns, 8 warps; lane = 4 k's.
+constexpr int kF32BkWarps = 8, kF32BkCols = 4, kF32BkU = 2;
+
+template <int MT>
+__global__ void __launch_bounds__(kF32BkWarps * 32) decode_f32_bk(const Params p) {
+  constexpr int NC = kF32BkCols;
+  constexpr int KSTEP = 128 * kF32BkU;
+  __shared__ float red[kF32BkWarps][MT * NC];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n0 = blockIdx.x * NC;
+  const int kbeg = blockIdx.y * p.kps;
+  const int kend = min(p.k, kbeg + p.kps);  // multiple of 4
+
+  for (int64_t bi = blockIdx.z; bi < p.batch; bi += gridDim.z) {
+    const float* A = static_cast<const float*>(p.a) + bi * p.a_bs;
+    const float* B = static_cast<const float*>(p.b) + bi * p.b_bs;
+    float acc[MT][NC];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int c = 0; c < NC; ++c) acc[i][c] = 0.f;
+
+    for (int kc = kbeg + warp * KSTEP; kc < kend; kc += kF32BkWarps * KSTEP) {
+      float4 w[kF32BkU][NC];
+#pragma unroll
+      for (int u = 0; u < kF32BkU; ++u) {
+        const int kk = kc + u * 128 + lane * 4;
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          const uint4 v = (kk < kend && n0 + c < p.n)
+                              ? ldcs16(B + int64_t(n0 + c) * p.b_ld + kk)
+                              : make_uint4(0, 0, 0, 0);
+          w[u][c] = *reinterpret_cast<const float4*>(&v);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kF32BkU; ++u) {
+        const int kk = kc + u * 128 + lane * 4;
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          const uint4 v = (kk < kend && i < p.m) ? ldg16(A + int64_t(i) * p.a_rs + kk)
+                                                 : make_uint4(0, 0, 0, 0);
+          const float4 a = *reinterpret_cast<const float4*>(&v);
+#pragma unroll
+          for (int c = 0; c < NC; ++c) {
+            float s = acc[i][c];
+            s = fmaf(a.x, w[u][c].x, s);
+            s = fmaf(a.y, w[u][c].y, s);
+            s = fmaf(a.z, w[u][c].z, s);
+            s = fmaf(a.w, w[u][c].w, s);
+            acc[i][c] = s;
+          }
+        }
+      }
+    }
+
+    // Butterfly: every lane ends with the same (order-fixed) warp sum.
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        float s = acc[i][c];
+#pragma unroll
+        for (int off = 16; off >= 1; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+        acc[i][c] = s;
+      }
+    if (lane == 0) {
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int c = 0; c < NC; ++c) red[warp][i * NC + c] = acc[i][c];
+    }
+    __syncthreads();
+    if (threadIdx.x < MT * NC) {
+      const int i = threadIdx.x / NC, c = threadIdx.x % NC;
+      float s = 0.f;
+#pragma unroll
+      for (int w2 = 0; w2 < kF32BkWarps; ++w2) s += red[w2][threadIdx.x];
+      if (i < p.m && n0 + c < p.n) put<float>(p, bi, i, n0 + c, s);
+    }
+    __syncthreads();
+  }
+}
+
+// ---- float32, B n-contiguous: CTA = 128 columns (lane = 4 columns), 8 warps.
+constexpr int kF32BnWarps = 8, kF32BnU = 2;  // U: 4-row steps per warp step
+constexpr int kF32BnCols = 128;
+
+template <int MT>
+__global__ void __launch_bounds__(kF32BnWarps * 32) decode_f32_bn(const Params p) {
+  constexpr int NV = MT * 4;
+  constexpr int KSTEP = 4 * kF32BnU;
+  __shared__ float red[kF32BnWarps / 2 * NV * 32];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int col = blockIdx.x * kF32BnCols + lane * 4;  // n % 4 == 0: all 4 in or out
+  const int kbeg = blockIdx.y * p.kps;
+  const int kend = min(p.k, kbeg + p.kps);
+
+  for (int64_t bi = blockIdx.z; bi < p.batch; bi += gridDim.z) {
+    const float* A = static_cast<const float*>(p.a) + bi * p.a_bs;
+    const float* B = static_cast<const float*>(p.b) + bi * p.b_bs + col;
+    const bool cok = col < p.n;
+    float acc[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+    for (int kc = kbeg + warp * KSTEP; kc < kend; kc += kF32BnWarps * KSTEP) {
+      float4 w[kF32BnU][4];
+#pragma unroll
+      for (int u = 0; u < kF32BnU; ++u) {
+        const int kr = kc + u * 4;
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const uint4 v = (kr < kend && cok) ? ldcs16(B + int64_t(kr + r) * p.b_ld)
+                                             : make_uint4(0, 0, 0, 0);
+          w[u][r] = *reinterpret_cast<const float4*>(&v);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kF32BnU; ++u) {
+        const int kr = kc + u * 4;
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          // Same address in every lane: one broadcast load.
+          const uint4 v = (kr < kend && i < p.m) ? ldg16(A + int64_t(i) * p.a_rs + kr)
+                                                 : make_uint4(0, 0, 0, 0);
+          const float4 a = *reinterpret_cast<const float4*>(&v);
+          acc[i][0] = fmaf(a.w, w[u][3].x, fmaf(a.z, w[u][2].x, fmaf(a.y, w[u][1].x, fmaf(a.x, w[u][0].x, acc[i][0]))));
+          acc[i][1] = fmaf(a.w, w[u][3].y, fmaf(a.z, w[u][2].y, fmaf(a.y, w[u][1].y, fmaf(a.x, w[u][0].y, acc[i][1]))));
+          acc[i][2] = fmaf(a.w, w[u][3].z, fmaf(a.z, w[u][2].z, fmaf(a.y, w[u][1].z, fmaf(a.x, w[u][0].z, acc[i][2]))));
+          acc[i][3] = fmaf(a.w, w[u][3].w, fmaf(a.z, w[u][2].w, fmaf(a.y, w[u][1].w, fmaf(a.x, w[u][0].w, acc[i][3]))));
+        }
+      }
+    }
+
+    float (&flat)[NV] = *reinterpret_cast<float(*)[NV]>(&acc[0][0]);
+    tree_reduce<kF32BnWarps, NV>(flat, red, warp, lane);
+    if (warp == 0 && cok) {
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+        if (i < p.m) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) put<float>(p, bi, i, col + c, acc[i][c]);
+        }
+    }
+  }
+}
+
+// C = sum over splits 0..S-1 of the partials, in that order.
+template <typename T>
+__global__ void __launch_bounds__(256) decode_reduce(const float* __restrict__ ws, T* __restrict__ c,
+                                                     int splits, int64_t total) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float s = 0.f;
+    for (int j = 0; j < splits; ++j) s += ws[j * total + i];
+    c[i] = from_float<T>(s);
+  }
+}
+
+enum class Kind { none, mma_bk, mma_bn, f32_bk, f32_bn };
+
+struct Plan {
+  Kind kind = Kind::none;
+  int64_t col_ctas = 0;
+  int splits = 1, kps = 0;
+};
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+inline int device_sms() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
+  return sms;
+}
+
+inline int device_cc_major() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return 0;
+  return major;
+}
+
+// What decode_supports checks, and the launch shape (a pure function of the
+// problem and the device, so the split and the summation order are fixed).
+inline Plan make_plan(const GemmArgs& g) {
+  Plan pl;
+  if (g.dtype == DType::f64) return pl;
+  if (g.m < 1 || g.m > kMaxM || g.n < 1 || g.k < 1 || g.batch < 1) return pl;
+  if (g.n > 0x7fffff00 || g.k > 0x7fffff00) return pl;
+  const bool half = g.dtype != DType::f32;
+  const int64_t v = half ? 8 : 4;  // elements per 16 bytes
+  // Vectors along k never straddle the end of k (or of a split).
+  if (g.k % v != 0) return pl;
+  if (half && device_cc_major() < 8) return pl;
+  // A: k contiguous; every row and batch start 16-byte aligned.
+  if (g.a.col_stride != 1 || !aligned16(g.a.ptr)) return pl;
+  if (g.m > 1 && g.a.row_stride % v != 0) return pl;
+  if (g.batch > 1 && g.a.batch_stride % v != 0) return pl;
+  if (!aligned16(g.b.ptr) || (g.batch > 1 && g.b.batch_stride % v != 0)) return pl;
+  const bool bk = g.b.row_stride == 1 && (g.n == 1 || g.b.col_stride % v == 0);
+  const bool bn = g.b.col_stride == 1 && g.n % v == 0 && (g.k == 1 || g.b.row_stride % v == 0);
+  int cols, warps, kstep;  // kstep: k per warp step
+  if (bk) {
+    pl.kind = half ? Kind::mma_bk : Kind::f32_bk;
+    cols = half ? kBkCols : kF32BkCols;
+    warps = half ? kBkWarps : kF32BkWarps;
+    kstep = half ? 32 * kBkU : 128 * kF32BkU;
+  } else if (bn) {
+    pl.kind = half ? Kind::mma_bn : Kind::f32_bn;
+    cols = half ? kBnCols : kF32BnCols;
+    warps = half ? kBnWarps : kF32BnWarps;
+    kstep = half ? 16 * kBnU : 4 * kF32BnU;
+  } else {
+    return pl;
+  }
+  pl.col_ctas = (g.n + cols - 1) / cols;
+  if (pl.col_ctas > 0x7fffffff) { pl.kind = Kind::none; return pl; }
+  // Split K only while column slices x batch leave SMs idle, and never
+  // below one step per warp per split.
+  const int64_t ctas = pl.col_ctas * (g.batch < kMaxGridZ ? g.batch : kMaxGridZ);
+  const int64_t want = (int64_t(device_sms()) * 9 + 9) / 10;
+  int64_t s = (want + ctas - 1) / ctas;
+  const int64_t smax = g.k / (int64_t(warps) * kstep);
+  if (s > smax) s = smax;
+  if (s < 1) s = 1;
+  int64_t kps = (g.k + s - 1) / s;
+  kps = (kps + 63) / 64 * 64;
+  s = (g.k + kps - 1) / kps;
+  pl.splits = static_cast<int>(s);
+  pl.kps = static_cast<int>(kps);
+  return pl;
+}
+
+template <int MT>
+cudaError_t launch_f32_mt(Kind kind, dim3 grid, const Params& p, cudaStream_t st) {
+  if (kind == Kind::f32_bk) decode_f32_bk<MT><<<grid, kF32BkWarps * 32, 0, st>>>(p);
+  else decode_f32_bn<MT><<<grid, kF32BnWarps * 32, 0, st>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_mma(const Plan& pl, const Params& p, cudaStream_t st) {
+  const dim3 grid(static_cast<unsigned>(pl.col_ctas), static_cast<unsigned>(pl.splits),
+                  static_cast<unsigned>(p.batch < kMaxGridZ ? p.batch : kMaxGridZ));
+  if (pl.kind == Kind::mma_bk) decode_mma_bk<T><<<grid, kBkWarps * 32, 0, st>>>(p);
+  else decode_mma_bn<T><<<grid, kBnWarps * 32, 0, st>>>(p);
+  return cudaGetLastError();
+}
+
+inline cudaError_t launch_f32(const Plan& pl, const Params& p, cudaStream_t st) {
+  const dim3 grid(static_cast<unsigned>(pl.col_ctas), static_cast<unsigned>(pl.splits),
+                  static_cast<unsigned>(p.batch < kMaxGridZ ? p.batch : kMaxGridZ));
+  if (p.m <= 1) return launch_f32_mt<1>(pl.kind, grid, p, st);
+  if (p.m <= 2) return launch_f32_mt<2>(pl.kind, grid, p, st);
+  if (p.m <= 4) return launch_f32_mt<4>(pl.kind, grid, p, st);
+  if (p.m <= 8) return launch_f32_mt<8>(pl.kind, grid, p, st);
+  return launch_f32_mt<16>(pl.kind, grid, p, st);
+}
+
+}  // namespace decode_detail
+
+// M <= 16; f32/f16/bf16 (half types on sm_80+); A k-contiguous; B with
+// unit stride along k or n; 16-byte aligned pointers and vector-multiple
+// strides; k (and, n-contiguous B, n) a multiple of 16 bytes' elements.
+inline bool decode_supports(const GemmArgs& g) {
+  return decode_detail::make_plan(g).kind != decode_detail::Kind::none;
+}
+
+inline size_t decode_workspace_bytes(const GemmArgs& g) {
+  const decode_detail::Plan pl = decode_detail::make_plan(g);
+  if (pl.kind == decode_detail::Kind::none || pl.splits <= 1) return 0;
+  return size_t(pl.splits) * size_t(g.batch) * size_t(g.m) * size_t(g.n) * sizeof(float);
+}
+
+inline cudaError_t decode_run(const GemmArgs& g, void* workspace, cudaStream_t stream) {
+  using namespace decode_detail;
+  const Plan pl = make_plan(g);
+  if (pl.kind == Kind::none) return cudaErrorInvalidValue;
+  if (pl.splits > 1 && workspace == nullptr) return cudaErrorInvalidValue;
+  Params p;
+  p.a = g.a.ptr; p.a_bs = g.a.batch_stride; p.a_rs = g.a.row_stride;
+  p.b = g.b.ptr; p.b_bs = g.b.batch_stride;
+  p.b_ld = (pl.kind == Kind::mma_bk || pl.kind == Kind::f32_bk) ? g.b.col_stride : g.b.row_stride;
+  p.c = g.c;
+  p.ws = static_cast<float*>(workspace);
+  p.batch = g.batch;
+  p.m = static_cast<int>(g.m); p.n = static_cast<int>(g.n); p.k = static_cast<int>(g.k);
+  p.splits = pl.splits; p.kps = pl.kps;
+  cudaError_t err;
+  switch (g.dtype) {
+    case DType::bf16: err = launch_mma<__nv_bfloat16>(pl, p, stream); break;
+    case DType::f16: err = launch_mma<__half>(pl, p, stream); break;
+    default: err = launch_f32(pl, p, stream); break;
+  }
+  if (err != cudaSuccess || pl.splits == 1) return err;
+  const int64_t total = g.batch * g.m * g.n;
+  int64_t blocks = (total + 255) / 256;
+  if (blocks > 4096) blocks = 4096;
+  const unsigned nb = static_cast<unsigned>(blocks);
+  switch (g.dtype) {
+    case DType::bf16: decode_reduce<__nv_bfloat16><<<nb, 256, 0, stream>>>(p.ws, static_cast<__nv_bfloat16*>(g.c), pl.splits, total); break;
+    case DType::f16: decode_reduce<__half><<<nb, 256, 0, stream>>>(p.ws, static_cast<__half*>(g.c), pl.splits, total); break;
+    default: decode_reduce<float><<<nb, 256, 0, stream>>>(p.ws, static_cast<float*>(g.c), pl.splits, total); break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace torchops::cuda::gemm

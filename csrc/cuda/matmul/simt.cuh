@@ -1,0 +1,401 @@
+// Exact GEMM on CUDA cores: float32 and float64 (no TF32), and the fallback
+// for half/bfloat16 layouts the tensor-core paths do not take (inputs
+// converted to float on the way to shared memory, float accumulation).
+//
+// Block tile BM x BN x BK, 256 threads as a 16 x 16 grid, each thread an
+// (TM x TN) register tile made of 4x4 sub-tiles 64 rows/columns apart, so
+// a warp's float4 shared reads cover one contiguous 64/128-byte span
+// (no bank conflicts).  float: 128x128x8, 8x8 per thread; double:
+// 64x64x16, 4x4 per thread (8x8 doubles would need ~200 registers).
+// Both tiles are stored k-major in shared memory (A transposed), double
+// buffered, with the next tile prefetched into registers while the current
+// one is multiplied: one __syncthreads per BK.
+//
+// Global loads: each thread loads groups of 4 elements consecutive along
+// one dimension of the operand (a template flag picks which, so the
+// contiguous dimension of either layout is walked by consecutive threads);
+// a group is one vector load when the host found that dimension contiguous
+// and aligned and the group lies inside the matrix, else 4 guarded scalar
+// loads (zero fill), which also serve arbitrary strides and stride 0.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gemm_args.cuh"
+
+namespace torchops::cuda::gemm {
+namespace simt_detail {
+
+constexpr int kThreads = 256;
+constexpr int kPad = 4;  // keeps float4 alignment; spreads transposed stores over banks
+constexpr int kGroupM = 8;  // tile rows per L2-friendly group of the tile order
+constexpr int kMaxGridZ = 65535;
+
+template <typename T> struct Cfg {  // float, half, bfloat16: float accumulation
+  using acc = float;
+  static constexpr int BM = 128, BN = 128, BK = 8, TM = 8, TN = 8, MinBlocks = 2;
+};
+template <> struct Cfg<double> {
+  using acc = double;
+  static constexpr int BM = 64, BN = 64, BK = 16, TM = 4, TN = 4, MinBlocks = 2;
+};
+
+__device__ __forceinline__ float to_acc(float x) { return x; }
+__device__ __forceinline__ double to_acc(double x) { return x; }
+__device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_acc(float x);
+template <> __device__ __forceinline__ float from_acc<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_acc<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// 4 consecutive elements at p (aligned to 4 elements) -> accumulation type.
+__device__ __forceinline__ void ldg4(const float* p, float* o) {
+  const float4 v = __ldg(reinterpret_cast<const float4*>(p));
+  o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
+}
+__device__ __forceinline__ void ldg4(const double* p, double* o) {
+  const double2 v0 = __ldg(reinterpret_cast<const double2*>(p));
+  const double2 v1 = __ldg(reinterpret_cast<const double2*>(p) + 1);
+  o[0] = v0.x; o[1] = v0.y; o[2] = v1.x; o[3] = v1.y;
+}
+__device__ __forceinline__ void ldg4(const __half* p, float* o) {
+  const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+  const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&v.x));
+  const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
+  o[0] = lo.x; o[1] = lo.y; o[2] = hi.x; o[3] = hi.y;
+}
+__device__ __forceinline__ void ldg4(const __nv_bfloat16* p, float* o) {
+  const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+  // bfloat16 -> float is a 16-bit shift: exact, and cheap on every arch.
+  o[0] = __uint_as_float(v.x << 16); o[1] = __uint_as_float(v.x & 0xffff0000u);
+  o[2] = __uint_as_float(v.y << 16); o[3] = __uint_as_float(v.y & 0xffff0000u);
+}
+
+__device__ __forceinline__ void lds4(const float* p, float* o) {
+  const float4 v = *reinterpret_cast<const float4*>(p);
+  o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
+}
+__device__ __forceinline__ void lds4(const double* p, double* o) {
+  const double2 v0 = reinterpret_cast<const double2*>(p)[0];
+  const double2 v1 = reinterpret_cast<const double2*>(p)[1];
+  o[0] = v0.x; o[1] = v0.y; o[2] = v1.x; o[3] = v1.y;
+}
+__device__ __forceinline__ void sts4(float* p, const float* v) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void sts4(double* p, const double* v) {
+  reinterpret_cast<double2*>(p)[0] = make_double2(v[0], v[1]);
+  reinterpret_cast<double2*>(p)[1] = make_double2(v[2], v[3]);
+}
+
+// 4 consecutive outputs (aligned to 4 elements).
+__device__ __forceinline__ void stg4(float* p, const float* v) { sts4(p, v); }
+__device__ __forceinline__ void stg4(double* p, const double* v) { sts4(p, v); }
+__device__ __forceinline__ void stg4(__half* p, const float* v) {
+  const __half2 lo = __floats2half2_rn(v[0], v[1]);
+  const __half2 hi = __floats2half2_rn(v[2], v[3]);
+  uint2 u;
+  u.x = *reinterpret_cast<const unsigned*>(&lo);
+  u.y = *reinterpret_cast<const unsigned*>(&hi);
+  *reinterpret_cast<uint2*>(p) = u;
+}
+__device__ __forceinline__ void stg4(__nv_bfloat16* p, const float* v) {
+  __nv_bfloat16 h[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) h[e] = __float2bfloat16_rn(v[e]);
+  uint2 u;
+  u.x = static_cast<unsigned>(__bfloat16_as_ushort(h[0])) |
+        (static_cast<unsigned>(__bfloat16_as_ushort(h[1])) << 16);
+  u.y = static_cast<unsigned>(__bfloat16_as_ushort(h[2])) |
+        (static_cast<unsigned>(__bfloat16_as_ushort(h[3])) << 16);
+  *reinterpret_cast<uint2*>(p) = u;
+}
+template <typename T, typename Acc>
+__device__ __forceinline__ void stg1(T* p, Acc v) { *p = from_acc<T>(v); }
+template <>
+__device__ __forceinline__ void stg1<double, double>(double* p, double v) { *p = v; }
+
+template <typename T>
+struct Params {
+  const T* a;
+  int64_t a_bs, a_rs, a_cs;
+  const T* b;
+  int64_t b_bs, b_rs, b_cs;
+  T* c;
+  int64_t batch, m, n, k;
+  int64_t tiles_m, tiles_n;
+  bool a_vec, b_vec, c_vec;
+};
+
+// A_K: a thread's 4 A elements run along k (else along m).
+// B_N: a thread's 4 B elements run along n (else along k).
+template <typename T, bool A_K, bool B_N>
+__global__ void __launch_bounds__(kThreads, Cfg<T>::MinBlocks) simt_kernel(const Params<T> p) {
+  using Acc = typename Cfg<T>::acc;
+  constexpr int BM = Cfg<T>::BM, BN = Cfg<T>::BN, BK = Cfg<T>::BK;
+  constexpr int TM = Cfg<T>::TM, TN = Cfg<T>::TN;
+  constexpr int AG = BM * BK / 4 / kThreads;  // 4-element groups per thread
+  constexpr int BG = BK * BN / 4 / kThreads;
+  static_assert(BM == 16 * TM && BN == 16 * TN, "16x16 threads");
+  static_assert(AG * 4 * kThreads == BM * BK && BG * 4 * kThreads == BK * BN, "tile/threads");
+  static_assert(TM % 4 == 0 && TN % 4 == 0, "4x4 sub-tiles");
+
+  __shared__ __align__(16) Acc As[2][BK][BM + kPad];
+  __shared__ __align__(16) Acc Bs[2][BK][BN + kPad];
+
+  const int tid = threadIdx.x;
+  // Warp = 8 (tx) x 4 (ty) threads: its shared reads are 4 distinct A and
+  // 8 distinct B float4s, each span contiguous.
+  const int warp = tid >> 5, lane = tid & 31;
+  const int tx = (warp & 1) * 8 + (lane & 7);
+  const int ty = (warp >> 1) * 4 + (lane >> 3);
+
+  // Tile order: groups of kGroupM tile rows swept column by column, so
+  // concurrently running blocks share A rows and B columns in L2.
+  int64_t tm, tn;
+  {
+    const int64_t pid = blockIdx.x;
+    const int64_t in_group = int64_t(kGroupM) * p.tiles_n;
+    const int64_t first_m = (pid / in_group) * kGroupM;
+    const int64_t gsize = min(p.tiles_m - first_m, int64_t(kGroupM));
+    tm = first_m + (pid % in_group) % gsize;
+    tn = (pid % in_group) / gsize;
+  }
+  // Sizes fit in int (simt_supports); only element offsets need 64 bits.
+  const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+  const int row0 = static_cast<int>(tm) * BM, col0 = static_cast<int>(tn) * BN;
+  const int ntiles = (k + BK - 1) / BK;
+
+  // Per-group tile coordinates (fixed for the whole k loop).
+  int a_r[AG], a_kk[AG], b_c[BG], b_kk[BG];
+#pragma unroll
+  for (int g = 0; g < AG; ++g) {
+    const int idx = tid + g * kThreads;
+    if (A_K) { a_r[g] = idx / (BK / 4); a_kk[g] = (idx % (BK / 4)) * 4; }
+    else     { a_kk[g] = idx / (BM / 4); a_r[g] = (idx % (BM / 4)) * 4; }
+  }
+#pragma unroll
+  for (int g = 0; g < BG; ++g) {
+    const int idx = tid + g * kThreads;
+    if (B_N) { b_kk[g] = idx / (BN / 4); b_c[g] = (idx % (BN / 4)) * 4; }
+    else     { b_c[g] = idx / (BK / 4); b_kk[g] = (idx % (BK / 4)) * 4; }
+  }
+
+  for (int64_t bi = blockIdx.z; bi < p.batch; bi += gridDim.z) {
+    // Group pointers at k0 = 0, advanced by BK along k per tile.
+    const T* pa[AG];
+    const T* pb[BG];
+#pragma unroll
+    for (int g = 0; g < AG; ++g)
+      pa[g] = p.a + bi * p.a_bs + int64_t(row0 + a_r[g]) * p.a_rs + int64_t(a_kk[g]) * p.a_cs;
+#pragma unroll
+    for (int g = 0; g < BG; ++g)
+      pb[g] = p.b + bi * p.b_bs + int64_t(b_kk[g]) * p.b_rs + int64_t(col0 + b_c[g]) * p.b_cs;
+
+    Acc ra[AG][4], rb[BG][4];
+    auto load = [&](int k0) {
+#pragma unroll
+      for (int g = 0; g < AG; ++g) {
+        const int gr = row0 + a_r[g], gk = k0 + a_kk[g];
+        const T* src = pa[g];
+        if (A_K) {
+          if (p.a_vec && gr < m && gk + 3 < k) {
+            ldg4(src, ra[g]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              ra[g][e] = (gr < m && gk + e < k) ? to_acc(src[e * p.a_cs]) : Acc(0);
+          }
+        } else {
+          if (p.a_vec && gk < k && gr + 3 < m) {
+            ldg4(src, ra[g]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              ra[g][e] = (gk < k && gr + e < m) ? to_acc(src[e * p.a_rs]) : Acc(0);
+          }
+        }
+        pa[g] += BK * p.a_cs;
+      }
+#pragma unroll
+      for (int g = 0; g < BG; ++g) {
+        const int gk = k0 + b_kk[g], gc = col0 + b_c[g];
+        const T* src = pb[g];
+        if (B_N) {
+          if (p.b_vec && gk < k && gc + 3 < n) {
+            ldg4(src, rb[g]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              rb[g][e] = (gk < k && gc + e < n) ? to_acc(src[e * p.b_cs]) : Acc(0);
+          }
+        } else {
+          if (p.b_vec && gc < n && gk + 3 < k) {
+            ldg4(src, rb[g]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              rb[g][e] = (gc < n && gk + e < k) ? to_acc(src[e * p.b_rs]) : Acc(0);
+          }
+        }
+        pb[g] += BK * p.b_rs;
+      }
+    };
+    auto store = [&](int buf) {
+#pragma unroll
+      for (int g = 0; g < AG; ++g) {
+        if (A_K) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) As[buf][a_kk[g] + e][a_r[g]] = ra[g][e];
+        } else {
+          sts4(&As[buf][a_kk[g]][a_r[g]], ra[g]);
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < BG; ++g) {
+        if (B_N) {
+          sts4(&Bs[buf][b_kk[g]][b_c[g]], rb[g]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) Bs[buf][b_kk[g] + e][b_c[g]] = rb[g][e];
+        }
+      }
+    };
+
+    Acc acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int j = 0; j < TN; ++j) acc[i][j] = Acc(0);
+
+    load(0);
+    store(0);
+    __syncthreads();
+    for (int t = 0; t < ntiles; ++t) {
+      const int cur = t & 1;
+      const bool more = t + 1 < ntiles;
+      if (more) load((t + 1) * BK);  // in flight during the FMAs below
+#pragma unroll
+      for (int kk = 0; kk < BK; ++kk) {
+        Acc af[TM], bf[TN];
+#pragma unroll
+        for (int i = 0; i < TM / 4; ++i) lds4(&As[cur][kk][i * 64 + ty * 4], &af[i * 4]);
+#pragma unroll
+        for (int j = 0; j < TN / 4; ++j) lds4(&Bs[cur][kk][j * 64 + tx * 4], &bf[j * 4]);
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+          for (int j = 0; j < TN; ++j) acc[i][j] = fma(af[i], bf[j], acc[i][j]);
+      }
+      // The other buffer was last read before the previous barrier.
+      if (more) store(cur ^ 1);
+      __syncthreads();
+    }
+
+    // Epilogue addresses from one per-thread base: fewer live values for
+    // ptxas to hoist above the main loop.
+    const int rb0 = row0 + ty * 4, cb0 = col0 + tx * 4;
+    T* const cthr = p.c + bi * p.m * p.n + int64_t(rb0) * n + cb0;
+#pragma unroll
+    for (int i = 0; i < TM / 4; ++i) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        if (rb0 + i * 64 + r >= m) continue;
+        T* const crow = cthr + int64_t(i * 64 + r) * n;
+#pragma unroll
+        for (int j = 0; j < TN / 4; ++j) {
+          const int left = n - (cb0 + j * 64);  // columns left from this group
+          const Acc* v = &acc[i * 4 + r][j * 4];
+          if (p.c_vec && left >= 4) {
+            stg4(crow + j * 64, v);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (e < left) stg1<T, Acc>(crow + j * 64 + e, v[e]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Walk dimension 1 with consecutive threads?  A dimension of size 1 has no
+// meaningful stride.
+inline bool walk_first(int64_t s1, int64_t n1, int64_t s2, int64_t n2) {
+  if (n1 <= 1) return false;
+  if (n2 <= 1) return true;
+  return (s1 < 0 ? -s1 : s1) <= (s2 < 0 ? -s2 : s2);
+}
+
+// Vector loads of 4 along dimension 1: unit stride there, and every group
+// start (multiple of 4 along dim 1, any index along dim 2 and batch) aligned.
+inline bool vec_ok(const void* ptr, int elt, int64_t s1, int64_t s2, int64_t n2,
+                   int64_t bs, int64_t batch) {
+  return s1 == 1 && (n2 <= 1 || s2 % 4 == 0) && (batch <= 1 || bs % 4 == 0) &&
+         reinterpret_cast<uintptr_t>(ptr) % (4 * static_cast<uintptr_t>(elt)) == 0;
+}
+
+template <typename T>
+cudaError_t launch(const GemmArgs& g, cudaStream_t stream) {
+  using C = Cfg<T>;
+  Params<T> p;
+  p.a = static_cast<const T*>(g.a.ptr);
+  p.a_bs = g.a.batch_stride; p.a_rs = g.a.row_stride; p.a_cs = g.a.col_stride;
+  p.b = static_cast<const T*>(g.b.ptr);
+  p.b_bs = g.b.batch_stride; p.b_rs = g.b.row_stride; p.b_cs = g.b.col_stride;
+  p.c = static_cast<T*>(g.c);
+  p.batch = g.batch; p.m = g.m; p.n = g.n; p.k = g.k;
+  p.tiles_m = (g.m + C::BM - 1) / C::BM;
+  p.tiles_n = (g.n + C::BN - 1) / C::BN;
+  const int elt = static_cast<int>(sizeof(T));
+  const bool a_k = walk_first(g.a.col_stride, g.k, g.a.row_stride, g.m);
+  const bool b_n = walk_first(g.b.col_stride, g.n, g.b.row_stride, g.k);
+  p.a_vec = a_k ? vec_ok(p.a, elt, g.a.col_stride, g.a.row_stride, g.m, g.a.batch_stride, g.batch)
+                : vec_ok(p.a, elt, g.a.row_stride, g.a.col_stride, g.k, g.a.batch_stride, g.batch);
+  p.b_vec = b_n ? vec_ok(p.b, elt, g.b.col_stride, g.b.row_stride, g.k, g.b.batch_stride, g.batch)
+                : vec_ok(p.b, elt, g.b.row_stride, g.b.col_stride, g.n, g.b.batch_stride, g.batch);
+  p.c_vec = g.n % 4 == 0 && reinterpret_cast<uintptr_t>(p.c) % (4 * static_cast<uintptr_t>(elt)) == 0;
+  const dim3 grid(static_cast<unsigned>(p.tiles_m * p.tiles_n), 1,
+                  static_cast<unsigned>(g.batch < kMaxGridZ ? g.batch : kMaxGridZ));
+  if (a_k && b_n) simt_kernel<T, true, true><<<grid, kThreads, 0, stream>>>(p);
+  else if (a_k) simt_kernel<T, true, false><<<grid, kThreads, 0, stream>>>(p);
+  else if (b_n) simt_kernel<T, false, true><<<grid, kThreads, 0, stream>>>(p);
+  else simt_kernel<T, false, false><<<grid, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace simt_detail
+
+// The fallback: every dtype and layout.  Sizes below 2^31 - 256 (int tile
+// indices), tile grid within grid.x.
+inline bool simt_supports(const GemmArgs& g) {
+  constexpr int64_t kMax = 0x7fffffff - 256;
+  if (g.batch < 0 || g.m < 0 || g.n < 0 || g.k < 0) return false;
+  if (g.m > kMax || g.n > kMax || g.k > kMax) return false;
+  const int64_t bm = g.dtype == DType::f64 ? 64 : 128;
+  const int64_t tiles = ((g.m + bm - 1) / bm) * ((g.n + bm - 1) / bm);
+  return tiles <= 0x7fffffff;
+}
+
+inline size_t simt_workspace_bytes(const GemmArgs&) { return 0; }
+
+inline cudaError_t simt_run(const GemmArgs& g, void* /*workspace*/, cudaStream_t stream) {
+  if (g.batch == 0 || g.m == 0 || g.n == 0) return cudaSuccess;
+  switch (g.dtype) {
+    case DType::f32: return simt_detail::launch<float>(g, stream);
+    case DType::f64: return simt_detail::launch<double>(g, stream);
+    case DType::f16: return simt_detail::launch<__half>(g, stream);
+    case DType::bf16: return simt_detail::launch<__nv_bfloat16>(g, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace torchops::cuda::gemm
