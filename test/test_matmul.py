@@ -42,3 +42,147 @@ def test_cpu_gemm_paths_match_reference(narrow):
     proc = subprocess.run([sys.executable, "-c", _CHECK], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0 and "CHECKED" in proc.stdout, proc.stdout + proc.stderr
+
+
+# --- CUDA: every path, forced through TORCHOPS_TESTING_MATMUL_PATH -------------------------
+# The kernel reads the switch at each call, so monkeypatch.setenv is enough.
+# A forced path that cannot take a call (say decode for M > 16, or sm90 on
+# an Ampere GPU) leaves it to the normal choice: every case must still pass.
+
+import math
+
+import torch
+
+import torchops
+
+cuda = pytest.mark.cuda
+PATHS = ["auto", "decode", "sm90", "sm80", "simt"]
+HALF = [torch.bfloat16, torch.float16]
+
+# (batch or None, m, k, n): tails in every dimension, primes, K = 1, M or
+# N = 1, decode shapes, batched small matrices.
+SHAPES = [
+    (None, 1, 1, 1), (None, 1, 4096, 4096), (None, 16, 2048, 1024), (None, 7, 4099, 257),
+    (None, 97, 1, 211), (None, 127, 65, 129), (None, 509, 523, 521), (None, 1, 77, 1),
+    (None, 300, 257, 1), (None, 1000, 768, 3000), (None, 257, 512, 384), (4, 100, 40, 72),
+    (64, 64, 64, 64), (3, 129, 200, 255), (2, 16, 1024, 512),
+]
+
+
+def _operands(batch, m, k, n, dtype, layout, gen):
+    def mk(shape, transposed):
+        if transposed:
+            t = torch.randn(*shape[:-2], shape[-1], shape[-2], generator=gen, device="cuda")
+            return t.to(dtype).transpose(-2, -1)
+        return torch.randn(*shape, generator=gen, device="cuda").to(dtype)
+    pre = () if batch is None else (batch,)
+    a = mk((*pre, m, k), layout in ("tn", "tt"))
+    if layout == "expanded" and batch is not None:
+        b = mk((k, n), False).expand(batch, k, n)
+    elif layout == "sliced":
+        a = mk((*pre, m, 2 * k + 1), False)[..., 1::2][..., :k]
+        b = mk((*pre, k, n), False)
+    else:
+        b = mk((*pre, k, n), layout in ("nt", "tt"))
+    return a, b
+
+
+def _assert_close_to_float64(got, a, b, eps):
+    """|got - ref| <= eps * (|ref| + 4 sqrt(K) (|A| @ |B|)): output rounding
+    plus accumulation error that grows with sqrt(K), elementwise."""
+    assert got.dtype == a.dtype and got.device == a.device and got.is_contiguous()
+    ref = torch.matmul(a.double(), b.double())
+    assert got.shape == ref.shape
+    bound = torch.matmul(a.double().abs(), b.double().abs())
+    k = a.shape[-1]
+    tol = eps * (ref.abs() + 4 * math.sqrt(k) * bound) + 1e-30
+    excess = ((got.double() - ref).abs() - tol).max().item() if ref.numel() else -1
+    assert excess <= 0, f"error exceeds tolerance by {excess:.3g}"
+
+
+EPS = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24,
+       torch.float64: 2.0**-53}
+
+
+@cuda
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", [*HALF, torch.float32, torch.float64], ids=str)
+def test_cuda_paths_match_float64(path, dtype, monkeypatch):
+    monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_PATH", path)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for batch, m, k, n in SHAPES:
+        for layout in ("nn", "tn", "nt", "tt", "expanded", "sliced"):
+            if layout == "expanded" and batch is None:
+                continue
+            a, b = _operands(batch, m, k, n, dtype, layout, gen)
+            got = torch.ops.torchops.matmul(a, b)
+            try:
+                _assert_close_to_float64(got, a, b, EPS[dtype] * 2)
+            except AssertionError as e:
+                raise AssertionError(f"{path} {dtype} {layout} {batch} {m}x{k}x{n}: {e}") from None
+            # Deterministic: the same call again gives the same bits.
+            assert torch.equal(got, torch.ops.torchops.matmul(a, b)), (path, m, k, n, layout)
+
+
+@cuda
+@pytest.mark.parametrize("path", PATHS)
+def test_cuda_nan_inf_propagate_like_torch(path, monkeypatch):
+    monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_PATH", path)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for dtype in (*HALF, torch.float32):
+        for m, k, n in ((16, 256, 64), (200, 96, 136)):
+            a = torch.randn(m, k, generator=gen, device="cuda").to(dtype)
+            b = torch.randn(k, n, generator=gen, device="cuda").to(dtype)
+            a[1, 3] = float("nan")
+            a[5, 7] = float("inf")
+            b[9, 2] = float("-inf")
+            got, want = torch.ops.torchops.matmul(a, b), torch.matmul(a, b)
+            assert torch.equal(got.isnan(), want.isnan()), (path, dtype, m)
+            assert torch.equal(got.isposinf(), want.isposinf()), (path, dtype, m)
+            assert torch.equal(got.isneginf(), want.isneginf()), (path, dtype, m)
+
+
+@cuda
+def test_cuda_float32_follows_the_precision_setting():
+    """"highest" (the default) is exact fp32 whatever the shape; "high" may
+    use TF32 (10-bit mantissa); the setting is read at call time, also inside
+    a compiled function."""
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    a = torch.randn(512, 1024, generator=gen, device="cuda")
+    b = torch.randn(1024, 384, generator=gen, device="cuda")
+    compiled = torch.compile(torch.ops.torchops.matmul, fullgraph=True)
+    old = torch.get_float32_matmul_precision()
+    try:
+        for fn in (torch.ops.torchops.matmul, compiled):
+            torch.set_float32_matmul_precision("highest")
+            _assert_close_to_float64(fn(a, b), a, b, EPS[torch.float32] * 2)
+            torch.set_float32_matmul_precision("high")
+            _assert_close_to_float64(fn(a, b), a, b, 2.0**-11 * 2)
+            torch.set_float32_matmul_precision("highest")
+            _assert_close_to_float64(fn(a, b), a, b, EPS[torch.float32] * 2)
+    finally:
+        torch.set_float32_matmul_precision(old)
+
+
+@cuda
+@pytest.mark.parametrize("m,k,n", [(8, 4096, 1024), (700, 512, 900)])
+def test_cuda_matmul_in_a_cuda_graph(m, k, n):
+    """Decode (split-K workspace) and the tensor-core path replay in a graph
+    with no host sync and the graph's own allocations."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    a = torch.randn(m, k, generator=gen, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, generator=gen, device="cuda", dtype=torch.bfloat16)
+    want = torch.ops.torchops.matmul(a, b)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.ops.torchops.matmul(a, b)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.torchops.matmul(a, b)
+    a.copy_(torch.randn(m, k, generator=gen, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert not torch.equal(out, want)
+    assert torch.equal(out, torch.ops.torchops.matmul(a, b))

@@ -35,9 +35,11 @@ VERSION = "0.1.0"
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 # The architectures built when no GPU can be asked (CI, a build machine, or a
-# JIT build that must not initialise CUDA): Volta .. Hopper, plus PTX so newer
-# GPUs can still run the code.
-DEFAULT_CUDA_ARCHS = "7.0;7.5;8.0;8.6;8.9;9.0+PTX"
+# JIT build that must not initialise CUDA): Turing .. Hopper (CUDA 13 has no
+# Volta), plus PTX so newer GPUs can still run the code.  Hopper is always
+# built as 9.0a: the matmul's wgmma/TMA path exists only in sm_90a code
+# (see with_sm90a).
+DEFAULT_CUDA_ARCHS = "7.5;8.0;8.6;8.9;9.0a;10.0+PTX"
 
 MANIFEST_SUFFIX = ".manifest.json"
 
@@ -142,7 +144,7 @@ def cuda_arch_list() -> str:
     """
     env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
     if env and env != "native":
-        return env
+        return with_sm90a(env)
     smi = shutil.which("nvidia-smi")
     if smi:
         try:
@@ -151,10 +153,24 @@ def cuda_arch_list() -> str:
                 capture_output=True, text=True, timeout=30)
             caps = sorted({c.strip() for c in out.stdout.split() if re.fullmatch(r"\d+\.\d+", c.strip())})
             if out.returncode == 0 and caps:
-                return ";".join(caps)
+                return with_sm90a(";".join(caps))
         except (OSError, subprocess.SubprocessError):
             pass
     return DEFAULT_CUDA_ARCHS
+
+
+def with_sm90a(arch_list: str) -> str:
+    """Hopper entries as 9.0a: a plain sm_90 cubin would hold the matmul's
+    wgmma kernel as a trap, and beside a 9.0a cubin it leaves the driver a
+    choice.  So "9.0+PTX" becomes 9.0a too (no compute_90 PTX: GPUs after
+    Hopper get PTX from a later entry, as in DEFAULT_CUDA_ARCHS)."""
+    out = []
+    for arch in re.split(r"[;\s]+", arch_list.strip()):
+        if arch in ("9.0", "9.0+PTX"):
+            out.append("9.0a")
+        elif arch:
+            out.append(arch)
+    return ";".join(dict.fromkeys(out))
 
 
 def torch_tag() -> str:

@@ -1,146 +1,192 @@
-// CUDA kernel of torchops.matmul: a shared-memory tiled GEMM with register
-// blocking, reading its inputs through their strides.
+// CUDA kernel of torchops.matmul: picks one of the paths in csrc/cuda/matmul/
+// (each a torch-free header, checked and timed alone by scripts/matmul_dev):
 //
-// Each 256-thread block computes a 64x64 tile of C; each thread owns a 4x4
-// sub-tile in registers.  A and B tiles are staged in shared memory already
-// converted to the accumulation type, so half/bfloat16 inputs accumulate in
-// float.  Strided reads mean transposed and expanded (stride-0) inputs cost
-// no copy.  Tensor cores come with a later performance issue.
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
+//   decode  M <= 16: streams B once, memory-bound (bf16, fp16, fp32)
+//   sm90    Hopper: wgmma + TMA, warp-specialised, persistent (bf16, fp16)
+//   sm80    Ampere and later: mma.sync + ldmatrix + cp.async (bf16, fp16)
+//   simt    CUDA cores: exact fp32 and fp64, and any layout of any dtype
+//
+// float32 follows PyTorch's rule, read at each call (so torch.compile'd code
+// sees the setting of the moment): TF32 tensor cores only when the user
+// allows them (torch.set_float32_matmul_precision("high") or
+// torch.backends.cuda.matmul.allow_tf32); otherwise exact fp32.
+//
+// Half-precision operands whose strides tensor-core loads cannot take (an
+// odd leading dimension, no unit stride) are copied once into a padded
+// row-major buffer: a copy is cheap beside the GEMM it unlocks.
+//
+// TORCHOPS_TESTING_MATMUL_PATH=decode|sm90|sm80|simt (read at each call)
+// makes that path the first choice wherever it can run the call: the tests
+// use it to run the Ampere path on a Hopper GPU.
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "common/matmul.h"
 #include "cuda/common/launch.cuh"
+#include "cuda/matmul/decode.cuh"
+#include "cuda/matmul/simt.cuh"
+#include "cuda/matmul/sm80.cuh"
+#include "cuda/matmul/sm90.cuh"
 
 namespace torchops::cuda {
 namespace {
 
-constexpr int kTileM = 64;
-constexpr int kTileN = 64;
-constexpr int kTileK = 16;
-constexpr int kThreads = 256;  // (kTileM / 4) * (kTileN / 4)
-constexpr int kMaxGridYZ = 65535;
+using gemm::DType;
+using gemm::GemmArgs;
 
-struct Strides3 {
-  int64_t batch, row, col;
+enum class Path { decode, sm90, sm80, simt };
+
+struct PathOps {
+  Path path;
+  const char* name;
+  bool (*supports)(const GemmArgs&);
+  size_t (*workspace_bytes)(const GemmArgs&);
+  cudaError_t (*run)(const GemmArgs&, void*, cudaStream_t);
 };
 
-template <typename scalar_t, typename acc_t>
-__global__ void __launch_bounds__(kThreads) matmul_kernel(
-    const scalar_t* __restrict__ a, Strides3 sa,
-    const scalar_t* __restrict__ b, Strides3 sb,
-    scalar_t* __restrict__ c, int64_t batch, int64_t m, int64_t n, int64_t k) {
-  // +1 padding: column reads of a_tile from different rows hit different banks.
-  __shared__ acc_t a_tile[kTileK][kTileM + 1];
-  __shared__ acc_t b_tile[kTileK][kTileN];
+constexpr PathOps kPaths[] = {
+    {Path::decode, "decode", gemm::decode_supports, gemm::decode_workspace_bytes, gemm::decode_run},
+    {Path::sm90, "sm90", gemm::sm90_supports, gemm::sm90_workspace_bytes, gemm::sm90_run},
+    {Path::sm80, "sm80", gemm::sm80_supports, gemm::sm80_workspace_bytes, gemm::sm80_run},
+    {Path::simt, "simt", gemm::simt_supports, gemm::simt_workspace_bytes, gemm::simt_run},
+};
 
-  const int tid = threadIdx.x;
-  const int tx = tid % (kTileN / 4);  // column group of this thread
-  const int ty = tid / (kTileN / 4);  // row group
-  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTileM;
-  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kTileN;
-
-  for (int64_t bi = blockIdx.z; bi < batch; bi += gridDim.z) {
-    const scalar_t* ab = a + bi * sa.batch;
-    const scalar_t* bb = b + bi * sb.batch;
-    acc_t acc[4][4] = {};
-
-    for (int64_t k0 = 0; k0 < k; k0 += kTileK) {
-      // Stage A[row0:+64, k0:+16] and B[k0:+16, col0:+64]; 4 values each per
-      // thread.  For A, consecutive threads walk k (coalesced for row-major A).
-#pragma unroll
-      for (int r = 0; r < (kTileM * kTileK) / kThreads; ++r) {
-        const int idx = tid + r * kThreads;
-        const int tr = idx / kTileK;
-        const int tk = idx % kTileK;
-        const int64_t gr = row0 + tr;
-        const int64_t gk = k0 + tk;
-        a_tile[tk][tr] = (gr < m && gk < k)
-            ? static_cast<acc_t>(ab[gr * sa.row + gk * sa.col])
-            : acc_t(0);
-      }
-#pragma unroll
-      for (int r = 0; r < (kTileK * kTileN) / kThreads; ++r) {
-        const int idx = tid + r * kThreads;
-        const int tk = idx / kTileN;
-        const int tc = idx % kTileN;
-        const int64_t gk = k0 + tk;
-        const int64_t gc = col0 + tc;
-        b_tile[tk][tc] = (gk < k && gc < n)
-            ? static_cast<acc_t>(bb[gk * sb.row + gc * sb.col])
-            : acc_t(0);
-      }
-      __syncthreads();
-
-#pragma unroll
-      for (int p = 0; p < kTileK; ++p) {
-        acc_t av[4], bv[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          av[i] = a_tile[p][ty * 4 + i];
-          // Threads of a warp take adjacent columns: conflict-free reads.
-          bv[i] = b_tile[p][tx + i * (kTileN / 4)];
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            acc[i][j] += av[i] * bv[j];
-          }
-        }
-      }
-      __syncthreads();
+const PathOps* forced_path() {
+  const char* v = std::getenv("TORCHOPS_TESTING_MATMUL_PATH");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) {
+    return nullptr;
+  }
+  for (const PathOps& p : kPaths) {
+    if (std::strcmp(v, p.name) == 0) {
+      return &p;
     }
+  }
+  TORCH_CHECK(false, "torchops.matmul: TORCHOPS_TESTING_MATMUL_PATH='", v,
+              "' is not one of auto, decode, sm90, sm80, simt");
+}
 
-    scalar_t* cb = c + bi * m * n;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t gr = row0 + ty * 4 + i;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t gc = col0 + tx + j * (kTileN / 4);
-        if (gr < m && gc < n) {
-          cb[gr * n + gc] = static_cast<scalar_t>(acc[i][j]);
-        }
-      }
-    }
+DType dtype_of(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf:
+      return DType::f16;
+    case at::kBFloat16:
+      return DType::bf16;
+    case at::kFloat:
+      return DType::f32;
+    case at::kDouble:
+      return DType::f64;
+    default:
+      TORCH_CHECK(false, "torchops.matmul: unsupported dtype ", t);
   }
 }
 
-Strides3 strides_of(const at::Tensor& t, bool batched) {
-  if (batched) {
-    return {t.stride(0), t.stride(1), t.stride(2)};
-  }
-  return {0, t.stride(0), t.stride(1)};
+gemm::Operand operand_of(const at::Tensor& t, bool batched) {
+  return {t.const_data_ptr(), batched ? t.stride(0) : 0, t.stride(-2), t.stride(-1)};
 }
 
-at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
-  const MatmulShape s = check_matmul(a, b, c10::DeviceType::CUDA);
-  const c10::cuda::CUDAGuard guard(a.device());
-  at::Tensor c = new_output("matmul", s.out_sizes(), a.options());
+GemmArgs args_of(const at::Tensor& a, const at::Tensor& b, at::Tensor& c, const MatmulShape& s) {
+  GemmArgs g{};
+  g.a = operand_of(a, s.batched);
+  g.b = operand_of(b, s.batched);
+  g.c = c.mutable_data_ptr();
+  g.batch = s.batch;
+  g.m = s.m;
+  g.n = s.n;
+  g.k = s.k;
+  g.dtype = dtype_of(a.scalar_type());
+  g.allow_tf32 = g.dtype == DType::f32 && at::globalContext().allowTF32CuBLAS();
+  return g;
+}
+
+// A row-major copy of `t` (.., rows, cols) whose row stride is a multiple of
+// 8 elements (16 bytes), as TMA and cp.async need.
+at::Tensor padded_row_major(const at::Tensor& t) {
+  const int64_t cols = t.size(-1);
+  const int64_t ld = (cols + 7) / 8 * 8;
+  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+  sizes.back() = ld;
+  at::Tensor buf = at::empty(sizes, t.options());
+  at::Tensor view = buf.narrow(-1, 0, cols);
+  view.copy_(t);
+  return view;
+}
+
+bool is_half(DType d) {
+  return d == DType::bf16 || d == DType::f16;
+}
+
+int device_major() {
+  int dev = 0, major = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  return major;
+}
+
+void run_path(const PathOps& p, const GemmArgs& g, const at::Tensor& like) {
+  const size_t ws_bytes = p.workspace_bytes(g);
+  at::Tensor ws;
+  if (ws_bytes > 0) {
+    ws = at::empty({static_cast<int64_t>(ws_bytes)}, like.options().dtype(at::kByte));
+  }
+  const cudaError_t err = p.run(g, ws_bytes ? ws.mutable_data_ptr() : nullptr, current_stream());
+  TORCH_CHECK(err == cudaSuccess, "torchops.matmul: the ", p.name, " kernel failed to launch: ",
+              cudaGetErrorString(err));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
+  const MatmulShape s = check_matmul(a_in, b_in, c10::DeviceType::CUDA);
+  const c10::cuda::CUDAGuard guard(a_in.device());
+  at::Tensor c = new_output("matmul", s.out_sizes(), a_in.options());
   if (c.numel() == 0) {
     return c;
   }
-  const int64_t row_tiles = ceil_div(s.m, kTileM);
-  TORCH_CHECK(
-      row_tiles <= kMaxGridYZ, "torchops.matmul: 'a' has ", s.m,
-      " rows; at most ", int64_t(kMaxGridYZ) * kTileM, " are supported");
-  const dim3 grid(
-      static_cast<unsigned int>(ceil_div(s.n, kTileN)),
-      static_cast<unsigned int>(row_tiles),
-      static_cast<unsigned int>(std::min<int64_t>(s.batch, kMaxGridYZ)));
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, a.scalar_type(), "torchops.matmul", [&] {
-        using acc_t = at::opmath_type<scalar_t>;
-        matmul_kernel<scalar_t, acc_t><<<grid, kThreads, 0, current_stream()>>>(
-            a.const_data_ptr<scalar_t>(), strides_of(a, s.batched),
-            b.const_data_ptr<scalar_t>(), strides_of(b, s.batched),
-            c.mutable_data_ptr<scalar_t>(), s.batch, s.m, s.n, s.k);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      });
+  if (s.k == 0) {
+    return c.zero_();
+  }
+  at::Tensor a = a_in, b = b_in;
+  GemmArgs g = args_of(a, b, c, s);
+
+  if (const PathOps* f = forced_path(); f != nullptr && f->supports(g)) {
+    run_path(*f, g, c);
+    return c;
+  }
+  if (s.m <= 16 && gemm::decode_supports(g)) {
+    run_path(kPaths[0], g, c);
+    return c;
+  }
+  if (is_half(g.dtype) && device_major() >= 8) {
+    const bool fits = gemm::sm90_supports(g) || gemm::sm80_supports(g);
+    if (!fits) {
+      // Copy what the tensor-core loads cannot read (their strides), keep
+      // what they can.
+      a = padded_row_major(a);
+      if (!(gemm::sm80_supports(args_of(a, b, c, s)))) {
+        b = padded_row_major(b);
+      }
+      g = args_of(a, b, c, s);
+    }
+    // Batched small matrices: wgmma's 128-row tiles would be half empty.
+    const bool small_batched = s.batch > 1 && s.m <= 64;
+    if (!small_batched && gemm::sm90_supports(g)) {
+      run_path(kPaths[1], g, c);
+      return c;
+    }
+    if (gemm::sm80_supports(g)) {
+      run_path(kPaths[2], g, c);
+      return c;
+    }
+  }
+  if (g.dtype == DType::f32 && g.allow_tf32 && gemm::sm80_supports(g)) {
+    run_path(kPaths[2], g, c);
+    return c;
+  }
+  run_path(kPaths[3], g, c);
   return c;
 }
 

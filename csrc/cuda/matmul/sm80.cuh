@@ -376,8 +376,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
               *reinterpret_cast<__half2*>(crow + col) = __floats2half2_rn(x, y);
             }
           } else {
-            if (col < p.n) crow[col] = OutT(x);
-            if (col + 1 < p.n) crow[col + 1] = OutT(y);
+            // Explicit conversions: torch builds with __CUDA_NO_HALF_CONVERSIONS__.
+            if constexpr (BF16) {
+              if (col < p.n) crow[col] = __float2bfloat16_rn(x);
+              if (col + 1 < p.n) crow[col + 1] = __float2bfloat16_rn(y);
+            } else {
+              if (col < p.n) crow[col] = __float2half_rn(x);
+              if (col + 1 < p.n) crow[col + 1] = __float2half_rn(y);
+            }
           }
         }
       }

@@ -1,0 +1,430 @@
+// Hopper (sm_90a) path of torchops.matmul for bf16 and fp16: wgmma tensor
+// cores fed by TMA through a ring of shared-memory stages synchronised with
+// mbarriers.
+//
+// One persistent CTA per SM walks output tiles (BM x BN, BM = 128) in a
+// grouped order, so neighbouring CTAs share A rows and B columns in L2.
+// Three warpgroups, specialised:
+//   warpgroup 0 (producer) gives its registers away (setmaxnreg) and one of
+//     its threads issues the TMA loads of A and B into the stage ring, as far
+//     ahead as free stages allow, across tile boundaries;
+//   warpgroups 1 and 2 (consumers) each own 64 rows of the tile, run wgmma
+//     m64nBNk16 on the stage, release it, and store their fp32 accumulators
+//     (converted) straight to C.
+// TMA does the bounds: a box that reaches past M, N or K is zero-filled, so
+// any size is exact with no tail code.  TMA needs the contiguous dimension
+// of each operand to have unit stride and the other strides to be multiples
+// of 16 bytes: sm90_supports says so, and the caller copies or falls back.
+// A is read K-major (row-major A); B either K-major (B = W^T, nn.Linear's
+// weight) or N-major (row-major B), the latter with wgmma's transpose bit.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include "cuda/matmul/gemm_args.cuh"
+#include "cuda/matmul/wgmma.cuh"
+
+namespace torchops::cuda::gemm {
+namespace sm90_detail {
+
+constexpr int kBM = 128;        // two consumer warpgroups x 64 rows
+constexpr int kBK = 64;         // 64 bf16 = 128 bytes: one 128-byte swizzle row
+constexpr int kThreads = 384;   // producer + 2 consumers
+constexpr int kGroupM = 16;     // tile rows per raster group (L2 reuse)
+
+template <int BN>
+struct Config {
+  static constexpr int kStages = BN == 256 ? 4 : 6;
+  static constexpr int kABytes = kBM * kBK * 2;
+  static constexpr int kBBytes = BN * kBK * 2;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  // 1024-byte alignment of every stage (128-byte swizzle atoms), barriers after.
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 2 * kStages * 8;
+};
+
+struct Problem {
+  int64_t batch, m, n, k;
+  int tiles_m, tiles_n;
+  int64_t tiles;  // batch * tiles_m * tiles_n
+  int k_blocks;
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// Waits until the phase of parity `parity` has completed.  A fresh barrier
+// counts its (nonexistent) previous phase, parity 1, as complete: that is
+// how the producer's first pass over the empty ring goes straight through.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)), "r"(parity) : "memory");
+}
+
+__device__ __forceinline__ void tma_load_3d(
+    void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];"
+      ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2),
+        "r"(smem_addr(bar)) : "memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle.  SBO: bytes between
+// groups of 8 rows (K-major) or 8 k-rows (MN-major) = one 1024-byte atom;
+// LBO: bytes between 64-element column blocks of an MN-major operand
+// (unused for K-major, where one k16 step stays inside the 128-byte row).
+__device__ __forceinline__ uint64_t make_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((smem_addr(p) & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16;
+  d |= static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32;
+  d |= static_cast<uint64_t>(1) << 62;  // 128-byte swizzle
+  return d;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+template <typename T, int BN, int kTransB>
+__device__ __forceinline__ void wgmma_step(float (&d)[BN / 2], uint64_t da, uint64_t db, int scale_d) {
+  if constexpr (BN == 256) {
+    if constexpr (T::kIsBf16) wgmma_m64n256k16_bf16<kTransB>(d, da, db, scale_d);
+    else wgmma_m64n256k16_f16<kTransB>(d, da, db, scale_d);
+  } else {
+    if constexpr (T::kIsBf16) wgmma_m64n128k16_bf16<kTransB>(d, da, db, scale_d);
+    else wgmma_m64n128k16_f16<kTransB>(d, da, db, scale_d);
+  }
+}
+
+// The raster: tiles in groups of kGroupM tile rows, columns walked within a
+// group, so the CTAs running at once touch few distinct A and B panels.
+__device__ __forceinline__ void tile_coords(const Problem& p, int64_t t, int& bi, int& tm, int& tn) {
+  const int64_t per_batch = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
+  bi = static_cast<int>(t / per_batch);
+  const int r = static_cast<int>(t - bi * per_batch);
+  const int per_group = kGroupM * p.tiles_n;
+  const int g = r / per_group;
+  const int first_m = g * kGroupM;
+  const int rows = min(p.tiles_m - first_m, kGroupM);
+  const int in_group = r - g * per_group;
+  tm = first_m + in_group % rows;
+  tn = in_group / rows;
+}
+
+#endif  // sm_90a
+
+// Tags for the two 16-bit types: the kernel only moves their bits.
+struct Bf16Tag { static constexpr bool kIsBf16 = true; uint16_t bits; };
+struct F16Tag { static constexpr bool kIsBf16 = false; uint16_t bits; };
+
+__device__ __forceinline__ uint32_t pack2(float lo, float hi, bool bf16) {
+  uint32_t r;
+  if (bf16) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  }
+  return r;
+}
+
+__device__ __forceinline__ uint16_t pack1(float v, bool bf16) {
+  uint16_t r;
+  if (bf16) {
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
+  } else {
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(v));
+  }
+  return r;
+}
+
+template <typename T, int BN, int kTransB>
+__global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
+    const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+    uint16_t* __restrict__ c, const Problem p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Cfg = Config<BN>;
+  constexpr int S = Cfg::kStages;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * Cfg::kStageBytes);
+  uint64_t* empty = full + S;
+
+  const int wg = threadIdx.x / 128;
+  const int tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 2 * 128);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (tid == 0) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
+      uint32_t it = 0;
+      for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+        int bi, tm, tn;
+        tile_coords(p, t, bi, tm, tn);
+        for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+          const int s = it % S;
+          mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
+          unsigned char* sa = smem + s * Cfg::kStageBytes;
+          unsigned char* sb = sa + Cfg::kABytes;
+          mbar_expect_tx(&full[s], Cfg::kStageBytes);
+          tma_load_3d(sa, &map_a, &full[s], kb * kBK, tm * kBM, bi);
+          if constexpr (kTransB) {
+            // Row-major B: BN/64 boxes of 64 columns x 64 k-rows.
+#pragma unroll
+            for (int j = 0; j < BN / 64; ++j) {
+              tma_load_3d(sb + j * (64 * kBK * 2), &map_b, &full[s], tn * BN + j * 64, kb * kBK, bi);
+            }
+          } else {
+            tma_load_3d(sb, &map_b, &full[s], kb * kBK, tn * BN, bi);
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  const int cw = wg - 1;  // consumer index: rows cw*64 .. +64 of the tile
+  const bool bf16 = T::kIsBf16;
+  float acc[BN / 2];
+  uint32_t it = 0;
+  for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+    int bi, tm, tn;
+    tile_coords(p, t, bi, tm, tn);
+    for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+      const int s = it % S;
+      mbar_wait(&full[s], (it / S) & 1);
+      const unsigned char* sa = smem + s * Cfg::kStageBytes + cw * (64 * kBK * 2);
+      const unsigned char* sb = smem + s * Cfg::kStageBytes + Cfg::kABytes;
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kBK / 16; ++ks) {
+        const uint64_t da = make_desc(sa + ks * 32, 16, 1024);
+        const uint64_t db = kTransB ? make_desc(sb + ks * 16 * 128, 64 * kBK * 2, 1024)
+                                    : make_desc(sb + ks * 32, 16, 1024);
+        wgmma_step<T, BN, kTransB>(acc, da, db, (kb > 0 || ks > 0) ? 1 : 0);
+      }
+      wgmma_commit();
+      // Keep this stage's wgmmas in flight; the previous stage's are done
+      // after wait_group 1, so its buffers go back to the producer.
+      wgmma_wait<1>();
+      if (kb > 0) mbar_arrive(&empty[(it + S - 1) % S]);
+    }
+    wgmma_wait<0>();
+    mbar_arrive(&empty[(it + S - 1) % S]);
+
+    // Accumulator layout of wgmma m64nN (per warp: 16 rows): register r of
+    // lane l holds row 16*warp + l/4 + 8*((r/2)%2), column 8*(r/4) + 2*(l%4) + r%2.
+    const int warp = tid / 32, lane = tid % 32;
+    const int64_t row0 = static_cast<int64_t>(tm) * kBM + cw * 64 + warp * 16 + lane / 4;
+    const int64_t col0 = static_cast<int64_t>(tn) * BN + 2 * (lane % 4);
+    uint16_t* cb = c + static_cast<int64_t>(bi) * p.m * p.n;
+    const bool pairs = (p.n % 2) == 0;  // 4-byte aligned column pairs
+#pragma unroll
+    for (int r = 0; r < BN / 2; r += 2) {
+      const int64_t row = row0 + 8 * ((r / 2) % 2);
+      const int64_t col = col0 + 8 * (r / 4);
+      if (row >= p.m) continue;
+      uint16_t* dst = cb + row * p.n + col;
+      if (pairs && col + 1 < p.n) {
+        *reinterpret_cast<uint32_t*>(dst) = pack2(acc[r], acc[r + 1], bf16);
+      } else {
+        if (col < p.n) dst[0] = pack1(acc[r], bf16);
+        if (col + 1 < p.n) dst[1] = pack1(acc[r + 1], bf16);
+      }
+    }
+  }
+#else
+  __trap();  // built without sm_90a: the host never selects this path then
+#endif
+}
+
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A 3-D (inner, outer, batch) map of a 16-bit operand.
+inline bool encode(CUtensorMap* map, const void* ptr, uint64_t inner, uint64_t outer,
+                   uint64_t batch, uint64_t outer_stride, uint64_t batch_stride,
+                   uint32_t box_inner, uint32_t box_outer) {
+  auto fn = encode_fn();
+  if (fn == nullptr) return false;
+  const cuuint64_t dims[3] = {inner, outer, batch};
+  const cuuint64_t strides[2] = {outer_stride * 2, batch_stride * 2};
+  const cuuint32_t box[3] = {box_inner, box_outer, 1};
+  const cuuint32_t estr[3] = {1, 1, 1};
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(ptr), dims, strides, box,
+            estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+struct Layout {
+  bool ok;
+  bool b_n_major;  // row-major B (N contiguous)
+  int64_t a_ld, b_ld, a_bs, b_bs;
+};
+
+// Strides TMA can take: unit stride along the contiguous dimension, the
+// others multiples of 8 elements (16 bytes), 16-byte aligned base.  A
+// dimension of size 1 takes any stride; an expanded batch (stride 0) cannot
+// be described, so it falls back.
+inline Layout layout_of(const GemmArgs& g) {
+  Layout l{false, false, 0, 0, 0, 0};
+  auto aligned = [](int64_t v) { return v > 0 && v % 8 == 0; };
+  auto pad8 = [](int64_t v) { return (v + 7) / 8 * 8; };
+  if (reinterpret_cast<uintptr_t>(g.a.ptr) % 16 || reinterpret_cast<uintptr_t>(g.b.ptr) % 16) return l;
+  // A: (m, k), k contiguous.
+  if (!(g.a.col_stride == 1 || g.k == 1)) return l;
+  l.a_ld = g.m == 1 ? pad8(g.k) : g.a.row_stride;
+  if (!aligned(l.a_ld) || l.a_ld < g.k) return l;
+  // B: (k, n), n contiguous (N-major) or k contiguous (K-major).
+  if ((g.b.col_stride == 1 || g.n == 1) && (g.k == 1 || aligned(g.b.row_stride))) {
+    l.b_n_major = true;
+    l.b_ld = g.k == 1 ? pad8(g.n) : g.b.row_stride;
+    if (l.b_ld < g.n) return l;
+  } else if ((g.b.row_stride == 1 || g.k == 1) && (g.n == 1 || aligned(g.b.col_stride))) {
+    l.b_n_major = false;
+    l.b_ld = g.n == 1 ? pad8(g.k) : g.b.col_stride;
+    if (l.b_ld < g.k) return l;
+  } else {
+    return l;
+  }
+  if (g.batch > 1) {
+    if (!aligned(g.a.batch_stride) || !aligned(g.b.batch_stride)) return l;
+    l.a_bs = g.a.batch_stride;
+    l.b_bs = g.b.batch_stride;
+  } else {
+    l.a_bs = l.a_ld * g.m;
+    l.b_bs = l.b_ld * (l.b_n_major ? g.k : g.n);
+  }
+  l.ok = true;
+  return l;
+}
+
+inline int sm_count() {
+  int dev = 0, sms = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  return sms;
+}
+
+template <typename T, int BN, int kTransB>
+cudaError_t launch(const GemmArgs& g, const Layout& l, cudaStream_t stream) {
+  using Cfg = Config<BN>;
+  CUtensorMap ma, mb;
+  if (!encode(&ma, g.a.ptr, g.k, g.m, g.batch, l.a_ld, l.a_bs, kBK, kBM)) return cudaErrorInvalidValue;
+  const bool okb = kTransB
+      ? encode(&mb, g.b.ptr, g.n, g.k, g.batch, l.b_ld, l.b_bs, 64, kBK)
+      : encode(&mb, g.b.ptr, g.k, g.n, g.batch, l.b_ld, l.b_bs, kBK, BN);
+  if (!okb) return cudaErrorInvalidValue;
+  Problem p;
+  p.batch = g.batch;
+  p.m = g.m;
+  p.n = g.n;
+  p.k = g.k;
+  p.tiles_m = static_cast<int>((g.m + kBM - 1) / kBM);
+  p.tiles_n = static_cast<int>((g.n + BN - 1) / BN);
+  p.tiles = g.batch * p.tiles_m * p.tiles_n;
+  p.k_blocks = static_cast<int>((g.k + kBK - 1) / kBK);
+  auto kernel = gemm_kernel<T, BN, kTransB>;
+  // Per device: the attribute is per function and context.
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  const int grid = static_cast<int>(std::min<int64_t>(p.tiles, sm_count()));
+  kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(
+      ma, mb, static_cast<uint16_t*>(g.c), p);
+  return cudaGetLastError();
+}
+
+// Which tile width: the one with fewer idle SM-slots in the last wave,
+// weighing the 256-wide tile's better data reuse.
+inline int pick_bn(const GemmArgs& g) {
+  const int sms = sm_count();
+  auto waste = [&](int bn, double speed) {
+    const int64_t tiles = g.batch * ((g.m + kBM - 1) / kBM) * ((g.n + bn - 1) / bn);
+    const int64_t waves = (tiles + sms - 1) / sms;
+    return static_cast<double>(waves) * bn / speed;  // time ~ waves x tile work
+  };
+  return waste(256, 1.0) <= waste(128, 0.92) ? 256 : 128;
+}
+
+}  // namespace sm90_detail
+
+inline bool sm90_supports(const GemmArgs& g) {
+  if (g.dtype != DType::bf16 && g.dtype != DType::f16) return false;
+  if (g.m < 1 || g.n < 1 || g.k < 1 || g.batch < 1) return false;
+  // TMA coordinates are 32-bit.
+  if (g.m >= (int64_t(1) << 31) || g.n >= (int64_t(1) << 31) || g.k >= (int64_t(1) << 31) ||
+      g.batch >= (int64_t(1) << 31)) return false;
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (major != 9 || minor != 0) return false;
+  if (sm90_detail::encode_fn() == nullptr) return false;
+  return sm90_detail::layout_of(g).ok;
+}
+
+inline size_t sm90_workspace_bytes(const GemmArgs&) { return 0; }
+
+inline cudaError_t sm90_run(const GemmArgs& g, void*, cudaStream_t stream) {
+  using namespace sm90_detail;
+  const Layout l = layout_of(g);
+  if (!l.ok) return cudaErrorInvalidValue;
+  const int bn = pick_bn(g);
+  const bool bf = g.dtype == DType::bf16;
+  if (bn == 256) {
+    if (l.b_n_major) return bf ? launch<Bf16Tag, 256, 1>(g, l, stream) : launch<F16Tag, 256, 1>(g, l, stream);
+    return bf ? launch<Bf16Tag, 256, 0>(g, l, stream) : launch<F16Tag, 256, 0>(g, l, stream);
+  }
+  if (l.b_n_major) return bf ? launch<Bf16Tag, 128, 1>(g, l, stream) : launch<F16Tag, 128, 1>(g, l, stream);
+  return bf ? launch<Bf16Tag, 128, 0>(g, l, stream) : launch<F16Tag, 128, 0>(g, l, stream);
+}
+
+}  // namespace torchops::cuda::gemm

@@ -1,0 +1,21 @@
+// C entry points of one CUDA matmul path, for check.py (ctypes): the path's
+// header is built alone with nvcc, without ATen, so a kernel can be checked
+// and timed in seconds instead of a full extension build.
+// Built once per path with -DPATH_HEADER=... -DPATH_NAME=...
+#include PATH_HEADER
+
+using namespace torchops::cuda::gemm;
+
+#define CAT2(a, b) a##b
+#define CAT(a, b) CAT2(a, b)
+
+extern "C" {
+int dev_supports(const GemmArgs* g) { return CAT(PATH_NAME, _supports)(*g) ? 1 : 0; }
+long long dev_workspace_bytes(const GemmArgs* g) {
+  return static_cast<long long>(CAT(PATH_NAME, _workspace_bytes)(*g));
+}
+int dev_run(const GemmArgs* g, void* workspace, void* stream) {
+  return static_cast<int>(
+      CAT(PATH_NAME, _run)(*g, workspace, static_cast<cudaStream_t>(stream)));
+}
+}

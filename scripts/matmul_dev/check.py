@@ -1,0 +1,251 @@
+"""Check and time the CUDA matmul paths one by one (see README.md here)."""
+
+import argparse
+import ctypes
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# name -> (header, dtypes it serves, shapes it is meant for: "any" or "decode")
+PATHS = {
+    "sm90": ("cuda/matmul/sm90.cuh", ("bf16", "f16"), "any"),
+    "sm80": ("cuda/matmul/sm80.cuh", ("bf16", "f16", "f32tf32"), "any"),
+    "simt": ("cuda/matmul/simt.cuh", ("f32", "f64", "bf16", "f16"), "any"),
+    "decode": ("cuda/matmul/decode.cuh", ("bf16", "f16", "f32"), "decode"),
+}
+DTYPES = {"f16": (torch.float16, 0), "bf16": (torch.bfloat16, 1), "f32": (torch.float32, 2),
+          "f32tf32": (torch.float32, 2), "f64": (torch.float64, 3)}
+
+
+class Operand(ctypes.Structure):
+    _fields_ = [("ptr", ctypes.c_void_p), ("batch_stride", ctypes.c_int64),
+                ("row_stride", ctypes.c_int64), ("col_stride", ctypes.c_int64)]
+
+
+class GemmArgs(ctypes.Structure):
+    _fields_ = [("a", Operand), ("b", Operand), ("c", ctypes.c_void_p),
+                ("batch", ctypes.c_int64), ("m", ctypes.c_int64), ("n", ctypes.c_int64),
+                ("k", ctypes.c_int64), ("dtype", ctypes.c_int), ("allow_tf32", ctypes.c_bool)]
+
+
+def build(names, outdir, arch):
+    nvcc = os.environ.get("NVCC", "nvcc")
+
+    def one(name):
+        so = Path(outdir) / f"{name}.so"
+        cmd = [nvcc, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo",
+               f"-gencode=arch={arch.replace('sm', 'compute')},code={arch}",
+               # as torch's extension builds do: no implicit half conversions
+               "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+               "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__",
+               f"-I{ROOT / 'csrc'}", f"-DPATH_HEADER=\"{PATHS[name][0]}\"", f"-DPATH_NAME={name}",
+               str(Path(__file__).with_name("capi.cu")), "-o", str(so)]
+        t0 = time.time()
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        return name, so, r, time.time() - t0
+
+    libs = {}
+    with ThreadPoolExecutor(len(names)) as pool:
+        for name, so, r, secs in pool.map(one, names):
+            print(f"build {name}: {'ok' if r.returncode == 0 else 'FAILED'} in {secs:.0f} s", flush=True)
+            if r.returncode:
+                print(r.stderr[-4000:])
+                continue
+            lib = ctypes.CDLL(str(so))
+            lib.dev_run.argtypes = [ctypes.POINTER(GemmArgs), ctypes.c_void_p, ctypes.c_void_p]
+            lib.dev_supports.argtypes = [ctypes.POINTER(GemmArgs)]
+            lib.dev_workspace_bytes.argtypes = [ctypes.POINTER(GemmArgs)]
+            lib.dev_workspace_bytes.restype = ctypes.c_longlong
+            libs[name] = lib
+    return libs
+
+
+def args_of(a, b, c, dcode, tf32):
+    batched = a.dim() == 3
+    def op(t):
+        return Operand(t.data_ptr(), t.stride(0) if batched else 0, t.stride(-2), t.stride(-1))
+    return GemmArgs(op(a), op(b), c.data_ptr(), a.shape[0] if batched else 1,
+                    a.shape[-2], b.shape[-1], a.shape[-1], dcode, tf32)
+
+
+class Runner:
+    """Calls one path like the extension would: output contiguous, workspace from torch."""
+
+    def __init__(self, lib, dkey):
+        self.lib, self.dkey = lib, dkey
+
+    def prepare(self, a, b):
+        dtype, dcode = DTYPES[self.dkey]
+        shape = (*a.shape[:-1], b.shape[-1])
+        c = torch.empty(shape, dtype=dtype, device=a.device)
+        g = args_of(a, b, c, dcode, self.dkey == "f32tf32")
+        if not self.lib.dev_supports(ctypes.byref(g)):
+            return None
+        ws = torch.empty(max(int(self.lib.dev_workspace_bytes(ctypes.byref(g))), 1),
+                         dtype=torch.uint8, device=a.device)
+        stream = torch.cuda.current_stream().cuda_stream
+
+        def call():
+            rc = self.lib.dev_run(ctypes.byref(g), ctypes.c_void_p(ws.data_ptr()),
+                                  ctypes.c_void_p(stream))
+            if rc:
+                raise RuntimeError(f"launch failed: cudaError {rc}")
+            return c
+        return call
+
+
+def make(shape_a, shape_b, dtype, layout, gen):
+    """layout: 'nn' row-major both, 'tn' A column-major, 'nt' B column-major,
+    'tt' both, 'xb' B expanded over the batch (stride 0)."""
+    def mk(shape, transposed):
+        if transposed:
+            t = torch.randn(*shape[:-2], shape[-1], shape[-2], generator=gen, device="cuda",
+                            dtype=torch.float32).to(dtype)
+            return t.transpose(-2, -1)
+        return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32).to(dtype)
+    a = mk(shape_a, layout in ("tn", "tt"))
+    if layout == "xb":
+        b = mk(shape_b[1:], False).expand(*shape_b)
+    else:
+        b = mk(shape_b, layout in ("nt", "tt"))
+    return a, b
+
+
+CORRECTNESS = [  # (batch or None, m, n, k)
+    (None, 1, 1, 1), (None, 1, 4096, 4096), (None, 16, 4096, 4096), (None, 7, 257, 4099),
+    (None, 3, 64, 2048), (None, 13, 1000, 768), (None, 128, 128, 64), (None, 127, 129, 65),
+    (None, 256, 256, 256), (None, 97, 211, 1), (None, 1000, 3000, 768), (None, 509, 521, 523),
+    (None, 4095, 4097, 4093), (None, 2048, 2048, 2048), (None, 64, 8192, 128),
+    (4, 100, 72, 40), (512, 64, 64, 64), (3, 129, 255, 200), (2, 16, 512, 1024),
+]
+
+
+def check(libs, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    fails, rows = 0, 0
+    for name, lib in libs.items():
+        _, dkeys, kind = PATHS[name]
+        for dkey in dkeys:
+            dtype = DTYPES[dkey][0]
+            run = Runner(lib, dkey)
+            for batch, m, n, k in CORRECTNESS:
+                if kind == "decode" and m > 16:
+                    continue
+                for layout in ("nn", "tn", "nt", "tt", "xb"):
+                    if layout == "xb" and batch is None:
+                        continue
+                    sa = (batch, m, k) if batch else (m, k)
+                    sb = (batch, k, n) if batch else (k, n)
+                    a, b = make(sa, sb, dtype, layout, gen)
+                    call = run.prepare(a, b)
+                    if call is None:
+                        continue
+                    rows += 1
+                    torch.cuda.synchronize()
+                    try:
+                        out = call()
+                        torch.cuda.synchronize()
+                        out2 = call().clone()
+                        torch.cuda.synchronize()
+                    except Exception as e:  # noqa: BLE001
+                        print(f"FAIL {name} {dkey} {layout} b={batch} {m}x{n}x{k}: {e}")
+                        fails += 1
+                        return fails, rows
+                    ref = torch.matmul(a.double(), b.double())
+                    peer = torch.matmul(a, b).double() if dkey != "f32tf32" else None
+                    err = (out.double() - ref).abs().max().item() if out.numel() else 0.0
+                    scale = ref.abs().max().item() + 1e-30 if ref.numel() else 1.0
+                    eps = {"f16": 2**-10, "bf16": 2**-7, "f32": 2**-23, "f32tf32": 2**-10,
+                           "f64": 2**-52}[dkey]
+                    # output rounding plus accumulated rounding, growing with sqrt(K)
+                    tol = scale * eps + 8 * eps * math.sqrt(k) * (
+                        a.double().abs().max().item() * b.double().abs().max().item())
+                    if peer is not None and peer.numel():
+                        tol = max(tol, 2 * (peer - ref).abs().max().item())
+                    det = torch.equal(out, out2)
+                    bad = not (err <= tol) or not det
+                    if bad:
+                        fails += 1
+                        print(f"FAIL {name} {dkey} {layout} b={batch} {m}x{n}x{k}: "
+                              f"err {err:.3g} tol {tol:.3g} deterministic {det}", flush=True)
+    print(f"correctness: {rows} cases, {fails} failures", flush=True)
+    return fails, rows
+
+
+BENCH = [  # (label, batch, m, n, k, dtype key, layout)
+    ("bf16 4096^3", None, 4096, 4096, 4096, "bf16", "nn"),
+    ("f16 4096^3", None, 4096, 4096, 4096, "f16", "nn"),
+    ("bf16 8192^3", None, 8192, 8192, 8192, "bf16", "nn"),
+    ("f16 8192^3", None, 8192, 8192, 8192, "f16", "nn"),
+    ("bf16 4096^3 B^T", None, 4096, 4096, 4096, "bf16", "nt"),
+    ("bf16 4095x4097x4093", None, 4095, 4097, 4093, "bf16", "nn"),
+    ("bf16 1000x3000x768", None, 1000, 3000, 768, "bf16", "nn"),
+    ("bf16 8192x1024x8192", None, 8192, 1024, 8192, "bf16", "nn"),
+    ("bf16 16x4096x4096", None, 16, 4096, 4096, "bf16", "nn"),
+    ("bf16 1x4096x4096", None, 1, 4096, 4096, "bf16", "nn"),
+    ("bf16 16x4096x4096 W^T", None, 16, 4096, 4096, "bf16", "nt"),
+    ("f16 512x64^3", 512, 64, 64, 64, "f16", "nn"),
+    ("bf16 32x512^3", 32, 512, 512, 512, "bf16", "nn"),
+    ("f32 4096^3", None, 4096, 4096, 4096, "f32", "nn"),
+    ("f32tf32 4096^3", None, 4096, 4096, 4096, "f32tf32", "nn"),
+    ("f64 1024^3", None, 1024, 1024, 1024, "f64", "nn"),
+]
+
+
+def bench(libs):
+    from triton.testing import do_bench
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    print(f"{'case':28s} {'path':7s} {'ours TF/s':>10s} {'torch TF/s':>10s} {'ratio':>6s}")
+    for label, batch, m, n, k, dkey, layout in BENCH:
+        dtype = DTYPES[dkey][0]
+        sa = (batch, m, k) if batch else (m, k)
+        sb = (batch, k, n) if batch else (k, n)
+        a, b = make(sa, sb, dtype, layout, gen)
+        flop = 2.0 * (batch or 1) * m * n * k
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = dkey == "f32tf32"
+        t_ref = do_bench(lambda: torch.matmul(a, b), warmup=50, rep=300)
+        torch.backends.cuda.matmul.allow_tf32 = old
+        for name, lib in libs.items():
+            if dkey not in PATHS[name][1]:
+                continue
+            call = Runner(lib, dkey).prepare(a, b)
+            if call is None:
+                continue
+            t = do_bench(call, warmup=50, rep=300)
+            print(f"{label:28s} {name:7s} {flop / t / 1e9:10.1f} {flop / t_ref / 1e9:10.1f} "
+                  f"{t_ref / t:6.3f}", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--paths", default=",".join(PATHS))
+    p.add_argument("--arch", default="sm_90a")
+    p.add_argument("--no-bench", action="store_true")
+    p.add_argument("--out", default=None)
+    p.add_argument("--build-only", action="store_true")
+    args = p.parse_args()
+    names = [n for n in args.paths.split(",") if n]
+    outdir = args.out or tempfile.mkdtemp()
+    os.makedirs(outdir, exist_ok=True)
+    libs = build(names, outdir, args.arch)
+    if args.build_only:
+        return 0 if len(libs) == len(names) else 1
+    torch.cuda.init()
+    fails, _ = check(libs, seed=0)
+    if not args.no_bench:
+        bench(libs)
+    return 1 if fails or len(libs) != len(names) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
