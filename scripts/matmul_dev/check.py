@@ -233,6 +233,7 @@ def main():
     p.add_argument("--no-bench", action="store_true")
     p.add_argument("--out", default=None)
     p.add_argument("--build-only", action="store_true")
+    p.add_argument("--bench-only", action="store_true")
     args = p.parse_args()
     names = [n for n in args.paths.split(",") if n]
     outdir = args.out or tempfile.mkdtemp()
@@ -241,7 +242,7 @@ def main():
     if args.build_only:
         return 0 if len(libs) == len(names) else 1
     torch.cuda.init()
-    fails, _ = check(libs, seed=0)
+    fails = 0 if args.bench_only else check(libs, seed=0)[0]
     if not args.no_bench:
         bench(libs)
     return 1 if fails or len(libs) != len(names) else 0
