@@ -437,10 +437,10 @@ inline int choose_cfg(const GemmArgs& g, int sms) {
   return best;
 }
 
-// cudaFuncSetAttribute once per (kernel, device).
+// cudaFuncSetAttribute once per (kernel, device).  `done` must be one per
+// kernel: the caller's template makes it so (all kernels share one type).
 template <class Kernel>
-inline cudaError_t prepare_kernel(Kernel k, size_t smem, int dev) {
-  static std::atomic<uint64_t> done{0};
+inline cudaError_t prepare_kernel(Kernel k, size_t smem, int dev, std::atomic<uint64_t>& done) {
   const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
   if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
   cudaError_t e = cudaFuncSetAttribute(
@@ -457,7 +457,8 @@ inline cudaError_t launch_16bit(const KParams& p0, cudaStream_t stream,
   p.tiles_n = int((p.n + Cfg::BN - 1) / Cfg::BN);
   constexpr size_t smem = Smem<Cfg, 2>::TOTAL;
   auto kernel = sm80_gemm_16bit<Cfg, A_K, B_K, BF16>;
-  cudaError_t e = prepare_kernel(kernel, smem, dev);
+  static std::atomic<uint64_t> done{0};
+  cudaError_t e = prepare_kernel(kernel, smem, dev, done);
   if (e != cudaSuccess) return e;
   const dim3 grid(unsigned(int64_t(p.tiles_m) * p.tiles_n),
                   unsigned(p.batch < 65535 ? p.batch : 65535), 1);
