@@ -47,6 +47,7 @@ def build(names, outdir, arch):
                # as torch's extension builds do: no implicit half conversions
                "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
                "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__",
+               "-DTORCHOPS_MATMUL_DEV",  # the paths' tuning overrides (env vars)
                f"-I{ROOT / 'csrc'}", f"-DPATH_HEADER=\"{PATHS[name][0]}\"", f"-DPATH_NAME={name}",
                str(Path(__file__).with_name("capi.cu")), "-o", str(so)]
         t0 = time.time()
@@ -201,11 +202,25 @@ BENCH = [  # (label, batch, m, n, k, dtype key, layout)
 ]
 
 
-def bench(libs):
+def sweep_values(sweeps, name):
+    """--sweep PATH:VAR=v1/v2/..: each value of the tuning variable VAR is
+    timed as its own row for PATH (the header reads VAR at each call in
+    TORCHOPS_MATMUL_DEV builds)."""
+    for sw in sweeps:
+        path, _, rest = sw.partition(":")
+        if path == name:
+            var, _, values = rest.partition("=")
+            return var, values.split("/")
+    return None, [None]
+
+
+def bench(libs, sweeps=(), only=None):
     from triton.testing import do_bench
     gen = torch.Generator(device="cuda").manual_seed(1)
     print(f"{'case':28s} {'path':7s} {'ours TF/s':>10s} {'torch TF/s':>10s} {'ratio':>6s}")
     for label, batch, m, n, k, dkey, layout in BENCH:
+        if only and not any(o in label for o in only):
+            continue
         dtype = DTYPES[dkey][0]
         sa = (batch, m, k) if batch else (m, k)
         sb = (batch, k, n) if batch else (k, n)
@@ -218,12 +233,19 @@ def bench(libs):
         for name, lib in libs.items():
             if dkey not in PATHS[name][1]:
                 continue
-            call = Runner(lib, dkey).prepare(a, b)
-            if call is None:
-                continue
-            t = do_bench(call, warmup=50, rep=300)
-            print(f"{label:28s} {name:7s} {flop / t / 1e9:10.1f} {flop / t_ref / 1e9:10.1f} "
-                  f"{t_ref / t:6.3f}", flush=True)
+            var, values = sweep_values(sweeps, name)
+            for value in values:
+                if var:
+                    os.environ[var] = value
+                call = Runner(lib, dkey).prepare(a, b)
+                if call is None:
+                    continue
+                t = do_bench(call, warmup=50, rep=300)
+                tag = name if var is None else f"{name}[{value}]"
+                print(f"{label:28s} {tag:7s} {flop / t / 1e9:10.1f} {flop / t_ref / 1e9:10.1f} "
+                      f"{t_ref / t:6.3f}", flush=True)
+            if var:
+                os.environ.pop(var, None)
 
 
 def main():
@@ -234,6 +256,8 @@ def main():
     p.add_argument("--out", default=None)
     p.add_argument("--build-only", action="store_true")
     p.add_argument("--bench-only", action="store_true")
+    p.add_argument("--sweep", action="append", default=[], help="PATH:VAR=v1/v2/...")
+    p.add_argument("--only", default="", help="comma-separated substrings of bench labels")
     args = p.parse_args()
     names = [n for n in args.paths.split(",") if n]
     outdir = args.out or tempfile.mkdtemp()
@@ -244,7 +268,7 @@ def main():
     torch.cuda.init()
     fails = 0 if args.bench_only else check(libs, seed=0)[0]
     if not args.no_bench:
-        bench(libs)
+        bench(libs, args.sweep, [o for o in args.only.split(",") if o])
     return 1 if fails or len(libs) != len(names) else 0
 
 

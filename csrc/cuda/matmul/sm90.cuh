@@ -21,6 +21,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -37,14 +39,17 @@ constexpr int kBK = 64;         // 64 bf16 = 128 bytes: one 128-byte swizzle row
 constexpr int kThreads = 384;   // producer + 2 consumers
 constexpr int kGroupM = 16;     // tile rows per raster group (L2 reuse)
 
-template <int BN>
+template <int BN, bool kTmaStore>
 struct Config {
-  static constexpr int kStages = BN == 256 ? 4 : 6;
   static constexpr int kABytes = kBM * kBK * 2;
   static constexpr int kBBytes = BN * kBK * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
+  // The TMA-store epilogue stages each consumer's 64 x BN output in shared
+  // memory, at the price of a stage of the ring.
+  static constexpr int kCBytes = kTmaStore ? 2 * 64 * BN * 2 : 0;
+  static constexpr int kStages = kTmaStore ? (BN == 256 ? 3 : 5) : (BN == 256 ? 4 : 6);
   // 1024-byte alignment of every stage (128-byte swizzle atoms), barriers after.
-  static constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 2 * kStages * 8;
+  static constexpr int kSmemBytes = kStages * kStageBytes + kCBytes + 1024 + 2 * kStages * 8;
 };
 
 struct Problem {
@@ -84,6 +89,18 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "@!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)), "r"(parity) : "memory");
 }
 
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];"
+      ::"l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// Named barrier of one consumer warpgroup (id 0 is __syncthreads').
+__device__ __forceinline__ void warpgroup_sync(int id) {
+  asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
+}
+
 __device__ __forceinline__ void tma_load_3d(
     void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
   asm volatile(
@@ -113,14 +130,14 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
-template <typename T, int BN, int kTransB>
+template <typename T, int BN, int kTransA, int kTransB>
 __device__ __forceinline__ void wgmma_step(float (&d)[BN / 2], uint64_t da, uint64_t db, int scale_d) {
   if constexpr (BN == 256) {
-    if constexpr (T::kIsBf16) wgmma_m64n256k16_bf16<kTransB>(d, da, db, scale_d);
-    else wgmma_m64n256k16_f16<kTransB>(d, da, db, scale_d);
+    if constexpr (T::kIsBf16) wgmma_m64n256k16_bf16<kTransA, kTransB>(d, da, db, scale_d);
+    else wgmma_m64n256k16_f16<kTransA, kTransB>(d, da, db, scale_d);
   } else {
-    if constexpr (T::kIsBf16) wgmma_m64n128k16_bf16<kTransB>(d, da, db, scale_d);
-    else wgmma_m64n128k16_f16<kTransB>(d, da, db, scale_d);
+    if constexpr (T::kIsBf16) wgmma_m64n128k16_bf16<kTransA, kTransB>(d, da, db, scale_d);
+    else wgmma_m64n128k16_f16<kTransA, kTransB>(d, da, db, scale_d);
   }
 }
 
@@ -165,17 +182,18 @@ __device__ __forceinline__ uint16_t pack1(float v, bool bf16) {
   return r;
 }
 
-template <typename T, int BN, int kTransB>
+template <typename T, int BN, int kTransA, int kTransB, bool kTmaStore>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
     const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-    uint16_t* __restrict__ c, const Problem p) {
+    const __grid_constant__ CUtensorMap map_c, uint16_t* __restrict__ c, const Problem p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Cfg = Config<BN>;
+  using Cfg = Config<BN, kTmaStore>;
   constexpr int S = Cfg::kStages;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * Cfg::kStageBytes);
+  unsigned char* smem_c = smem + S * Cfg::kStageBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_c + Cfg::kCBytes);
   uint64_t* empty = full + S;
 
   const int wg = threadIdx.x / 128;
@@ -204,7 +222,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
           unsigned char* sa = smem + s * Cfg::kStageBytes;
           unsigned char* sb = sa + Cfg::kABytes;
           mbar_expect_tx(&full[s], Cfg::kStageBytes);
-          tma_load_3d(sa, &map_a, &full[s], kb * kBK, tm * kBM, bi);
+          if constexpr (kTransA) {
+            // M-contiguous A: two boxes of 64 rows (m) x 64 k, one per consumer.
+            tma_load_3d(sa, &map_a, &full[s], tm * kBM, kb * kBK, bi);
+            tma_load_3d(sa + 64 * kBK * 2, &map_a, &full[s], tm * kBM + 64, kb * kBK, bi);
+          } else {
+            tma_load_3d(sa, &map_a, &full[s], kb * kBK, tm * kBM, bi);
+          }
           if constexpr (kTransB) {
             // Row-major B: BN/64 boxes of 64 columns x 64 k-rows.
 #pragma unroll
@@ -236,10 +260,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < kBK / 16; ++ks) {
-        const uint64_t da = make_desc(sa + ks * 32, 16, 1024);
+        // K-major: a k16 step moves 32 bytes along the 128-byte row;
+        // MN-major: 16 k-rows of 128 bytes.
+        const uint64_t da = kTransA ? make_desc(sa + ks * 16 * 128, 64 * kBK * 2, 1024)
+                                    : make_desc(sa + ks * 32, 16, 1024);
         const uint64_t db = kTransB ? make_desc(sb + ks * 16 * 128, 64 * kBK * 2, 1024)
                                     : make_desc(sb + ks * 32, 16, 1024);
-        wgmma_step<T, BN, kTransB>(acc, da, db, (kb > 0 || ks > 0) ? 1 : 0);
+        wgmma_step<T, BN, kTransA, kTransB>(acc, da, db, (kb > 0 || ks > 0) ? 1 : 0);
       }
       wgmma_commit();
       // Keep this stage's wgmmas in flight; the previous stage's are done
@@ -253,23 +280,54 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
     // Accumulator layout of wgmma m64nN (per warp: 16 rows): register r of
     // lane l holds row 16*warp + l/4 + 8*((r/2)%2), column 8*(r/4) + 2*(l%4) + r%2.
     const int warp = tid / 32, lane = tid % 32;
-    const int64_t row0 = static_cast<int64_t>(tm) * kBM + cw * 64 + warp * 16 + lane / 4;
-    const int64_t col0 = static_cast<int64_t>(tn) * BN + 2 * (lane % 4);
-    uint16_t* cb = c + static_cast<int64_t>(bi) * p.m * p.n;
-    const bool pairs = (p.n % 2) == 0;  // 4-byte aligned column pairs
+    if constexpr (kTmaStore) {
+      // Through shared memory, 128-byte swizzled like the TMA box (64 x 64
+      // blocks): the 8 rows a warp writes at once land in 8 different
+      // 16-byte bank groups.  TMA then writes whole rows and clips at M, N.
+      unsigned char* sc = smem_c + cw * (64 * BN * 2);
+      if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+      warpgroup_sync(1 + cw);
 #pragma unroll
-    for (int r = 0; r < BN / 2; r += 2) {
-      const int64_t row = row0 + 8 * ((r / 2) % 2);
-      const int64_t col = col0 + 8 * (r / 4);
-      if (row >= p.m) continue;
-      uint16_t* dst = cb + row * p.n + col;
-      if (pairs && col + 1 < p.n) {
+      for (int r = 0; r < BN / 2; r += 2) {
+        const int row = warp * 16 + lane / 4 + 8 * ((r / 2) % 2);
+        const int col = 8 * (r / 4) + 2 * (lane % 4);
+        const int block = col / 64, chunk = (col % 64) / 8;
+        unsigned char* dst = sc + block * (64 * 128) + row * 128 + ((chunk ^ (row % 8)) * 16) +
+                             (col % 8) * 2;
         *reinterpret_cast<uint32_t*>(dst) = pack2(acc[r], acc[r + 1], bf16);
-      } else {
-        if (col < p.n) dst[0] = pack1(acc[r], bf16);
-        if (col + 1 < p.n) dst[1] = pack1(acc[r + 1], bf16);
+      }
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      warpgroup_sync(1 + cw);
+      if (tid == 0) {
+#pragma unroll
+        for (int j = 0; j < BN / 64; ++j) {
+          tma_store_3d(&map_c, sc + j * (64 * 128), tn * BN + j * 64, tm * kBM + cw * 64, bi);
+        }
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      }
+    } else {
+      const int64_t row0 = static_cast<int64_t>(tm) * kBM + cw * 64 + warp * 16 + lane / 4;
+      const int64_t col0 = static_cast<int64_t>(tn) * BN + 2 * (lane % 4);
+      uint16_t* cb = c + static_cast<int64_t>(bi) * p.m * p.n;
+      const bool pairs = (p.n % 2) == 0;  // 4-byte aligned column pairs
+#pragma unroll
+      for (int r = 0; r < BN / 2; r += 2) {
+        const int64_t row = row0 + 8 * ((r / 2) % 2);
+        const int64_t col = col0 + 8 * (r / 4);
+        if (row >= p.m) continue;
+        uint16_t* dst = cb + row * p.n + col;
+        if (pairs && col + 1 < p.n) {
+          *reinterpret_cast<uint32_t*>(dst) = pack2(acc[r], acc[r + 1], bf16);
+        } else {
+          if (col < p.n) dst[0] = pack1(acc[r], bf16);
+          if (col + 1 < p.n) dst[1] = pack1(acc[r + 1], bf16);
+        }
       }
     }
+  }
+  if constexpr (kTmaStore) {
+    // Shared memory must outlive the stores' reads of it.
+    if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
 #else
   __trap();  // built without sm_90a: the host never selects this path then
@@ -307,6 +365,7 @@ inline bool encode(CUtensorMap* map, const void* ptr, uint64_t inner, uint64_t o
 
 struct Layout {
   bool ok;
+  bool a_m_major;  // column-major A (M contiguous)
   bool b_n_major;  // row-major B (N contiguous)
   int64_t a_ld, b_ld, a_bs, b_bs;
 };
@@ -316,32 +375,34 @@ struct Layout {
 // dimension of size 1 takes any stride; an expanded batch (stride 0) cannot
 // be described, so it falls back.
 inline Layout layout_of(const GemmArgs& g) {
-  Layout l{false, false, 0, 0, 0, 0};
+  Layout l{false, false, false, 0, 0, 0, 0};
   auto aligned = [](int64_t v) { return v > 0 && v % 8 == 0; };
   auto pad8 = [](int64_t v) { return (v + 7) / 8 * 8; };
   if (reinterpret_cast<uintptr_t>(g.a.ptr) % 16 || reinterpret_cast<uintptr_t>(g.b.ptr) % 16) return l;
-  // A: (m, k), k contiguous.
-  if (!(g.a.col_stride == 1 || g.k == 1)) return l;
-  l.a_ld = g.m == 1 ? pad8(g.k) : g.a.row_stride;
-  if (!aligned(l.a_ld) || l.a_ld < g.k) return l;
-  // B: (k, n), n contiguous (N-major) or k contiguous (K-major).
-  if ((g.b.col_stride == 1 || g.n == 1) && (g.k == 1 || aligned(g.b.row_stride))) {
-    l.b_n_major = true;
-    l.b_ld = g.k == 1 ? pad8(g.n) : g.b.row_stride;
-    if (l.b_ld < g.n) return l;
-  } else if ((g.b.row_stride == 1 || g.k == 1) && (g.n == 1 || aligned(g.b.col_stride))) {
-    l.b_n_major = false;
-    l.b_ld = g.n == 1 ? pad8(g.k) : g.b.col_stride;
-    if (l.b_ld < g.k) return l;
-  } else {
-    return l;
-  }
+  // One operand (rows x cols, strides rs, cs): contiguous along cols
+  // ("row-major", returns 0) or along rows (1), with its leading stride.
+  auto classify = [&](const Operand& o, int64_t rows, int64_t cols, int64_t& ld) {
+    if ((o.col_stride == 1 || cols == 1) && (rows == 1 || aligned(o.row_stride))) {
+      ld = rows == 1 ? pad8(cols) : o.row_stride;
+      return ld >= cols ? 0 : -1;
+    }
+    if ((o.row_stride == 1 || rows == 1) && (cols == 1 || aligned(o.col_stride))) {
+      ld = cols == 1 ? pad8(rows) : o.col_stride;
+      return ld >= rows ? 1 : -1;
+    }
+    return -1;
+  };
+  const int ka = classify(g.a, g.m, g.k, l.a_ld);
+  const int kb = classify(g.b, g.k, g.n, l.b_ld);
+  if (ka < 0 || kb < 0) return l;
+  l.a_m_major = ka == 1;
+  l.b_n_major = kb == 0;
   if (g.batch > 1) {
     if (!aligned(g.a.batch_stride) || !aligned(g.b.batch_stride)) return l;
     l.a_bs = g.a.batch_stride;
     l.b_bs = g.b.batch_stride;
   } else {
-    l.a_bs = l.a_ld * g.m;
+    l.a_bs = l.a_ld * (l.a_m_major ? g.k : g.m);
     l.b_bs = l.b_ld * (l.b_n_major ? g.k : g.n);
   }
   l.ok = true;
@@ -355,15 +416,20 @@ inline int sm_count() {
   return sms;
 }
 
-template <typename T, int BN, int kTransB>
+template <typename T, int BN, int kTransA, int kTransB, bool kTmaStore>
 cudaError_t launch(const GemmArgs& g, const Layout& l, cudaStream_t stream) {
-  using Cfg = Config<BN>;
-  CUtensorMap ma, mb;
-  if (!encode(&ma, g.a.ptr, g.k, g.m, g.batch, l.a_ld, l.a_bs, kBK, kBM)) return cudaErrorInvalidValue;
+  using Cfg = Config<BN, kTmaStore>;
+  CUtensorMap ma, mb, mc;
+  const bool oka = kTransA
+      ? encode(&ma, g.a.ptr, g.m, g.k, g.batch, l.a_ld, l.a_bs, 64, kBK)
+      : encode(&ma, g.a.ptr, g.k, g.m, g.batch, l.a_ld, l.a_bs, kBK, kBM);
   const bool okb = kTransB
       ? encode(&mb, g.b.ptr, g.n, g.k, g.batch, l.b_ld, l.b_bs, 64, kBK)
       : encode(&mb, g.b.ptr, g.k, g.n, g.batch, l.b_ld, l.b_bs, kBK, BN);
-  if (!okb) return cudaErrorInvalidValue;
+  // C is contiguous (batch, m, n); the TMA store needs n % 8 == 0.
+  const bool okc = !kTmaStore || encode(&mc, g.c, g.n, g.m, g.batch, g.n, g.m * g.n, 64, 64);
+  if (!oka || !okb || !okc) return cudaErrorInvalidValue;
+  if (!kTmaStore) mc = ma;  // unused
   Problem p;
   p.batch = g.batch;
   p.m = g.m;
@@ -373,12 +439,13 @@ cudaError_t launch(const GemmArgs& g, const Layout& l, cudaStream_t stream) {
   p.tiles_n = static_cast<int>((g.n + BN - 1) / BN);
   p.tiles = g.batch * p.tiles_m * p.tiles_n;
   p.k_blocks = static_cast<int>((g.k + kBK - 1) / kBK);
-  auto kernel = gemm_kernel<T, BN, kTransB>;
-  // Per device: the attribute is per function and context.
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  auto kernel = gemm_kernel<T, BN, kTransA, kTransB, kTmaStore>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       Cfg::kSmemBytes);
+  if (e != cudaSuccess) return e;
   const int grid = static_cast<int>(std::min<int64_t>(p.tiles, sm_count()));
   kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(
-      ma, mb, static_cast<uint16_t*>(g.c), p);
+      ma, mb, mc, static_cast<uint16_t*>(g.c), p);
   return cudaGetLastError();
 }
 
@@ -386,12 +453,51 @@ cudaError_t launch(const GemmArgs& g, const Layout& l, cudaStream_t stream) {
 // weighing the 256-wide tile's better data reuse.
 inline int pick_bn(const GemmArgs& g) {
   const int sms = sm_count();
-  auto waste = [&](int bn, double speed) {
+  auto cost = [&](int bn, double speed) {
     const int64_t tiles = g.batch * ((g.m + kBM - 1) / kBM) * ((g.n + bn - 1) / bn);
     const int64_t waves = (tiles + sms - 1) / sms;
     return static_cast<double>(waves) * bn / speed;  // time ~ waves x tile work
   };
-  return waste(256, 1.0) <= waste(128, 0.92) ? 256 : 128;
+  return cost(256, 1.0) <= cost(128, 0.92) ? 256 : 128;
+}
+
+struct Choice {
+  int bn;
+  bool tma_store;
+};
+
+inline Choice choose(const GemmArgs& g) {
+  Choice c{pick_bn(g), g.n % 8 == 0};
+#ifdef TORCHOPS_MATMUL_DEV
+  // Harness only: TORCHOPS_DEV_SM90="BN,STORE" (e.g. "256,0") pins the choice.
+  if (const char* v = std::getenv("TORCHOPS_DEV_SM90")) {
+    int bn = 0, st = 0;
+    if (std::sscanf(v, "%d,%d", &bn, &st) == 2 && (bn == 128 || bn == 256)) {
+      c.bn = bn;
+      c.tma_store = st != 0 && g.n % 8 == 0;
+    }
+  }
+#endif
+  return c;
+}
+
+template <typename T, int BN, int kTransA>
+cudaError_t launch_b(const GemmArgs& g, const Layout& l, bool store, cudaStream_t s) {
+  if (l.b_n_major) {
+    return store ? launch<T, BN, kTransA, 1, true>(g, l, s) : launch<T, BN, kTransA, 1, false>(g, l, s);
+  }
+  return store ? launch<T, BN, kTransA, 0, true>(g, l, s) : launch<T, BN, kTransA, 0, false>(g, l, s);
+}
+
+template <typename T, int BN>
+cudaError_t launch_ab(const GemmArgs& g, const Layout& l, bool store, cudaStream_t s) {
+  return l.a_m_major ? launch_b<T, BN, 1>(g, l, store, s) : launch_b<T, BN, 0>(g, l, store, s);
+}
+
+template <typename T>
+cudaError_t launch_t(const GemmArgs& g, const Layout& l, cudaStream_t s) {
+  const Choice c = choose(g);
+  return c.bn == 256 ? launch_ab<T, 256>(g, l, c.tma_store, s) : launch_ab<T, 128>(g, l, c.tma_store, s);
 }
 
 }  // namespace sm90_detail
@@ -417,14 +523,7 @@ inline cudaError_t sm90_run(const GemmArgs& g, void*, cudaStream_t stream) {
   using namespace sm90_detail;
   const Layout l = layout_of(g);
   if (!l.ok) return cudaErrorInvalidValue;
-  const int bn = pick_bn(g);
-  const bool bf = g.dtype == DType::bf16;
-  if (bn == 256) {
-    if (l.b_n_major) return bf ? launch<Bf16Tag, 256, 1>(g, l, stream) : launch<F16Tag, 256, 1>(g, l, stream);
-    return bf ? launch<Bf16Tag, 256, 0>(g, l, stream) : launch<F16Tag, 256, 0>(g, l, stream);
-  }
-  if (l.b_n_major) return bf ? launch<Bf16Tag, 128, 1>(g, l, stream) : launch<F16Tag, 128, 1>(g, l, stream);
-  return bf ? launch<Bf16Tag, 128, 0>(g, l, stream) : launch<F16Tag, 128, 0>(g, l, stream);
+  return g.dtype == DType::bf16 ? launch_t<Bf16Tag>(g, l, stream) : launch_t<F16Tag>(g, l, stream);
 }
 
 }  // namespace torchops::cuda::gemm
