@@ -30,6 +30,11 @@ class Size:
     dtype: torch.dtype = torch.float32
     quick: bool = False                          # part of `--quick` runs
     threads: tuple[int | str, ...] = ("all",)    # CPU thread counts ("all": torch's default)
+    # Set while the row runs (every variant alike): torch's float32 matmul
+    # precision ("high" allows TF32) and environment variables (a kernel's
+    # testing switch, such as the forced Ampere matmul path).
+    fp32_precision: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -92,10 +97,12 @@ def _nbytes(*ts) -> int:
     return sum(t.numel() * t.element_size() for t in ts if isinstance(t, torch.Tensor))
 
 
-def _mm(n, dtype=torch.float32, b=None, quick=False):
-    """Square (B x) n x n @ n x n."""
-    return Size(f"{n}x{n}x{n}" if b is None else f"{b} x {n}x{n}x{n}",
-                {"m": n, "k": n, "n": n, "b": b}, dtype, quick)
+def _mm(n, dtype=torch.float32, b=None, quick=False, m=None, k=None, tag="", **extra):
+    """(B x) m x k @ k x n, square by default; tag: a word for the label."""
+    m, k = m or n, k or n
+    label = f"{m}x{k}x{n}" if b is None else f"{b} x {m}x{k}x{n}"
+    return Size(label + (f" {tag}" if tag else ""), {"m": m, "k": k, "n": n, "b": b}, dtype,
+                quick, **extra)
 
 
 def _elements(n, dtype=torch.float32, quick=False):
@@ -140,13 +147,30 @@ ROI_POOL = dict(op="roi_pool", inputs=inputs.roi_pool_args, peer=_torchvision(
     "roi_pool", adapt=lambda f: lambda x, rois, scale, ph, pw: f(x, rois, (ph, pw), scale)))
 
 CASES: list[Case] = [
-    Case(name="matmul", op="matmul", inputs=inputs.matrices, sizes={
-        "cuda": [_mm(512, quick=True), _mm(1024), _mm(4096), _mm(4096, bf16), _mm(4096, f16),
-                 _mm(512, b=32), _mm(512, bf16, b=32)],
-        "cpu": [_mm(256, quick=True), _mm(512), _mm(1024), _mm(256, b=16)]},
+    # The sizes of issue 10's targets.  torch.compile of torch.matmul is the
+    # same cuBLAS/BLAS call: not timed.
+    Case(name="matmul", op="matmul", inputs=inputs.matrices, compile=False, sizes={
+        "cuda": [_mm(512, quick=True), _mm(4096, tag="exact"),
+                 _mm(4096, tag="TF32", fp32_precision="high"),
+                 _mm(4096, bf16), _mm(4096, f16), _mm(8192, bf16), _mm(8192, f16),
+                 _mm(4093, bf16, m=4095, k=4097), _mm(3000, bf16, m=1000, k=768),
+                 _mm(1024, bf16, m=8192, k=8192),
+                 _mm(4096, bf16, tag="Ampere path", env={"TORCHOPS_TESTING_MATMUL_PATH": "sm80"}),
+                 _mm(64, f16, b=512), _mm(512, bf16, b=32), _mm(1024, torch.float64)],
+        "cpu": [_mm(256, quick=True, threads=(1, 2)), _mm(1024, threads=SCALING),
+                _mm(256, b=16)]},
          reference=torch.matmul, reference_name="torch.matmul (cuBLAS / CPU BLAS)",
          flops=lambda a: 2.0 * a[0].numel() * a[1].shape[-1],
-         note="The eager reference is the vendor BLAS (torch.mm/bmm), i.e. the peer."),
+         note="The eager reference is the vendor BLAS (torch.mm/bmm), i.e. the peer. "
+              "Datasheet peaks, H200/H100 SXM: 989 TFLOP/s dense bf16/fp16, 495 TF32, 67 fp32."),
+    # Decode: one to 16 rows against a 4096 x 4096 weight, bound by reading B.
+    Case(name="matmul decode", op="matmul", inputs=inputs.matrices, compile=False, sizes={
+        "cuda": [_mm(4096, bf16, m=16, quick=True), _mm(4096, bf16, m=1)]},
+         reference=torch.matmul, reference_name="torch.matmul (cuBLAS)",
+         bytes=lambda a: sum(t.numel() * t.element_size() for t in a)
+         + a[0].shape[0] * a[1].shape[1] * a[0].element_size(),
+         note="GB/s: A and B read once, C written once. Datasheet HBM: H200 4.8 TB/s, "
+              "H100 SXM 3.35 TB/s."),
     Case(name="d_sigmoid", **D_SIGMOID, sizes={
         "cuda": [_elements(1 << 16, quick=True), _elements(1 << 20), _elements(1 << 24),
                  _elements(1 << 24, bf16)],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -209,6 +210,25 @@ def _run_row(case: Case, device: str, size: Size, row: Row, opts: Options,
         row.check = "MISMATCH " + "; ".join(bad) if bad else "ok"
 
 
+@contextlib.contextmanager
+def _row_setting(size: Size):
+    """The size's float32 matmul precision and environment, for the row only."""
+    old_prec = torch.get_float32_matmul_precision()
+    old_env = {k: os.environ.get(k) for k in size.env}
+    if size.fp32_precision:
+        torch.set_float32_matmul_precision(size.fp32_precision)
+    os.environ.update(size.env)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(old_prec)
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _progress_line(i: int, n: int, row: Row) -> str:
     head = f"[{i}/{n}] {row.device}{f' {row.threads}thr' if row.threads else ''} {row.case} " \
            f"{row.size} {row.dtype}:"
@@ -249,6 +269,7 @@ def run(cases: list[Case], devices: list[str], opts: Options) -> tuple[list[Row]
                              f"{opts.time_budget:.0f} s time budget was spent")
         else:
             torch.set_num_threads(threads or ALL_THREADS)
+            setting = _row_setting(size)
             # Inductor generates CPU code for (and keys its on-disk cache by)
             # the thread count at compile time: pin it to the row's, so a
             # compiled CPU variant runs on the row's threads and no other
@@ -259,7 +280,7 @@ def run(cases: list[Case], devices: list[str], opts: Options) -> tuple[list[Row]
 
                 pin = inductor_config.patch({"cpp.threads": threads})
             try:
-                with pin:
+                with pin, setting:
                     _run_row(case, device, size, row, opts, rooflines)
             finally:
                 torch.set_num_threads(ALL_THREADS)

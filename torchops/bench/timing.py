@@ -125,17 +125,21 @@ class Roofline:
         return self.peaks["copy", threads]
 
     def flops(self, dtype: torch.dtype, threads: int) -> float:
-        if (dtype, threads) not in self.peaks:
+        # float32's peak depends on the precision setting (TF32 or not).
+        name = str(dtype).removeprefix("torch.")
+        if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+            name += "(tf32)"
+        if (name, threads) not in self.peaks:
             n = ((4096 if self.quick else 8192) if self.device == "cuda"
                  else (512 if self.quick else 2048))
             a, b = (torch.randn(n, n, device=self.device).to(dtype) for _ in range(2))
-            self._measure((dtype, threads), 2 * n**3, lambda: torch.mm(a, b))
-        return self.peaks[dtype, threads]
+            self._measure((name, threads), 2 * n**3, lambda: torch.mm(a, b))
+        return self.peaks[name, threads]
 
     def to_dict(self) -> dict:
         """Keys: the thread count (CPU) or "gpu"; for FLOP/s, "dtype@threads"."""
         where = lambda t: str(t) if t else "gpu"  # noqa: E731
         return {"bandwidth_GBps": {where(t): round(v / 1e9, 1)
                                    for (k, t), v in self.peaks.items() if k == "copy"},
-                "mm_TFLOPs": {f"{str(k).removeprefix('torch.')}@{where(t)}": round(v / 1e12, 3)
+                "mm_TFLOPs": {f"{k}@{where(t)}": round(v / 1e12, 3)
                               for (k, t), v in self.peaks.items() if k != "copy"}}
