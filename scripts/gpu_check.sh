@@ -42,11 +42,12 @@ PY=${PYTHON:-python3}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"   # this checkout's torchops, always
 BUDGET=${GPU_CHECK_BUDGET:-570}
 # memcheck: every op family in every dtype, forward and backward, the bad
-# inputs, and the deterministic backwards (test_roi.py).  racecheck: every
-# op whose kernels use shared memory (matmul's tiles, box_iou's and nms's box
-# tiles, the focal loss's block reduction), forward and backward.
-MEMCHECK_K=${GPU_CHECK_MEMCHECK_K:-"correctness or grad_vs_reference or error_inputs or deterministic"}
-RACECHECK_K=${GPU_CHECK_RACECHECK_K:-"(correctness or grad_vs_reference) and (matmul or box_iou or nms or sigmoid_focal_loss)"}
+# inputs, the deterministic backwards (test_roi.py) and every matmul path
+# (test_matmul.py's sanitizer shapes).  racecheck: every op whose kernels use
+# shared memory (matmul's paths, box_iou's and nms's box tiles, the focal
+# loss's block reduction), forward and backward.
+MEMCHECK_K=${GPU_CHECK_MEMCHECK_K:-"correctness or grad_vs_reference or error_inputs or deterministic or sanitizer_shapes"}
+RACECHECK_K=${GPU_CHECK_RACECHECK_K:-"(correctness or grad_vs_reference) and (matmul or box_iou or nms or sigmoid_focal_loss) or sanitizer_shapes"}
 T0=$(date +%s)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -167,10 +168,10 @@ if command -v "$SANITIZER" > /dev/null; then
     # about PyTorch's own kernels.
     step memcheck "$(cap 240 "$WINDOW")" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SANITIZER" \
       --tool memcheck --kernel-name kns=torchops --error-exitcode 99 --print-limit 20 \
-      "$PY" -m pytest test/test_ops.py test/test_roi.py -q -p no:cacheprovider -m cuda -k "$MEMCHECK_K"
+      "$PY" -m pytest test/test_ops.py test/test_roi.py test/test_matmul.py -q -p no:cacheprovider -m cuda -k "$MEMCHECK_K"
     step racecheck "$(cap 180 "$(( WINDOW - $(cat "$TMP/memcheck.secs") ))")" "$SANITIZER" \
       --tool racecheck --kernel-name kns=torchops --error-exitcode 99 --print-limit 20 \
-      "$PY" -m pytest test/test_ops.py -q -p no:cacheprovider -m cuda -k "$RACECHECK_K"
+      "$PY" -m pytest test/test_ops.py test/test_matmul.py -q -p no:cacheprovider -m cuda -k "$RACECHECK_K"
   ) &
   SAN_PID=$!
 else

@@ -186,3 +186,21 @@ def test_cuda_matmul_in_a_cuda_graph(m, k, n):
     torch.cuda.synchronize()
     assert not torch.equal(out, want)
     assert torch.equal(out, torch.ops.torchops.matmul(a, b))
+
+
+# Small shapes for compute-sanitizer (memcheck and racecheck in the GPU
+# check): every path, tails in every dimension, each layout, batched.
+SANITIZER_SHAPES = [(None, 1, 1, 1), (None, 5, 33, 17), (None, 16, 264, 136), (2, 130, 72, 264),
+                    (None, 129, 257, 129), (3, 64, 64, 64)]
+
+
+@cuda
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_cuda_paths_sanitizer_shapes(path, dtype, monkeypatch):
+    monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_PATH", path)
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    for batch, m, k, n in SANITIZER_SHAPES:
+        for layout in ("nn", "tn", "nt", "tt"):
+            a, b = _operands(batch, m, k, n, dtype, layout, gen)
+            _assert_close_to_float64(torch.ops.torchops.matmul(a, b), a, b, EPS[dtype] * 2)
