@@ -3,7 +3,8 @@
 //
 //   decode  M <= 16: streams B once, memory-bound (bf16, fp16, fp32)
 //   sm90    Hopper: wgmma + TMA, warp-specialised, persistent (bf16, fp16)
-//   sm80    Ampere and later: mma.sync + ldmatrix + cp.async (bf16, fp16)
+//   sm80    Ampere and later: mma.sync + ldmatrix + cp.async (bf16, fp16;
+//           fp32 as TF32 when allowed)
 //   simt    CUDA cores: exact fp32 and fp64, and any layout of any dtype
 //
 // float32 follows PyTorch's rule, read at each call (so torch.compile'd code

@@ -19,3 +19,10 @@ int dev_run(const GemmArgs* g, void* workspace, void* stream) {
       CAT(PATH_NAME, _run)(*g, workspace, static_cast<cudaStream_t>(stream)));
 }
 }
+
+#ifdef TORCHOPS_SM80_DEV_TABLE  // sm80.cuh in a -DTORCHOPS_MATMUL_DEV build
+extern "C" {
+int dev_sm80_cfg_count() { return sm80_dev_cfg_count(); }
+const char* dev_sm80_cfg_name(int i) { return sm80_dev_cfg_name(i); }
+}
+#endif

@@ -37,7 +37,7 @@ class GemmArgs(ctypes.Structure):
                 ("k", ctypes.c_int64), ("dtype", ctypes.c_int), ("allow_tf32", ctypes.c_bool)]
 
 
-def build(names, outdir, arch):
+def build(names, outdir, arch, ptxas_v=False):
     nvcc = os.environ.get("NVCC", "nvcc")
 
     def one(name):
@@ -47,9 +47,13 @@ def build(names, outdir, arch):
                # as torch's extension builds do: no implicit half conversions
                "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
                "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__",
-               "-DTORCHOPS_MATMUL_DEV",  # the paths' tuning overrides (env vars)
+               # harness-only hooks: the paths' tuning overrides (env vars such
+               # as TORCHOPS_DEV_SM80_CFG, TORCHOPS_DEV_SM90)
+               "-DTORCHOPS_MATMUL_DEV",
                f"-I{ROOT / 'csrc'}", f"-DPATH_HEADER=\"{PATHS[name][0]}\"", f"-DPATH_NAME={name}",
                str(Path(__file__).with_name("capi.cu")), "-o", str(so)]
+        if ptxas_v:
+            cmd.insert(1, "-Xptxas=-v")
         t0 = time.time()
         r = subprocess.run(cmd, capture_output=True, text=True)
         return name, so, r, time.time() - t0
@@ -61,6 +65,8 @@ def build(names, outdir, arch):
             if r.returncode:
                 print(r.stderr[-4000:])
                 continue
+            if ptxas_v:
+                print_ptxas(name, r.stderr)
             lib = ctypes.CDLL(str(so))
             lib.dev_run.argtypes = [ctypes.POINTER(GemmArgs), ctypes.c_void_p, ctypes.c_void_p]
             lib.dev_supports.argtypes = [ctypes.POINTER(GemmArgs)]
@@ -68,6 +74,20 @@ def build(names, outdir, arch):
             lib.dev_workspace_bytes.restype = ctypes.c_longlong
             libs[name] = lib
     return libs
+
+
+def print_ptxas(name, log):
+    """One line a kernel: registers and spill bytes, from nvcc -Xptxas=-v."""
+    kern, spills = None, ""
+    for line in log.splitlines():
+        if "Compiling entry function" in line:
+            kern = line.split("'")[1]
+        elif kern and "registers" in line:
+            regs = line.split("Used ")[1].split(" registers")[0]
+            print(f"  {name} regs {regs:>3s} {spills}  {kern}")
+            kern = None
+        elif kern and "spill" in line:
+            spills = line.strip()
 
 
 def args_of(a, b, c, dcode, tf32):
@@ -130,7 +150,7 @@ CORRECTNESS = [  # (batch or None, m, n, k)
 ]
 
 
-def check(libs, seed):
+def check(libs, seed, tag=""):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     fails, rows = 0, 0
     for name, lib in libs.items():
@@ -158,7 +178,7 @@ def check(libs, seed):
                         out2 = call().clone()
                         torch.cuda.synchronize()
                     except Exception as e:  # noqa: BLE001
-                        print(f"FAIL {name} {dkey} {layout} b={batch} {m}x{n}x{k}: {e}")
+                        print(f"FAIL{tag} {name} {dkey} {layout} b={batch} {m}x{n}x{k}: {e}")
                         fails += 1
                         return fails, rows
                     ref = torch.matmul(a.double(), b.double())
@@ -176,9 +196,9 @@ def check(libs, seed):
                     bad = not (err <= tol) or not det
                     if bad:
                         fails += 1
-                        print(f"FAIL {name} {dkey} {layout} b={batch} {m}x{n}x{k}: "
+                        print(f"FAIL{tag} {name} {dkey} {layout} b={batch} {m}x{n}x{k}: "
                               f"err {err:.3g} tol {tol:.3g} deterministic {det}", flush=True)
-    print(f"correctness: {rows} cases, {fails} failures", flush=True)
+    print(f"correctness{tag}: {rows} cases, {fails} failures", flush=True)
     return fails, rows
 
 
@@ -248,6 +268,74 @@ def bench(libs, sweeps=(), only=None):
                 os.environ.pop(var, None)
 
 
+SM80_CFG_BENCH = [  # (label, batch, m, n, k, dtype key, layout)
+    ("bf16 4096^3", None, 4096, 4096, 4096, "bf16", "nn"),
+    ("bf16 8192x1024x8192", None, 8192, 1024, 8192, "bf16", "nn"),
+    ("bf16 1000x3000x768", None, 1000, 3000, 768, "bf16", "nn"),
+    ("f32tf32 4096^3", None, 4096, 4096, 4096, "f32tf32", "nn"),
+]
+SM80_CFG_ENV = "TORCHOPS_DEV_SM80_CFG"
+
+
+def sm80_cfg_list(lib, spec):
+    """--sm80-cfgs: 'all' or indices '0,3,5'; names come from the .so."""
+    lib.dev_sm80_cfg_name.restype = ctypes.c_char_p
+    count = lib.dev_sm80_cfg_count()
+    idx = list(range(count)) if spec == "all" else [int(x) for x in spec.split(",") if x]
+    bad = [i for i in idx if not 0 <= i < count]
+    if bad:
+        raise SystemExit(f"--sm80-cfgs: {bad} not in 0..{count - 1}")
+    return [(i, lib.dev_sm80_cfg_name(i).decode()) for i in idx]
+
+
+def sm80_cfgs(lib, spec, do_check, do_bench):
+    """Each config of sm80's harness table, picked through the env var the .so
+    reads at each call: the correctness list per config, then timings."""
+    cfgs = sm80_cfg_list(lib, spec)
+    fails = 0
+    try:
+        if do_check:
+            for i, cname in cfgs:
+                os.environ[SM80_CFG_ENV] = str(i)
+                f, _ = check({"sm80": lib}, seed=0, tag=f" [cfg {i}: {cname}]")
+                fails += f
+        if do_bench:
+            from triton.testing import do_bench
+            gen = torch.Generator(device="cuda").manual_seed(1)
+            print(f"{'case':22s} {'cfg':38s} {'ours TF/s':>10s} {'torch TF/s':>10s} {'ratio':>6s}")
+            for label, batch, m, n, k, dkey, layout in SM80_CFG_BENCH:
+                dtype = DTYPES[dkey][0]
+                sa = (batch, m, k) if batch else (m, k)
+                sb = (batch, k, n) if batch else (k, n)
+                a, b = make(sa, sb, dtype, layout, gen)
+                flop = 2.0 * (batch or 1) * m * n * k
+                old = torch.backends.cuda.matmul.allow_tf32
+                torch.backends.cuda.matmul.allow_tf32 = dkey == "f32tf32"
+                t_ref = do_bench(lambda: torch.matmul(a, b), warmup=50, rep=300)
+                torch.backends.cuda.matmul.allow_tf32 = old
+                rows = [("auto", "auto")] + [(str(i), f"{i}: {c}") for i, c in cfgs]
+                for env, cname in rows:
+                    if env == "auto":
+                        os.environ.pop(SM80_CFG_ENV, None)
+                    else:
+                        os.environ[SM80_CFG_ENV] = env
+                    call = Runner(lib, dkey).prepare(a, b)
+                    if call is None:
+                        print(f"{label:22s} {cname:38s} unsupported")
+                        continue
+                    try:
+                        t = do_bench(call, warmup=50, rep=300)
+                    except RuntimeError as e:
+                        print(f"{label:22s} {cname:38s} {e}", flush=True)
+                        fails += 1
+                        continue
+                    print(f"{label:22s} {cname:38s} {flop / t / 1e9:10.1f} "
+                          f"{flop / t_ref / 1e9:10.1f} {t_ref / t:6.3f}", flush=True)
+    finally:
+        os.environ.pop(SM80_CFG_ENV, None)
+    return fails
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--paths", default=",".join(PATHS))
@@ -258,14 +346,26 @@ def main():
     p.add_argument("--bench-only", action="store_true")
     p.add_argument("--sweep", action="append", default=[], help="PATH:VAR=v1/v2/...")
     p.add_argument("--only", default="", help="comma-separated substrings of bench labels")
+    p.add_argument("--ptxas-v", action="store_true",
+                   help="print registers and spills of every kernel (nvcc -Xptxas=-v)")
+    p.add_argument("--sm80-cfgs", default=None, metavar="all|I,J,..",
+                   help="sm80 only: correctness (unless --bench-only) and timings (unless "
+                        "--no-bench) for each config of its harness table")
     args = p.parse_args()
     names = [n for n in args.paths.split(",") if n]
+    if args.sm80_cfgs:
+        names = ["sm80"]
     outdir = args.out or tempfile.mkdtemp()
     os.makedirs(outdir, exist_ok=True)
-    libs = build(names, outdir, args.arch)
+    libs = build(names, outdir, args.arch, args.ptxas_v)
     if args.build_only:
         return 0 if len(libs) == len(names) else 1
     torch.cuda.init()
+    if args.sm80_cfgs:
+        if "sm80" not in libs:
+            return 1
+        return 1 if sm80_cfgs(libs["sm80"], args.sm80_cfgs, not args.bench_only,
+                              not args.no_bench) else 0
     fails = 0 if args.bench_only else check(libs, seed=0)[0]
     if not args.no_bench:
         bench(libs, args.sweep, [o for o in args.only.split(",") if o])

@@ -5,19 +5,27 @@
 //
 //   global --cp.async (16-byte chunks, zero-filled past the edges)-->
 //   shared (STAGES-deep ring, XOR-swizzled) --ldmatrix(.trans)--> registers
-//   --mma.sync--> fp32 accumulators --> converted, bounds-checked stores.
+//   --mma.sync--> fp32 accumulators --> shared (the ring, reused) -->
+//   16-byte coalesced, bounds-checked stores of C rows.
 //
 // Each operand tile is staged in shared memory along the operand's contiguous
 // dimension ("K-major": rows of k; "MN-major": rows of m or n); ldmatrix
 // without .trans serves a K-major tile and with .trans an MN-major one, so
 // every combination of row-/column-major A and B reads global memory in
-// 16-byte chunks.
+// 16-byte chunks.  fp32 MN-major tiles are the exception: .trans moves 16-bit
+// halves, so their fragments come from 32-bit shared loads.
+//
+// Harness builds (-DTORCHOPS_MATMUL_DEV) add candidate tile configs, picked by
+// the env var TORCHOPS_DEV_SM80_CFG at each call (scripts/matmul_dev).
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#ifdef TORCHOPS_MATMUL_DEV
+#include <cstdlib>
+#endif
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -28,6 +36,9 @@
 namespace torchops::cuda::gemm {
 namespace sm80_detail {
 
+// BK counts k in 16-bit elements: a stage holds BK*2 bytes of k per row for
+// every element type, so TF32 (4-byte) tiles take BK/2 floats of k and the
+// same shared memory and mma-instruction count per stage.
 template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_,
           int MIN_BLOCKS_>
 struct TileCfg {
@@ -37,8 +48,10 @@ struct TileCfg {
   static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
   static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;  // warp tile
   static constexpr int MI = WM / 16, NI = WN / 8;  // mma tiles per warp
+  static constexpr int KK = BK / 16;  // mma k-steps (32 bytes of k) per stage
   static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile: 16-multiples");
   static_assert(STAGES >= 3, "the ring's reuse distance assumes >= 3 stages");
+  static_assert(KK % 2 == 0, "fragment double buffer assumes an even KK");
 };
 
 // 128x256: the big-problem tile (warp 64x64: 16 mma per 8 ldmatrix.x4).
@@ -47,31 +60,36 @@ using CfgMid = TileCfg<128, 128, 32, 2, 4, 4, 1>;
 // 64x64: small or batched-small problems (one block per 64x64 of C).
 using CfgSmall = TileCfg<64, 64, 32, 2, 2, 4, 3>;
 
-// Element bytes ES: 2 (bf16/f16) or 4 (f32 read as TF32).
-template <class Cfg, int ES>
+template <class Cfg>
 struct Smem {
-  static constexpr int EPC = 16 / ES;  // elements per 16-byte chunk
-  static constexpr int A_BYTES = Cfg::BM * Cfg::BK * ES;
-  static constexpr int B_BYTES = Cfg::BN * Cfg::BK * ES;
+  static constexpr int A_BYTES = Cfg::BM * Cfg::BK * 2;
+  static constexpr int B_BYTES = Cfg::BN * Cfg::BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr size_t TOTAL = size_t(Cfg::STAGES) * STAGE_BYTES;
 };
 
 // A stored tile: ROWS rows of CPR 16-byte chunks.  K-major: rows are m (or n),
 // chunks run along k; MN-major: rows are k, chunks along m (or n).
-template <int MN, int BK, int ES, bool KMAJOR>
+template <int MN, int BKE, int ES, bool KMAJOR>
 struct TileShape {
-  static constexpr int ROWS = KMAJOR ? MN : BK;
-  static constexpr int CPR = (KMAJOR ? BK : MN) * ES / 16;
+  static constexpr int ROWS = KMAJOR ? MN : BKE;
+  static constexpr int CPR = (KMAJOR ? BKE : MN) * ES / 16;
+  // fp32 MN-major tiles are read with 32-bit loads, not ldmatrix (see swz_xor)
+  static constexpr bool PAIR = !KMAJOR && ES == 4;
 };
 
-// XOR swizzle of the chunk column: the 8 rows one ldmatrix phase reads (same
+// XOR swizzle of the chunk column.  ldmatrix: the 8 rows one phase reads (same
 // chunk column, 8 consecutive rows from a multiple of 8) land in 8 distinct
-// 16-byte bank groups of a 128-byte line.  Its period is 8 rows, and it only
-// touches the low bits of the column, so it's a permutation within each row.
-template <int CPR>
+// 16-byte bank groups of a 128-byte line.  PAIR (32-bit fragment loads of an
+// fp32 MN-major tile): a load reads rows 4q..4q+3, two adjacent chunks
+// (an even pair) each; xor 2*(r&3) spreads the 4 pairs over all 8 groups.
+// Both only touch the low bits of the column: a permutation within each row.
+template <int CPR, bool PAIR = false>
 __device__ __forceinline__ int swz_xor(int r) {
-  if constexpr (CPR >= 8) {
+  if constexpr (PAIR) {
+    static_assert(CPR >= 8, "pair swizzle needs 8 chunks a row");
+    return (r & 3) << 1;
+  } else if constexpr (CPR >= 8) {
     return r & 7;
   } else if constexpr (CPR == 4) {
     return (r >> 1) & 3;
@@ -82,9 +100,9 @@ __device__ __forceinline__ int swz_xor(int r) {
   }
 }
 
-template <int CPR>
+template <int CPR, bool PAIR = false>
 __device__ __forceinline__ int swz(int r, int c) {
-  return r * CPR + (c ^ swz_xor<CPR>(r));
+  return r * CPR + (c ^ swz_xor<CPR, PAIR>(r));
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -137,18 +155,61 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
 #endif
 }
 
-// d += a * b, m16n8k16, fp32 accumulators.
-template <bool BF16>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
-                                          uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v = 0;
 #ifdef TORCHOPS_SM80_DEVICE
-  if constexpr (BF16) {
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+#endif
+  return v;
+}
+
+// fp32 bits -> tf32, rounded to nearest (ties away), as cvt.rna.tf32.f32
+// does; cvt.rna is emulated in ~4 instructions on sm_90, this is 2: add half
+// an ulp of tf32 and leave the 13 low bits, which mma.sync ignores (truncates).
+// Inf/NaN are kept as they are: the carry could turn a NaN into +-0.
+__device__ __forceinline__ uint32_t to_tf32(uint32_t x) {
+  return fabsf(__uint_as_float(x)) < __int_as_float(0x7f800000) ? x + 0x1000u
+                                                                 : x;
+}
+
+// Element kinds of the kernel: inputs, output, bytes per input element.
+enum Kind { kF16 = 0, kBF16 = 1, kTF32 = 2 };
+template <int KIND>
+struct KindTraits;
+template <>
+struct KindTraits<kF16> {
+  using Out = __half;
+  static constexpr int ES = 2;
+};
+template <>
+struct KindTraits<kBF16> {
+  using Out = __nv_bfloat16;
+  static constexpr int ES = 2;
+};
+template <>
+struct KindTraits<kTF32> {
+  using Out = float;
+  static constexpr int ES = 4;
+};
+
+// d += a * b over one 32-byte k-step: m16n8k16 (f16/bf16) or m16n8k8 (tf32),
+// fp32 accumulators.  The fragment register layouts coincide in 32-bit words.
+template <int KIND>
+__device__ __forceinline__ void mma_step(float (&d)[4], const uint32_t (&a)[4],
+                                         uint32_t b0, uint32_t b1) {
+#ifdef TORCHOPS_SM80_DEVICE
+  if constexpr (KIND == kBF16) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
+  } else if constexpr (KIND == kF16) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -166,14 +227,14 @@ struct KParams {
   int64_t batch;
   int m, n, k;
   int tiles_m, tiles_n;
-  int c_vec2;  // C can take 2-element stores (n even, 4-byte aligned base)
+  int c_vec16;  // C rows take 16-byte stores (16-byte base, n*size % 16 == 0)
 };
 
 // Issues one stage's cp.async copies of one operand tile.  g points at the
 // tile's first element (always inside the operand: the tile starts in range);
 // rows at or past outer_rem and chunks at or past inner_rem are zero-filled,
 // a chunk straddling inner_rem copies only its in-range elements.
-template <int ROWS, int CPR, int THREADS, int ES>
+template <int ROWS, int CPR, int THREADS, int ES, bool PAIR>
 __device__ __forceinline__ void load_tile(uint32_t s_tile, const char* g,
                                           int64_t outer_stride, int outer_rem,
                                           int inner_rem, int tid) {
@@ -181,38 +242,70 @@ __device__ __forceinline__ void load_tile(uint32_t s_tile, const char* g,
   constexpr int RPI = THREADS / CPR;  // rows covered per pass of the block
   static_assert(THREADS % CPR == 0 && (ROWS * CPR) % THREADS == 0,
                 "tile chunks must split evenly");
-  // RPI is a multiple of the swizzle's 8-row period, so every pass of this
-  // thread shares one swizzled column and one row step.
-  static_assert(RPI % 8 == 0, "swizzle period");
+  // RPI is a multiple of the swizzle's period (8 rows, PAIR 4), so every
+  // pass of this thread shares one swizzled column and one row step.
+  static_assert(RPI % (PAIR ? 4 : 8) == 0, "swizzle period");
   const int r0 = tid / CPR, c = tid % CPR;
   const int inner = c * EPC;
   const int n_in = inner_rem - inner;
   const int bytes = n_in <= 0 ? 0 : (n_in >= EPC ? EPC : n_in) * ES;
-  const char* src0 = g + (int64_t(r0) * outer_stride + inner) * ES;
+  // One running pointer, not one per row: per-row 64-bit addresses hoisted
+  // out of the k loop cost registers the accumulators need.
+  const char* src = g + (int64_t(r0) * outer_stride + inner) * ES;
   const int64_t step = int64_t(RPI) * outer_stride * ES;
-  const uint32_t dst0 = s_tile + swz<CPR>(r0, c) * 16;
+  const uint32_t dst0 = s_tile + swz<CPR, PAIR>(r0, c) * 16;
+  const int rows_ok = bytes > 0 ? outer_rem - r0 : 0;  // rows r0 + i*RPI < ..
 #pragma unroll
   for (int i = 0; i < ROWS / RPI; ++i) {
-    const bool ok = bytes > 0 && r0 + i * RPI < outer_rem;
+    const bool ok = i * RPI < rows_ok;
     // A zero-byte copy still gets an address inside the operand.
-    cp_async16(dst0 + i * RPI * CPR * 16, ok ? src0 + i * step : g,
-               ok ? bytes : 0);
+    cp_async16(dst0 + i * RPI * CPR * 16, ok ? src : g, ok ? bytes : 0);
+    src += step;
   }
 }
 
-template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, bool BF16>
+// Passes of the shared-memory epilogue: the C tile (padded rows) goes through
+// the ring in 1, 2, 4.. slices of each warp's rows, as many as it needs to fit.
+template <class Cfg, int OS>
+struct Epi {
+  static constexpr int ROW_BYTES = Cfg::BN * OS + 8 * OS;  // padded: see below
+  static constexpr int passes() {
+    int p = 1;
+    while (p < Cfg::MI &&
+           size_t(Cfg::BM / p) * ROW_BYTES > Smem<Cfg>::TOTAL) {
+      p *= 2;
+    }
+    return p;
+  }
+  static constexpr int P = passes();
+  static_assert(Cfg::MI % P == 0 &&
+                    size_t(Cfg::BM / P) * ROW_BYTES <= Smem<Cfg>::TOTAL,
+                "C tile slice must fit the ring");
+  static constexpr int MIP = Cfg::MI / P;     // mma row tiles per pass
+  static constexpr int RPW = MIP * 16;        // rows per warp row per pass
+  static constexpr int ROWS = Cfg::WARPS_M * RPW;
+  static constexpr int EPC = 16 / OS;         // elements per 16-byte chunk
+  static constexpr int CPR = Cfg::BN / EPC;   // chunks per C row
+};
+
+template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, int KIND>
 __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
-    sm80_gemm_16bit(const KParams p) {
+    sm80_gemm(const KParams p) {
 #ifdef TORCHOPS_SM80_DEVICE
-  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK;
+  using KT_ = KindTraits<KIND>;
+  using OutT = typename KT_::Out;
+  constexpr int ES = KT_::ES;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, BKE = Cfg::BK * 2 / ES;
   constexpr int STAGES = Cfg::STAGES, THREADS = Cfg::THREADS;
   constexpr int MI = Cfg::MI, NI = Cfg::NI, WM = Cfg::WM, WN = Cfg::WN;
-  constexpr int KK = BK / 16;  // mma k-steps per stage
-  static_assert(KK % 2 == 0, "fragment double buffer assumes an even KK");
-  using SM = Smem<Cfg, 2>;
-  using TA = TileShape<BM, BK, 2, A_KMAJOR>;
-  using TB = TileShape<BN, BK, 2, B_KMAJOR>;
-  using OutT = typename std::conditional<BF16, __nv_bfloat16, __half>::type;
+  constexpr int KK = Cfg::KK;
+  constexpr bool TF32 = KIND == kTF32;
+  using SM = Smem<Cfg>;
+  using TA = TileShape<BM, BKE, ES, A_KMAJOR>;
+  using TB = TileShape<BN, BKE, ES, B_KMAJOR>;
+  // ldmatrix serves every tile but an fp32 MN-major one (.trans moves 16-bit
+  // halves, not 32-bit elements).
+  constexpr bool A_LDSM = !TA::PAIR, B_LDSM = !TB::PAIR;
 
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t s_base = smem_u32(smem);
@@ -231,48 +324,59 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
   const int n0 = ((t % width) / gsz) * BN;
 
   // ldmatrix lane roles.  Matrix j = lane/8 of an x4, row lane%8 of it.
-  // A x4 = m16 x k16: j -> (m half j&1, k half j>>1);
-  // B x4 = n16 x k16: j -> (n half j>>1, k half j&1).
+  // A x4 = m16 x k(2 chunks): j -> (m half j&1, k chunk j>>1);
+  // B x4 = n16 x k(2 chunks): j -> (n half j>>1, k chunk j&1).
+  // For tf32 a non-.trans b16 ldmatrix of a K-major tile hands lane l the
+  // 32-bit word (row l/4, word l%4) of each 8x(4 floats) matrix: exactly the
+  // m16n8k8 fragment element (row g, k t), so the addressing is the same.
   // lr: stored row within a 16-row group; lx: chunk offset xor swizzle (the
   // 16-row groups start at multiples of 8 and the chunk bases are even, so
   // (base + lc) ^ swz(base_row + lr) == base ^ (lc ^ swz(lr))).
   const int j = lane >> 3, r8 = lane & 7;
   const int a_lr = r8 + (A_KMAJOR ? (j & 1) : (j >> 1)) * 8;
   const int a_lc = A_KMAJOR ? (j >> 1) : (j & 1);
-  const int a_lx = a_lc ^ swz_xor<TA::CPR>(a_lr);
+  const int a_lx = a_lc ^ swz_xor<TA::CPR, TA::PAIR>(a_lr);
   const int b_lr = r8 + (B_KMAJOR ? (j >> 1) : (j & 1)) * 8;
   const int b_lc = B_KMAJOR ? (j & 1) : (j >> 1);
-  const int b_lx = b_lc ^ swz_xor<TB::CPR>(b_lr);
+  const int b_lx = b_lc ^ swz_xor<TB::CPR, TB::PAIR>(b_lr);
+  // mma fragment roles (32-bit loads of fp32 MN-major tiles).
+  const int fg = lane >> 2, ft = lane & 3;
 
-  const int KT = (p.k + BK - 1) / BK;
+  const int KT = (p.k + BKE - 1) / BKE;
 
 #pragma unroll 1
   for (int64_t bz = blockIdx.y; bz < p.batch; bz += gridDim.y) {
-    const char* a_b = p.a + bz * p.a_bs * 2;
-    const char* b_b = p.b + bz * p.b_bs * 2;
+    const char* a_b = p.a + bz * p.a_bs * ES;
+    const char* b_b = p.b + bz * p.b_bs * ES;
 
     auto load_stage = [&](int stage, int kt) {
-      const int k0 = kt * BK;
+      const int k0 = kt * BKE;
       const uint32_t s_a = s_base + stage * SM::STAGE_BYTES;
       const uint32_t s_b = s_a + SM::A_BYTES;
       if constexpr (A_KMAJOR) {
-        load_tile<TA::ROWS, TA::CPR, THREADS, 2>(
-            s_a, a_b + (int64_t(m0) * p.a_os + k0) * 2, p.a_os, p.m - m0,
+        load_tile<TA::ROWS, TA::CPR, THREADS, ES, TA::PAIR>(
+            s_a, a_b + (int64_t(m0) * p.a_os + k0) * ES, p.a_os, p.m - m0,
             p.k - k0, tid);
       } else {
-        load_tile<TA::ROWS, TA::CPR, THREADS, 2>(
-            s_a, a_b + (int64_t(k0) * p.a_os + m0) * 2, p.a_os, p.k - k0,
+        load_tile<TA::ROWS, TA::CPR, THREADS, ES, TA::PAIR>(
+            s_a, a_b + (int64_t(k0) * p.a_os + m0) * ES, p.a_os, p.k - k0,
             p.m - m0, tid);
       }
       if constexpr (B_KMAJOR) {
-        load_tile<TB::ROWS, TB::CPR, THREADS, 2>(
-            s_b, b_b + (int64_t(n0) * p.b_os + k0) * 2, p.b_os, p.n - n0,
+        load_tile<TB::ROWS, TB::CPR, THREADS, ES, TB::PAIR>(
+            s_b, b_b + (int64_t(n0) * p.b_os + k0) * ES, p.b_os, p.n - n0,
             p.k - k0, tid);
       } else {
-        load_tile<TB::ROWS, TB::CPR, THREADS, 2>(
-            s_b, b_b + (int64_t(k0) * p.b_os + n0) * 2, p.b_os, p.k - k0,
+        load_tile<TB::ROWS, TB::CPR, THREADS, ES, TB::PAIR>(
+            s_b, b_b + (int64_t(k0) * p.b_os + n0) * ES, p.b_os, p.k - k0,
             p.n - n0, tid);
       }
+    };
+
+    // Byte offset in an fp32 MN-major tile of element e of stored row r,
+    // r&3 == ft (rows 8kk + 4h + ft): the pair swizzle's xor is 2*ft.
+    auto pair_off = [&](int CPR, int r, int e) {
+      return (r * CPR + ((e >> 2) ^ (ft << 1))) * 16 + (e & 3) * 4;
     };
 
     uint32_t af[2][MI][4];
@@ -283,25 +387,58 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
         const int mb = wm0 + mi * 16;
-        // (row base, even chunk base) of this 16x16 block in the stored tile
-        const int row = A_KMAJOR ? mb : kk * 16;
-        const int ch = A_KMAJOR ? kk * 2 : mb / 8;
-        ldsm_x4<!A_KMAJOR>(
-            af[buf][mi],
-            s_a + ((row + a_lr) * TA::CPR + (ch ^ a_lx)) * 16);
-      }
+        if constexpr (A_LDSM) {
+          // (row base, even chunk base) of this 16x(32 bytes) block
+          const int row = A_KMAJOR ? mb : kk * 16;
+          const int ch = A_KMAJOR ? kk * 2 : mb / 8;
+          ldsm_x4<!A_KMAJOR>(
+              af[buf][mi],
+              s_a + ((row + a_lr) * TA::CPR + (ch ^ a_lx)) * 16);
+        } else {
+          // a0 (m g, k t), a1 (m g+8, k t), a2 (m g, k t+4), a3 (g+8, t+4)
 #pragma unroll
-      for (int nj = 0; nj < NI / 2; ++nj) {
-        const int nb = wn0 + nj * 16;
-        const int row = B_KMAJOR ? nb : kk * 16;
-        const int ch = B_KMAJOR ? kk * 2 : nb / 8;
-        uint32_t r[4];
-        ldsm_x4<!B_KMAJOR>(r,
-                           s_b + ((row + b_lr) * TB::CPR + (ch ^ b_lx)) * 16);
-        bfr[buf][2 * nj][0] = r[0];
-        bfr[buf][2 * nj][1] = r[1];
-        bfr[buf][2 * nj + 1][0] = r[2];
-        bfr[buf][2 * nj + 1][1] = r[3];
+          for (int q = 0; q < 4; ++q) {
+            af[buf][mi][q] = lds32(
+                s_a + pair_off(TA::CPR, kk * 8 + (q >> 1) * 4 + ft,
+                               mb + (q & 1) * 8 + fg));
+          }
+        }
+        if constexpr (TF32) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) af[buf][mi][q] = to_tf32(af[buf][mi][q]);
+        }
+      }
+      if constexpr (B_LDSM) {
+#pragma unroll
+        for (int nj = 0; nj < NI / 2; ++nj) {
+          const int nb = wn0 + nj * 16;
+          const int row = B_KMAJOR ? nb : kk * 16;
+          const int ch = B_KMAJOR ? kk * 2 : nb / 8;
+          uint32_t r[4];
+          ldsm_x4<!B_KMAJOR>(
+              r, s_b + ((row + b_lr) * TB::CPR + (ch ^ b_lx)) * 16);
+          bfr[buf][2 * nj][0] = r[0];
+          bfr[buf][2 * nj][1] = r[1];
+          bfr[buf][2 * nj + 1][0] = r[2];
+          bfr[buf][2 * nj + 1][1] = r[3];
+        }
+      } else {
+        // b0 (k t, n g), b1 (k t+4, n g)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) {
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            bfr[buf][ni][q] = lds32(s_b + pair_off(TB::CPR, kk * 8 + q * 4 + ft,
+                                                   wn0 + ni * 8 + fg));
+          }
+        }
+      }
+      if constexpr (TF32) {
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) {
+          bfr[buf][ni][0] = to_tf32(bfr[buf][ni][0]);
+          bfr[buf][ni][1] = to_tf32(bfr[buf][ni][1]);
+        }
       }
     };
 
@@ -348,47 +485,67 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
         for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
           for (int ni = 0; ni < NI; ++ni)
-            mma_16816<BF16>(acc[mi][ni], af[kk & 1][mi], bfr[kk & 1][ni][0],
-                            bfr[kk & 1][ni][1]);
+            mma_step<KIND>(acc[mi][ni], af[kk & 1][mi], bfr[kk & 1][ni][0],
+                           bfr[kk & 1][ni][1]);
       }
     }
     cp_async_wait<0>();
+    __syncthreads();  // every warp is done reading the ring: C goes through it
 
+    // Epilogue through shared memory, so global stores are whole 16-byte
+    // chunks of C rows (the fragments hold 2 adjacent elements a row).
     // Accumulator (mi, ni): c0,c1 at (row g, cols 2t,2t+1), c2,c3 at row g+8.
+    // Rows padded by 8 elements: the 8 rows x 4 lanes of one fragment store
+    // hit 32 distinct banks (4-byte pairs) or, per half-warp, 4 rows x 4
+    // lanes of 8-byte pairs (fp32).
+    using EP = Epi<Cfg, int(sizeof(OutT))>;
     OutT* C = static_cast<OutT*>(p.c) + bz * int64_t(p.m) * p.n;
-    const int g = lane >> 2, t4 = lane & 3;
+    const int wr = warp / Cfg::WARPS_N;
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi) {
+    for (int pass = 0; pass < EP::P; ++pass) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m0 + wm0 + mi * 16 + g + h * 8;
-        if (row >= p.m) continue;
-        OutT* crow = C + int64_t(row) * p.n;
+      for (int ml = 0; ml < EP::MIP; ++ml) {
+        const int mi = pass * EP::MIP + ml;
 #pragma unroll
-        for (int ni = 0; ni < NI; ++ni) {
-          const int col = n0 + wn0 + ni * 8 + t4 * 2;
-          const float x = acc[mi][ni][2 * h], y = acc[mi][ni][2 * h + 1];
-          if (p.c_vec2 && col + 1 < p.n) {
-            if constexpr (BF16) {
-              *reinterpret_cast<__nv_bfloat162*>(crow + col) =
+        for (int h = 0; h < 2; ++h) {
+          unsigned char* srow =
+              smem + (wr * EP::RPW + ml * 16 + fg + h * 8) * EP::ROW_BYTES;
+#pragma unroll
+          for (int ni = 0; ni < NI; ++ni) {
+            const int col = wn0 + ni * 8 + ft * 2;
+            const float x = acc[mi][ni][2 * h], y = acc[mi][ni][2 * h + 1];
+            if constexpr (KIND == kBF16) {
+              *reinterpret_cast<__nv_bfloat162*>(srow + col * 2) =
                   __floats2bfloat162_rn(x, y);
+            } else if constexpr (KIND == kF16) {
+              *reinterpret_cast<__half2*>(srow + col * 2) =
+                  __floats2half2_rn(x, y);
             } else {
-              *reinterpret_cast<__half2*>(crow + col) = __floats2half2_rn(x, y);
-            }
-          } else {
-            // Explicit conversions: torch builds with __CUDA_NO_HALF_CONVERSIONS__.
-            if constexpr (BF16) {
-              if (col < p.n) crow[col] = __float2bfloat16_rn(x);
-              if (col + 1 < p.n) crow[col + 1] = __float2bfloat16_rn(y);
-            } else {
-              if (col < p.n) crow[col] = __float2half_rn(x);
-              if (col + 1 < p.n) crow[col + 1] = __float2half_rn(y);
+              *reinterpret_cast<float2*>(srow + col * 4) = make_float2(x, y);
             }
           }
         }
       }
+      __syncthreads();
+      // Slice row sr: warp row sr/RPW, its local row sr%RPW of this pass.
+#pragma unroll 1
+      for (int idx = tid; idx < EP::ROWS * EP::CPR; idx += THREADS) {
+        const int sr = idx / EP::CPR, cc = idx % EP::CPR;
+        const int row = m0 + (sr / EP::RPW) * WM + pass * EP::RPW + sr % EP::RPW;
+        const int col = n0 + cc * EP::EPC;
+        if (row >= p.m || col >= p.n) continue;
+        const unsigned char* src = smem + sr * EP::ROW_BYTES + cc * 16;
+        OutT* dst = C + int64_t(row) * p.n + col;
+        if (p.c_vec16 && col + EP::EPC <= p.n) {
+          *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+        } else {
+          const OutT* s = reinterpret_cast<const OutT*>(src);
+          const int nv = min(EP::EPC, p.n - col);
+          for (int e = 0; e < nv; ++e) dst[e] = s[e];
+        }
+      }
+      __syncthreads();  // the slice is reused by the next pass / batch entry
     }
-    __syncthreads();  // the next batch entry's prologue refills the ring
   }
 #elif defined(__CUDA_ARCH__)
   __trap();
@@ -396,12 +553,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 }
 
 // Layout of one operand viewed as a rows x cols matrix: 0 = row-contiguous
-// (unit col stride), 1 = column-contiguous, -1 = neither usable.
-inline int operand_layout(const Operand& o, int64_t rows, int64_t cols) {
+// (unit col stride), 1 = column-contiguous, -1 = neither usable.  epc:
+// elements per 16-byte chunk (the other stride must keep chunks aligned).
+inline int operand_layout(const Operand& o, int64_t rows, int64_t cols,
+                          int epc) {
   const bool row_c = (o.col_stride == 1 || cols <= 1) &&
-                     (o.row_stride % 8 == 0 || rows <= 1);
+                     (o.row_stride % epc == 0 || rows <= 1);
   const bool col_c = (o.row_stride == 1 || rows <= 1) &&
-                     (o.col_stride % 8 == 0 || cols <= 1);
+                     (o.col_stride % epc == 0 || cols <= 1);
   return row_c ? 0 : col_c ? 1 : -1;
 }
 
@@ -413,6 +572,7 @@ inline int64_t tiles_of(const GemmArgs& g) {
 // Picks the tile with the least estimated time: waves of tiles over the
 // resident block slots, each wave costing the tile's area over its relative
 // per-SM throughput (bigger tiles: fewer shared-memory bytes per mma).
+// Returns an index of dispatch_cfg's table (0 big, 1 mid, 2 small).
 inline int choose_cfg(const GemmArgs& g, int sms) {
   const int64_t area[3] = {int64_t(CfgBig::BM) * CfgBig::BN,
                            int64_t(CfgMid::BM) * CfgMid::BN,
@@ -449,14 +609,14 @@ inline cudaError_t prepare_kernel(Kernel k, size_t smem, int dev, std::atomic<ui
   return e;
 }
 
-template <class Cfg, bool A_K, bool B_K, bool BF16>
-inline cudaError_t launch_16bit(const KParams& p0, cudaStream_t stream,
-                                int dev) {
+template <class Cfg, bool A_K, bool B_K, int KIND>
+inline cudaError_t launch(const KParams& p0, cudaStream_t stream, int dev) {
   KParams p = p0;
   p.tiles_m = int((p.m + Cfg::BM - 1) / Cfg::BM);
   p.tiles_n = int((p.n + Cfg::BN - 1) / Cfg::BN);
-  constexpr size_t smem = Smem<Cfg, 2>::TOTAL;
-  auto kernel = sm80_gemm_16bit<Cfg, A_K, B_K, BF16>;
+  constexpr size_t smem = Smem<Cfg>::TOTAL;
+  static_assert(smem <= 227 * 1024, "over sm_90's dynamic shared memory");
+  auto kernel = sm80_gemm<Cfg, A_K, B_K, KIND>;
   static std::atomic<uint64_t> done{0};
   cudaError_t e = prepare_kernel(kernel, smem, dev, done);
   if (e != cudaSuccess) return e;
@@ -466,44 +626,87 @@ inline cudaError_t launch_16bit(const KParams& p0, cudaStream_t stream,
   return cudaGetLastError();
 }
 
-template <class Cfg, bool BF16>
+template <class Cfg, int KIND>
 inline cudaError_t dispatch_layout(const KParams& p, bool a_k, bool b_k,
                                    cudaStream_t s, int dev) {
   if (a_k) {
-    return b_k ? launch_16bit<Cfg, true, true, BF16>(p, s, dev)
-               : launch_16bit<Cfg, true, false, BF16>(p, s, dev);
+    return b_k ? launch<Cfg, true, true, KIND>(p, s, dev)
+               : launch<Cfg, true, false, KIND>(p, s, dev);
   }
-  return b_k ? launch_16bit<Cfg, false, true, BF16>(p, s, dev)
-             : launch_16bit<Cfg, false, false, BF16>(p, s, dev);
+  return b_k ? launch<Cfg, false, true, KIND>(p, s, dev)
+             : launch<Cfg, false, false, KIND>(p, s, dev);
 }
 
-template <bool BF16>
+#ifdef TORCHOPS_MATMUL_DEV
+// Harness-only candidates (scripts/matmul_dev/check.py --sm80-cfgs), after
+// the three automatic ones.  Warp tiles stay 64x64 (32 mma per 4+4
+// ldmatrix.x4 per k-step); they differ in block shape, k depth (barriers per
+// k), stages and 4 vs 8 warps.
+using CfgDev3 = TileCfg<128, 128, 64, 2, 2, 3, 2>;  // 4 warps, 2 blocks/SM
+using CfgDev4 = TileCfg<256, 128, 32, 4, 2, 4, 1>;
+using CfgDev5 = TileCfg<128, 256, 64, 2, 4, 3, 1>;
+using CfgDev6 = TileCfg<256, 128, 64, 4, 2, 3, 1>;
+using CfgDev7 = TileCfg<128, 256, 64, 2, 4, 4, 1>;
+using CfgDev8 = TileCfg<128, 128, 32, 2, 2, 4, 2>;  // 4 warps, 2 blocks/SM
+constexpr int kDevCfgs = 9;
+constexpr const char* kDevCfgNames[kDevCfgs] = {
+    "128x256x32 s4 w2x4 (auto big)", "128x128x32 s4 w2x4 (auto mid)",
+    "64x64x32 s4 w2x2 (auto small)", "128x128x64 s3 w2x2 2/SM",
+    "256x128x32 s4 w4x2",            "128x256x64 s3 w2x4",
+    "256x128x64 s3 w4x2",            "128x256x64 s4 w2x4",
+    "128x128x32 s4 w2x2 2/SM"};
+#endif
+
+// Config table: 0..2 are the automatic choices (choose_cfg), the rest exist
+// only in harness builds.
+template <int KIND>
 inline cudaError_t dispatch_cfg(int cfg, const KParams& p, bool a_k, bool b_k,
                                 cudaStream_t s, int dev) {
   switch (cfg) {
     case 0:
-      return dispatch_layout<CfgBig, BF16>(p, a_k, b_k, s, dev);
+      return dispatch_layout<CfgBig, KIND>(p, a_k, b_k, s, dev);
     case 1:
-      return dispatch_layout<CfgMid, BF16>(p, a_k, b_k, s, dev);
+      return dispatch_layout<CfgMid, KIND>(p, a_k, b_k, s, dev);
+    case 2:
+      return dispatch_layout<CfgSmall, KIND>(p, a_k, b_k, s, dev);
+#ifdef TORCHOPS_MATMUL_DEV
+    case 3:
+      return dispatch_layout<CfgDev3, KIND>(p, a_k, b_k, s, dev);
+    case 4:
+      return dispatch_layout<CfgDev4, KIND>(p, a_k, b_k, s, dev);
+    case 5:
+      return dispatch_layout<CfgDev5, KIND>(p, a_k, b_k, s, dev);
+    case 6:
+      return dispatch_layout<CfgDev6, KIND>(p, a_k, b_k, s, dev);
+    case 7:
+      return dispatch_layout<CfgDev7, KIND>(p, a_k, b_k, s, dev);
+    case 8:
+      return dispatch_layout<CfgDev8, KIND>(p, a_k, b_k, s, dev);
+#endif
     default:
-      return dispatch_layout<CfgSmall, BF16>(p, a_k, b_k, s, dev);
+      return cudaErrorInvalidValue;
   }
 }
+
+inline int elems_per_chunk(DType t) { return 16 / dtype_bytes(t); }
 
 }  // namespace sm80_detail
 
 inline bool sm80_supports(const GemmArgs& g) {
   using sm80_detail::operand_layout;
-  if (g.dtype != DType::f16 && g.dtype != DType::bf16) return false;
+  const bool half = g.dtype == DType::f16 || g.dtype == DType::bf16;
+  const bool tf32 = g.dtype == DType::f32 && g.allow_tf32;
+  if (!half && !tf32) return false;
+  const int epc = sm80_detail::elems_per_chunk(g.dtype);
   constexpr int64_t kMaxDim = int64_t(1) << 30;  // int tile math in the kernel
   if (g.m < 0 || g.n < 0 || g.k < 0 || g.batch < 0) return false;
   if (g.m > kMaxDim || g.n > kMaxDim || g.k > kMaxDim) return false;
   // Tiles of the smallest config go in grid.x.
   if (((g.m + 63) / 64) * ((g.n + 63) / 64) > int64_t(INT32_MAX)) return false;
-  if (operand_layout(g.a, g.m, g.k) < 0) return false;
-  if (operand_layout(g.b, g.k, g.n) < 0) return false;
+  if (operand_layout(g.a, g.m, g.k, epc) < 0) return false;
+  if (operand_layout(g.b, g.k, g.n, epc) < 0) return false;
   if (g.batch > 1 &&
-      (g.a.batch_stride % 8 != 0 || g.b.batch_stride % 8 != 0)) {
+      (g.a.batch_stride % epc != 0 || g.b.batch_stride % epc != 0)) {
     return false;
   }
   if (reinterpret_cast<uintptr_t>(g.a.ptr) % 16 != 0 ||
@@ -514,6 +717,15 @@ inline bool sm80_supports(const GemmArgs& g) {
 }
 
 inline size_t sm80_workspace_bytes(const GemmArgs&) { return 0; }
+
+#ifdef TORCHOPS_MATMUL_DEV
+#define TORCHOPS_SM80_DEV_TABLE 1
+inline int sm80_dev_cfg_count() { return sm80_detail::kDevCfgs; }
+inline const char* sm80_dev_cfg_name(int i) {
+  return i >= 0 && i < sm80_detail::kDevCfgs ? sm80_detail::kDevCfgNames[i]
+                                             : "";
+}
+#endif
 
 inline cudaError_t sm80_run(const GemmArgs& g, void* /*workspace*/,
                             cudaStream_t stream) {
@@ -527,8 +739,9 @@ inline cudaError_t sm80_run(const GemmArgs& g, void* /*workspace*/,
 
   // A is m x k: K-major when row-contiguous.  B is k x n: K-major when
   // column-contiguous.  The outer stride is the other matrix stride.
-  const bool a_k = operand_layout(g.a, g.m, g.k) == 0;
-  const bool b_k = operand_layout(g.b, g.k, g.n) == 1;
+  const int epc = elems_per_chunk(g.dtype);
+  const bool a_k = operand_layout(g.a, g.m, g.k, epc) == 0;
+  const bool b_k = operand_layout(g.b, g.k, g.n, epc) == 1;
   KParams p{};
   p.a = static_cast<const char*>(g.a.ptr);
   p.b = static_cast<const char*>(g.b.ptr);
@@ -541,11 +754,26 @@ inline cudaError_t sm80_run(const GemmArgs& g, void* /*workspace*/,
   p.m = int(g.m);
   p.n = int(g.n);
   p.k = int(g.k);
-  p.c_vec2 = (g.n % 2 == 0) && (reinterpret_cast<uintptr_t>(g.c) % 4 == 0);
+  p.c_vec16 = (g.n % epc == 0) && (reinterpret_cast<uintptr_t>(g.c) % 16 == 0);
 
-  const int cfg = choose_cfg(g, sms);
-  if (g.dtype == DType::bf16) return dispatch_cfg<true>(cfg, p, a_k, b_k, stream, dev);
-  return dispatch_cfg<false>(cfg, p, a_k, b_k, stream, dev);
+  int cfg = choose_cfg(g, sms);
+#ifdef TORCHOPS_MATMUL_DEV
+  // Read at each call, so one process can time every config.
+  if (const char* v = std::getenv("TORCHOPS_DEV_SM80_CFG"); v && *v) {
+    char* end = nullptr;
+    const long i = std::strtol(v, &end, 10);
+    if (*end != '\0' || i < 0 || i >= kDevCfgs) return cudaErrorInvalidValue;
+    cfg = int(i);
+  }
+#endif
+  switch (g.dtype) {
+    case DType::bf16:
+      return dispatch_cfg<kBF16>(cfg, p, a_k, b_k, stream, dev);
+    case DType::f16:
+      return dispatch_cfg<kF16>(cfg, p, a_k, b_k, stream, dev);
+    default:
+      return dispatch_cfg<kTF32>(cfg, p, a_k, b_k, stream, dev);
+  }
 }
 
 }  // namespace torchops::cuda::gemm
