@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # name -> (header, dtypes it serves, shapes it is meant for: "any" or "decode")
 PATHS = {
-    "sm90": ("cuda/matmul/sm90.cuh", ("bf16", "f16"), "any"),
+    "sm90": ("cuda/matmul/sm90.cuh", ("bf16", "f16", "f32tf32"), "any"),
     "sm80": ("cuda/matmul/sm80.cuh", ("bf16", "f16", "f32tf32"), "any"),
     "simt": ("cuda/matmul/simt.cuh", ("f32", "f64", "bf16", "f16"), "any"),
     "decode": ("cuda/matmul/decode.cuh", ("bf16", "f16", "f32"), "decode"),
@@ -218,6 +218,7 @@ BENCH = [  # (label, batch, m, n, k, dtype key, layout)
     ("bf16 32x512^3", 32, 512, 512, 512, "bf16", "nn"),
     ("f32 4096^3", None, 4096, 4096, 4096, "f32", "nn"),
     ("f32tf32 4096^3", None, 4096, 4096, 4096, "f32tf32", "nn"),
+    ("f32tf32 4096^3 B^T", None, 4096, 4096, 4096, "f32tf32", "nt"),
     ("f64 1024^3", None, 1024, 1024, 1024, "f64", "nn"),
 ]
 

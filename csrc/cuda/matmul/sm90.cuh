@@ -35,14 +35,16 @@ namespace torchops::cuda::gemm {
 namespace sm90_detail {
 
 constexpr int kBM = 128;        // two consumer warpgroups x 64 rows
-constexpr int kBK = 64;         // 64 bf16 = 128 bytes: one 128-byte swizzle row
+// A stage holds 128 bytes of k per row (64 bf16/fp16 or 32 tf32): one
+// 128-byte swizzle row, four wgmma k-steps of 32 bytes.
+constexpr int kRowBytes = 128;
 constexpr int kThreads = 384;   // producer + 2 consumers
 constexpr int kGroupM = 16;     // tile rows per raster group (L2 reuse)
 
 template <int BN, bool kTmaStore>
 struct Config {
-  static constexpr int kABytes = kBM * kBK * 2;
-  static constexpr int kBBytes = BN * kBK * 2;
+  static constexpr int kABytes = kBM * kRowBytes;
+  static constexpr int kBBytes = BN * kRowBytes;
   static constexpr int kStageBytes = kABytes + kBBytes;
   // The TMA-store epilogue stages each consumer's 64 x BN output in shared
   // memory, at the price of a stage of the ring.
@@ -132,7 +134,10 @@ __device__ __forceinline__ void wgmma_wait() {
 
 template <typename T, int BN, int kTransA, int kTransB>
 __device__ __forceinline__ void wgmma_step(float (&d)[BN / 2], uint64_t da, uint64_t db, int scale_d) {
-  if constexpr (BN == 256) {
+  if constexpr (T::kIsTf32) {
+    if constexpr (BN == 256) wgmma_m64n256k8_tf32(d, da, db, scale_d);
+    else wgmma_m64n128k8_tf32(d, da, db, scale_d);
+  } else if constexpr (BN == 256) {
     if constexpr (T::kIsBf16) wgmma_m64n256k16_bf16<kTransA, kTransB>(d, da, db, scale_d);
     else wgmma_m64n256k16_f16<kTransA, kTransB>(d, da, db, scale_d);
   } else {
@@ -158,9 +163,11 @@ __device__ __forceinline__ void tile_coords(const Problem& p, int64_t t, int& bi
 
 #endif  // sm_90a
 
-// Tags for the two 16-bit types: the kernel only moves their bits.
-struct Bf16Tag { static constexpr bool kIsBf16 = true; uint16_t bits; };
-struct F16Tag { static constexpr bool kIsBf16 = false; uint16_t bits; };
+// Element tags: the kernel only moves bits; kBytes sets k per stage.
+struct Bf16Tag { static constexpr bool kIsBf16 = true, kIsTf32 = false; static constexpr int kBytes = 2; };
+struct F16Tag { static constexpr bool kIsBf16 = false, kIsTf32 = false; static constexpr int kBytes = 2; };
+// float32 inputs on TF32 tensor cores (the hardware reads 19 of 32 bits).
+struct Tf32Tag { static constexpr bool kIsBf16 = false, kIsTf32 = true; static constexpr int kBytes = 4; };
 
 __device__ __forceinline__ uint32_t pack2(float lo, float hi, bool bf16) {
   uint32_t r;
@@ -185,9 +192,13 @@ __device__ __forceinline__ uint16_t pack1(float v, bool bf16) {
 template <typename T, int BN, int kTransA, int kTransB, bool kTmaStore>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
     const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-    const __grid_constant__ CUtensorMap map_c, uint16_t* __restrict__ c, const Problem p) {
+    const __grid_constant__ CUtensorMap map_c, void* __restrict__ c, const Problem p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Cfg = Config<BN, kTmaStore>;
+  constexpr int kBK = kRowBytes / T::kBytes;  // k per stage
+  constexpr int kBox = 64 * kRowBytes;        // bytes of a 64-row box
+  static_assert(!T::kIsTf32 || (!kTransA && !kTransB && !kTmaStore),
+                "tf32: K-major operands and the direct epilogue only");
   constexpr int S = Cfg::kStages;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>(
@@ -225,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
           if constexpr (kTransA) {
             // M-contiguous A: two boxes of 64 rows (m) x 64 k, one per consumer.
             tma_load_3d(sa, &map_a, &full[s], tm * kBM, kb * kBK, bi);
-            tma_load_3d(sa + 64 * kBK * 2, &map_a, &full[s], tm * kBM + 64, kb * kBK, bi);
+            tma_load_3d(sa + kBox, &map_a, &full[s], tm * kBM + 64, kb * kBK, bi);
           } else {
             tma_load_3d(sa, &map_a, &full[s], kb * kBK, tm * kBM, bi);
           }
@@ -233,7 +244,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
             // Row-major B: BN/64 boxes of 64 columns x 64 k-rows.
 #pragma unroll
             for (int j = 0; j < BN / 64; ++j) {
-              tma_load_3d(sb + j * (64 * kBK * 2), &map_b, &full[s], tn * BN + j * 64, kb * kBK, bi);
+              tma_load_3d(sb + j * kBox, &map_b, &full[s], tn * BN + j * 64, kb * kBK, bi);
             }
           } else {
             tma_load_3d(sb, &map_b, &full[s], kb * kBK, tn * BN, bi);
@@ -255,16 +266,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
     for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
       const int s = it % S;
       mbar_wait(&full[s], (it / S) & 1);
-      const unsigned char* sa = smem + s * Cfg::kStageBytes + cw * (64 * kBK * 2);
+      const unsigned char* sa = smem + s * Cfg::kStageBytes + cw * kBox;
       const unsigned char* sb = smem + s * Cfg::kStageBytes + Cfg::kABytes;
       wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < kBK / 16; ++ks) {
+      for (int ks = 0; ks < kRowBytes / 32; ++ks) {
         // K-major: a k16 step moves 32 bytes along the 128-byte row;
         // MN-major: 16 k-rows of 128 bytes.
-        const uint64_t da = kTransA ? make_desc(sa + ks * 16 * 128, 64 * kBK * 2, 1024)
+        const uint64_t da = kTransA ? make_desc(sa + ks * 16 * 128, kBox, 1024)
                                     : make_desc(sa + ks * 32, 16, 1024);
-        const uint64_t db = kTransB ? make_desc(sb + ks * 16 * 128, 64 * kBK * 2, 1024)
+        const uint64_t db = kTransB ? make_desc(sb + ks * 16 * 128, kBox, 1024)
                                     : make_desc(sb + ks * 32, 16, 1024);
         wgmma_step<T, BN, kTransA, kTransB>(acc, da, db, (kb > 0 || ks > 0) ? 1 : 0);
       }
@@ -308,19 +319,29 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
     } else {
       const int64_t row0 = static_cast<int64_t>(tm) * kBM + cw * 64 + warp * 16 + lane / 4;
       const int64_t col0 = static_cast<int64_t>(tn) * BN + 2 * (lane % 4);
-      uint16_t* cb = c + static_cast<int64_t>(bi) * p.m * p.n;
-      const bool pairs = (p.n % 2) == 0;  // 4-byte aligned column pairs
+      const int64_t base = static_cast<int64_t>(bi) * p.m * p.n;
+      const bool pairs = (p.n % 2) == 0;  // aligned column pairs
 #pragma unroll
       for (int r = 0; r < BN / 2; r += 2) {
         const int64_t row = row0 + 8 * ((r / 2) % 2);
         const int64_t col = col0 + 8 * (r / 4);
         if (row >= p.m) continue;
-        uint16_t* dst = cb + row * p.n + col;
-        if (pairs && col + 1 < p.n) {
-          *reinterpret_cast<uint32_t*>(dst) = pack2(acc[r], acc[r + 1], bf16);
+        if constexpr (T::kIsTf32) {
+          float* dst = static_cast<float*>(c) + base + row * p.n + col;
+          if (pairs && col + 1 < p.n) {
+            *reinterpret_cast<float2*>(dst) = make_float2(acc[r], acc[r + 1]);
+          } else {
+            if (col < p.n) dst[0] = acc[r];
+            if (col + 1 < p.n) dst[1] = acc[r + 1];
+          }
         } else {
-          if (col < p.n) dst[0] = pack1(acc[r], bf16);
-          if (col + 1 < p.n) dst[1] = pack1(acc[r + 1], bf16);
+          uint16_t* dst = static_cast<uint16_t*>(c) + base + row * p.n + col;
+          if (pairs && col + 1 < p.n) {
+            *reinterpret_cast<uint32_t*>(dst) = pack2(acc[r], acc[r + 1], bf16);
+          } else {
+            if (col < p.n) dst[0] = pack1(acc[r], bf16);
+            if (col + 1 < p.n) dst[1] = pack1(acc[r + 1], bf16);
+          }
         }
       }
     }
@@ -348,17 +369,19 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// A 3-D (inner, outer, batch) map of a 16-bit operand.
-inline bool encode(CUtensorMap* map, const void* ptr, uint64_t inner, uint64_t outer,
+// A 3-D (inner, outer, batch) map of an operand of 2- or 4-byte elements.
+inline bool encode(CUtensorMap* map, const void* ptr, int bytes, uint64_t inner, uint64_t outer,
                    uint64_t batch, uint64_t outer_stride, uint64_t batch_stride,
                    uint32_t box_inner, uint32_t box_outer) {
   auto fn = encode_fn();
   if (fn == nullptr) return false;
   const cuuint64_t dims[3] = {inner, outer, batch};
-  const cuuint64_t strides[2] = {outer_stride * 2, batch_stride * 2};
+  const cuuint64_t strides[2] = {outer_stride * bytes, batch_stride * bytes};
   const cuuint32_t box[3] = {box_inner, box_outer, 1};
   const cuuint32_t estr[3] = {1, 1, 1};
-  return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(ptr), dims, strides, box,
+  const CUtensorMapDataType type =
+      bytes == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_UINT16;
+  return fn(map, type, 3, const_cast<void*>(ptr), dims, strides, box,
             estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
@@ -376,8 +399,9 @@ struct Layout {
 // be described, so it falls back.
 inline Layout layout_of(const GemmArgs& g) {
   Layout l{false, false, false, 0, 0, 0, 0};
-  auto aligned = [](int64_t v) { return v > 0 && v % 8 == 0; };
-  auto pad8 = [](int64_t v) { return (v + 7) / 8 * 8; };
+  const int64_t per16 = 16 / dtype_bytes(g.dtype);  // elements in 16 bytes
+  auto aligned = [&](int64_t v) { return v > 0 && v % per16 == 0; };
+  auto pad8 = [&](int64_t v) { return (v + per16 - 1) / per16 * per16; };
   if (reinterpret_cast<uintptr_t>(g.a.ptr) % 16 || reinterpret_cast<uintptr_t>(g.b.ptr) % 16) return l;
   // One operand (rows x cols, strides rs, cs): contiguous along cols
   // ("row-major", returns 0) or along rows (1), with its leading stride.
@@ -397,6 +421,8 @@ inline Layout layout_of(const GemmArgs& g) {
   if (ka < 0 || kb < 0) return l;
   l.a_m_major = ka == 1;
   l.b_n_major = kb == 0;
+  // TF32 wgmma reads both operands K-major only.
+  if (g.dtype == DType::f32 && (l.a_m_major || l.b_n_major)) return l;
   if (g.batch > 1) {
     if (!aligned(g.a.batch_stride) || !aligned(g.b.batch_stride)) return l;
     l.a_bs = g.a.batch_stride;
@@ -419,15 +445,17 @@ inline int sm_count() {
 template <typename T, int BN, int kTransA, int kTransB, bool kTmaStore>
 cudaError_t launch(const GemmArgs& g, const Layout& l, cudaStream_t stream) {
   using Cfg = Config<BN, kTmaStore>;
+  constexpr int kBK = kRowBytes / T::kBytes;
+  constexpr int E = T::kBytes;
   CUtensorMap ma, mb, mc;
   const bool oka = kTransA
-      ? encode(&ma, g.a.ptr, g.m, g.k, g.batch, l.a_ld, l.a_bs, 64, kBK)
-      : encode(&ma, g.a.ptr, g.k, g.m, g.batch, l.a_ld, l.a_bs, kBK, kBM);
+      ? encode(&ma, g.a.ptr, E, g.m, g.k, g.batch, l.a_ld, l.a_bs, 64, kBK)
+      : encode(&ma, g.a.ptr, E, g.k, g.m, g.batch, l.a_ld, l.a_bs, kBK, kBM);
   const bool okb = kTransB
-      ? encode(&mb, g.b.ptr, g.n, g.k, g.batch, l.b_ld, l.b_bs, 64, kBK)
-      : encode(&mb, g.b.ptr, g.k, g.n, g.batch, l.b_ld, l.b_bs, kBK, BN);
+      ? encode(&mb, g.b.ptr, E, g.n, g.k, g.batch, l.b_ld, l.b_bs, 64, kBK)
+      : encode(&mb, g.b.ptr, E, g.k, g.n, g.batch, l.b_ld, l.b_bs, kBK, BN);
   // C is contiguous (batch, m, n); the TMA store needs n % 8 == 0.
-  const bool okc = !kTmaStore || encode(&mc, g.c, g.n, g.m, g.batch, g.n, g.m * g.n, 64, 64);
+  const bool okc = !kTmaStore || encode(&mc, g.c, E, g.n, g.m, g.batch, g.n, g.m * g.n, 64, 64);
   if (!oka || !okb || !okc) return cudaErrorInvalidValue;
   if (!kTmaStore) mc = ma;  // unused
   Problem p;
@@ -445,7 +473,7 @@ cudaError_t launch(const GemmArgs& g, const Layout& l, cudaStream_t stream) {
   if (e != cudaSuccess) return e;
   const int grid = static_cast<int>(std::min<int64_t>(p.tiles, sm_count()));
   kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(
-      ma, mb, mc, static_cast<uint16_t*>(g.c), p);
+      ma, mb, mc, g.c, p);
   return cudaGetLastError();
 }
 
@@ -497,13 +525,19 @@ cudaError_t launch_ab(const GemmArgs& g, const Layout& l, bool store, cudaStream
 template <typename T>
 cudaError_t launch_t(const GemmArgs& g, const Layout& l, cudaStream_t s) {
   const Choice c = choose(g);
-  return c.bn == 256 ? launch_ab<T, 256>(g, l, c.tma_store, s) : launch_ab<T, 128>(g, l, c.tma_store, s);
+  if constexpr (T::kIsTf32) {
+    // K-major operands (layout_of), fp32 output stored directly.
+    return c.bn == 256 ? launch<T, 256, 0, 0, false>(g, l, s) : launch<T, 128, 0, 0, false>(g, l, s);
+  } else {
+    return c.bn == 256 ? launch_ab<T, 256>(g, l, c.tma_store, s) : launch_ab<T, 128>(g, l, c.tma_store, s);
+  }
 }
 
 }  // namespace sm90_detail
 
 inline bool sm90_supports(const GemmArgs& g) {
-  if (g.dtype != DType::bf16 && g.dtype != DType::f16) return false;
+  const bool tf32 = g.dtype == DType::f32 && g.allow_tf32;
+  if (g.dtype != DType::bf16 && g.dtype != DType::f16 && !tf32) return false;
   if (g.m < 1 || g.n < 1 || g.k < 1 || g.batch < 1) return false;
   // TMA coordinates are 32-bit.
   if (g.m >= (int64_t(1) << 31) || g.n >= (int64_t(1) << 31) || g.k >= (int64_t(1) << 31) ||
@@ -523,7 +557,14 @@ inline cudaError_t sm90_run(const GemmArgs& g, void*, cudaStream_t stream) {
   using namespace sm90_detail;
   const Layout l = layout_of(g);
   if (!l.ok) return cudaErrorInvalidValue;
-  return g.dtype == DType::bf16 ? launch_t<Bf16Tag>(g, l, stream) : launch_t<F16Tag>(g, l, stream);
+  switch (g.dtype) {
+    case DType::bf16:
+      return launch_t<Bf16Tag>(g, l, stream);
+    case DType::f16:
+      return launch_t<F16Tag>(g, l, stream);
+    default:
+      return launch_t<Tf32Tag>(g, l, stream);
+  }
 }
 
 }  // namespace torchops::cuda::gemm
