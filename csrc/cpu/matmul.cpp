@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <type_traits>
 #include <vector>
@@ -44,9 +45,11 @@ template <int W>
 constexpr int64_t tile_rows() {
   return W == 64 ? 12 : 6;
 }
-constexpr int64_t kKc = 256;    // depth of a packed block (A panel in L1)
-constexpr int64_t kMc = 96;     // rows of a packed A block (in L2)
-constexpr int64_t kNc = 3072;   // columns of a packed B block (in L3)
+// Block limits (see batched_gemm for which cache holds what).  The actual
+// sizes are balanced: ceil(extent / blocks), so no block is a sliver.
+constexpr int64_t kKc = 384;    // depth: a 12 x kKc A micro-panel is 18 KB
+constexpr int64_t kNc = 480;    // B block kKc x kNc (720 KB) stays in L2
+constexpr int64_t kMc = 1008;   // rows of A packed per (pc, ic) step
 
 template <typename T, int W>
 constexpr int64_t lanes() {
@@ -58,14 +61,24 @@ constexpr int64_t nr() {
   return 2 * lanes<T, W>();  // columns of the register tile: two vectors
 }
 
-// c[r * ldc + j] += tile for r < mr, j < nr (a partial tile at the edges).
+// c[r * ldc + j] (+)= tile for r < mr, j < ncols (a partial tile at the
+// edges); `first` (the first depth block) stores without reading C, so C
+// needs no zeroing and is never read when K fits one block.
 template <typename T, int W>
 inline __attribute__((always_inline)) void micro_kernel(
     int64_t kc, const T* __restrict__ ap, const T* __restrict__ bp,
-    T* __restrict__ c, int64_t ldc, int64_t mr, int64_t ncols) {
+    T* __restrict__ c, int64_t ldc, int64_t mr, int64_t ncols, bool first) {
   using Vec = typename Gemm<T, W>::Vec;
   constexpr int64_t L = lanes<T, W>();
   constexpr int64_t kMr = tile_rows<W>();
+  if (!first) {
+    // C is read only after kc steps: fetch it into L2 meanwhile (not L1,
+    // where the A and B panels live).
+    for (int64_t r = 0; r < mr; ++r) {
+      __builtin_prefetch(c + r * ldc, 0, 2);
+      __builtin_prefetch(c + r * ldc + 2 * L - 1, 0, 2);
+    }
+  }
   Vec acc[kMr][2];
   for (int64_t r = 0; r < kMr; ++r) {
     acc[r][0] = Vec{};
@@ -83,11 +96,14 @@ inline __attribute__((always_inline)) void micro_kernel(
   }
   if (mr == kMr && ncols == 2 * L) {
     for (int64_t r = 0; r < kMr; ++r) {
-      Vec c0, c1;
-      __builtin_memcpy(&c0, c + r * ldc, sizeof(Vec));
-      __builtin_memcpy(&c1, c + r * ldc + L, sizeof(Vec));
-      c0 += acc[r][0];
-      c1 += acc[r][1];
+      Vec c0 = acc[r][0], c1 = acc[r][1];
+      if (!first) {
+        Vec o0, o1;
+        __builtin_memcpy(&o0, c + r * ldc, sizeof(Vec));
+        __builtin_memcpy(&o1, c + r * ldc + L, sizeof(Vec));
+        c0 += o0;
+        c1 += o1;
+      }
       __builtin_memcpy(c + r * ldc, &c0, sizeof(Vec));
       __builtin_memcpy(c + r * ldc + L, &c1, sizeof(Vec));
     }
@@ -100,23 +116,25 @@ inline __attribute__((always_inline)) void micro_kernel(
   }
   for (int64_t r = 0; r < mr; ++r) {
     for (int64_t j = 0; j < ncols; ++j) {
-      c[r * ldc + j] += tile[r][j];
+      c[r * ldc + j] = first ? tile[r][j] : c[r * ldc + j] + tile[r][j];
     }
   }
 }
 
-// One packed A block against one packed B block: every (kMr x nr) tile.
+// One packed A block against one packed B block.  Row panels outside,
+// column panels inside: the A micro-panel (kMr x kc) stays in L1 while the B
+// micro-panels stream from L2, and C is walked along its rows.
 template <typename T, int W>
 inline __attribute__((always_inline)) void macro_kernel(
     int64_t mc, int64_t nc, int64_t kc, const T* __restrict__ apack,
-    const T* __restrict__ bpack, T* __restrict__ c, int64_t ldc) {
+    const T* __restrict__ bpack, T* __restrict__ c, int64_t ldc, bool first) {
   constexpr int64_t NR = nr<T, W>();
   constexpr int64_t kMr = tile_rows<W>();
-  for (int64_t j = 0; j < nc; j += NR) {
-    const T* bp = bpack + j * kc;
-    for (int64_t i = 0; i < mc; i += kMr) {
-      micro_kernel<T, W>(kc, apack + i * kc, bp, c + i * ldc + j, ldc,
-                      std::min(kMr, mc - i), std::min(NR, nc - j));
+  for (int64_t i = 0; i < mc; i += kMr) {
+    const T* ap = apack + i * kc;
+    for (int64_t j = 0; j < nc; j += NR) {
+      micro_kernel<T, W>(kc, ap, bpack + j * kc, c + i * ldc + j, ldc,
+                         std::min(kMr, mc - i), std::min(NR, nc - j), first);
     }
   }
 }
@@ -134,13 +152,14 @@ inline __attribute__((always_inline)) void macro_kernel(
 
 #define TORCHOPS_MACRO_KERNEL(NAME, T, W, ATTR)                            \
   ATTR void NAME(int64_t mc, int64_t nc, int64_t kc, const T* ap,          \
-                 const T* bp, T* c, int64_t ldc) {                         \
-    macro_kernel<T, W>(mc, nc, kc, ap, bp, c, ldc);                        \
+                 const T* bp, T* c, int64_t ldc, bool first) {             \
+    macro_kernel<T, W>(mc, nc, kc, ap, bp, c, ldc, first);                 \
   }                                                                        \
   inline void macro_kernel_acc(std::integral_constant<int, W>, int64_t mc, \
                                int64_t nc, int64_t kc, const T* ap,        \
-                               const T* bp, T* c, int64_t ldc) {           \
-    NAME(mc, nc, kc, ap, bp, c, ldc);                                      \
+                               const T* bp, T* c, int64_t ldc,             \
+                               bool first) {                               \
+    NAME(mc, nc, kc, ap, bp, c, ldc, first);                               \
   }
 TORCHOPS_MACRO_KERNEL(macro_kernel_f32, float, 32, TORCHOPS_CPU_MULTIVERSION)
 TORCHOPS_MACRO_KERNEL(macro_kernel_f64, double, 32, TORCHOPS_CPU_MULTIVERSION)
@@ -191,54 +210,112 @@ void pack_b_panel(const T* b, int64_t ldb, int64_t kc, int64_t ncols, T* out) {
   }
 }
 
+// Sizes of `blocks` balanced blocks covering n, each a multiple of q.
+inline int64_t balanced(int64_t n, int64_t limit, int64_t q) {
+  const int64_t blocks = (n + limit - 1) / limit;
+  const int64_t size = (n + blocks - 1) / blocks;
+  return (size + q - 1) / q * q;
+}
+
+struct Tune {
+  int64_t kc = kKc, nc = kNc, mc = kMc, split = -1;
+};
+inline Tune tune() {
+  Tune t;
+  if (const char* e = std::getenv("TORCHOPS_GEMM_TUNE")) {
+    long a, b, c, d;
+    if (std::sscanf(e, "%ld,%ld,%ld,%ld", &a, &b, &c, &d) == 4) {
+      t.kc = a; t.nc = b; t.mc = c; t.split = d;
+    }
+  }
+  return t;
+}
+
+// C = A @ B for row-major, contiguous A (M x K) and B (K x N) in the
+// accumulation type.  Each matrix of C is cut into a grid of gm x gn parts,
+// and every thread computes whole parts on its own, with its own packing
+// buffers: one parallel region per call, no barriers, and each thread's B
+// block in its own core's L2.  Inside a part (Goto's algorithm): per depth
+// block pc, A is packed kMc rows at a time into kMr-row panels, and per
+// column block jc the B block (kc x nc) into NR-column panels, sized for L2.
 template <typename acc_t, int W>
 void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
                   const MatmulShape& s) {
   constexpr int64_t NR = nr<acc_t, W>();
   constexpr int64_t kMr = tile_rows<W>();
+  const Tune tn = tune();
   const acc_t* ap = a.const_data_ptr<acc_t>();
   const acc_t* bp = b.const_data_ptr<acc_t>();
   acc_t* cp = c.mutable_data_ptr<acc_t>();
-  // Row blocks of at most kMc rows, as many as a multiple of the thread
-  // count so that every thread gets the same share, of whole register tiles.
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  int64_t blocks = (s.m + kMc - 1) / kMc;
-  blocks = (blocks + threads - 1) / threads * threads;
-  int64_t mc = (s.m + blocks - 1) / blocks;
-  mc = std::max<int64_t>(kMr, (mc + kMr - 1) / kMr * kMr);
-  const int64_t row_blocks = (s.m + mc - 1) / mc;
-  std::vector<acc_t> bpack(static_cast<size_t>(
-      kKc * ((std::min(kNc, s.n) + NR - 1) / NR * NR)));
-  for (int64_t bi = 0; bi < s.batch; ++bi) {
-    const acc_t* ab = ap + bi * s.m * s.k;
-    const acc_t* bb = bp + bi * s.k * s.n;
-    acc_t* cb = cp + bi * s.m * s.n;
-    for (int64_t jc = 0; jc < s.n; jc += kNc) {
-      const int64_t nc = std::min(kNc, s.n - jc);
-      const int64_t panels = (nc + NR - 1) / NR;
-      for (int64_t pc = 0; pc < s.k; pc += kKc) {
-        const int64_t kc = std::min(kKc, s.k - pc);
-        at::parallel_for(0, panels, 8, [&](int64_t begin, int64_t end) {
-          for (int64_t j = begin; j < end; ++j) {
-            pack_b_panel<acc_t, W>(bb + pc * s.n + jc + j * NR, s.n, kc,
-                         std::min(NR, nc - j * NR), bpack.data() + j * NR * kc);
-          }
-        });
-        at::parallel_for(0, row_blocks, 1, [&](int64_t begin, int64_t end) {
-          thread_local std::vector<acc_t> apack;
-          apack.resize(static_cast<size_t>((mc + kMr) * kKc));
-          for (int64_t blk = begin; blk < end; ++blk) {
-            const int64_t ic = blk * mc;
-            const int64_t rows = std::min(mc, s.m - ic);
-            pack_a<acc_t, W>(ab + ic * s.k + pc, s.k, rows, kc, apack.data());
-            macro_kernel_acc(std::integral_constant<int, W>{}, rows, nc, kc,
-                             apack.data(), bpack.data(),
-                             cb + ic * s.n + jc, s.n);
-          }
-        });
+  const int64_t row_tiles = (s.m + kMr - 1) / kMr;
+  const int64_t col_tiles = (s.n + NR - 1) / NR;
+  // The grid: the least work for the busiest thread, counting register tiles
+  // (padded edges included) plus packing (A's transposing copy dearer than
+  // B's row copies).
+  int64_t gm = 1, gn = 1;
+  double best = -1;
+  for (int64_t pm = 1; pm <= threads; ++pm) {
+    for (int64_t pn = 1; pm * pn <= threads; ++pn) {
+      if (pm > row_tiles || pn > col_tiles) continue;
+      if (tn.split == 0 && pn > 1) continue;
+      if (tn.split == 1 && pm > 1) continue;
+      const int64_t parts = s.batch * pm * pn;
+      const int64_t per_thread = (parts + threads - 1) / threads;
+      const int64_t mt = (row_tiles + pm - 1) / pm;
+      const int64_t nt = (col_tiles + pn - 1) / pn;
+      const double work = double(mt * kMr) * double(nt * NR) * double(s.k) +
+                          8.0 * double(s.k) * double(mt * kMr) +
+                          2.0 * double(s.k) * double(nt * NR) *
+                              double((mt * kMr + tn.mc - 1) / tn.mc);
+      const double cost = work * double(per_thread);
+      if (best < 0 || cost < best * 0.999) {
+        best = cost;
+        gm = pm;
+        gn = pn;
       }
     }
   }
+  const int64_t mpart = (row_tiles + gm - 1) / gm * kMr;
+  const int64_t npart = (col_tiles + gn - 1) / gn * NR;
+  const int64_t kc_max = std::min(tn.kc, s.k);
+  const int64_t kc_size = (s.k + ((s.k + kc_max - 1) / kc_max) - 1) /
+                          ((s.k + kc_max - 1) / kc_max);
+  at::parallel_for(0, s.batch * gm * gn, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<acc_t> apack, bpack;
+    for (int64_t part = begin; part < end; ++part) {
+      const int64_t bi = part / (gm * gn);
+      const int64_t i0 = (part / gn) % gm * mpart;
+      const int64_t j0 = part % gn * npart;
+      const int64_t m = std::min(mpart, s.m - i0);
+      const int64_t n = std::min(npart, s.n - j0);
+      if (m <= 0 || n <= 0) continue;
+      const acc_t* ab = ap + bi * s.m * s.k + i0 * s.k;
+      const acc_t* bb = bp + bi * s.k * s.n + j0;
+      acc_t* cb = cp + bi * s.m * s.n + i0 * s.n + j0;
+      const int64_t mc_size = balanced(m, tn.mc, kMr);
+      const int64_t nc_size = balanced(n, tn.nc, NR);
+      apack.resize(static_cast<size_t>(std::min(mc_size, (m + kMr - 1) / kMr * kMr) * kc_size));
+      bpack.resize(static_cast<size_t>(std::min(nc_size, (n + NR - 1) / NR * NR) * kc_size));
+      for (int64_t pc = 0; pc < s.k; pc += kc_size) {
+        const int64_t kc = std::min(kc_size, s.k - pc);
+        for (int64_t ic = 0; ic < m; ic += mc_size) {
+          const int64_t mc = std::min(mc_size, m - ic);
+          pack_a<acc_t, W>(ab + ic * s.k + pc, s.k, mc, kc, apack.data());
+          for (int64_t jc = 0; jc < n; jc += nc_size) {
+            const int64_t nc = std::min(nc_size, n - jc);
+            for (int64_t j = 0; j < nc; j += NR) {
+              pack_b_panel<acc_t, W>(bb + pc * s.n + jc + j, s.n, kc,
+                                     std::min(NR, nc - j), bpack.data() + j * kc);
+            }
+            macro_kernel_acc(std::integral_constant<int, W>{}, mc, nc, kc,
+                             apack.data(), bpack.data(), cb + ic * s.n + jc,
+                             s.n, pc == 0);
+          }
+        }
+      }
+    }
+  });
 }
 
 at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
@@ -246,11 +323,10 @@ at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
   const at::ScalarType dtype = a_in.scalar_type();
   const at::ScalarType acc =
       dtype == at::kDouble ? at::kDouble : at::kFloat;
-  // Zero-initialised: the micro-kernel accumulates, and K == 0 must give 0.
-  at::Tensor c = new_output("matmul", s.out_sizes(), a_in.options().dtype(acc),
-                            /*zero=*/true);
+  // Uninitialised: the first depth block stores; K == 0 is zeroed below.
+  at::Tensor c = new_output("matmul", s.out_sizes(), a_in.options().dtype(acc));
   if (c.numel() == 0 || s.k == 0) {
-    return c.to(dtype);
+    return c.zero_().to(dtype);
   }
   const at::Tensor a = a_in.to(acc).contiguous();
   const at::Tensor b = b_in.to(acc).contiguous();
