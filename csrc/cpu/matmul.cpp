@@ -1,5 +1,5 @@
 // CPU kernel of torchops.matmul: a packed, cache-blocked (BLIS-style) GEMM,
-// parallel over blocks of output rows.
+// parallel over parts of the output, one per thread.
 //
 // Inputs are first made contiguous in the accumulation type (float for
 // float/half/bfloat16, double for double), so one micro-kernel per
@@ -9,7 +9,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <type_traits>
 #include <vector>
@@ -20,11 +19,11 @@
 namespace torchops::cpu {
 namespace {
 
-// BLIS-style GEMM (Goto's algorithm): C += A @ B for row-major, contiguous
+// BLIS-style GEMM (Goto's algorithm): C = A @ B for row-major, contiguous
 // A (M x K) and B (K x N) in the accumulation type.
 //
-// B is packed a (kKc x kNc) block at a time into panels of kNr columns, A a
-// (kMc x kKc) block at a time (per thread) into panels of kMr rows, so the
+// B is packed a (kc x kNc) block at a time into panels of NR columns, A a
+// (kMc x kc) block at a time into panels of kMr rows, so the
 // micro-kernel streams both from contiguous memory: each step loads two
 // vectors of a B panel row, broadcasts kMr values of the A panel, and does
 // 2 * kMr fused multiply-adds into a kMr x kNr register tile of C.  The
@@ -45,11 +44,15 @@ template <int W>
 constexpr int64_t tile_rows() {
   return W == 64 ? 12 : 6;
 }
-// Block limits (see batched_gemm for which cache holds what).  The actual
-// sizes are balanced: ceil(extent / blocks), so no block is a sliver.
-constexpr int64_t kKc = 384;    // depth: a 12 x kKc A micro-panel is 18 KB
-constexpr int64_t kNc = 480;    // B block kKc x kNc (720 KB) stays in L2
-constexpr int64_t kMc = 1008;   // rows of A packed per (pc, ic) step
+// Block limits; the sizes used are balanced (ceil(extent / blocks), rounded
+// to whole tiles), so no block is a sliver.
+template <typename T>
+constexpr int64_t kc_limit() {
+  return 2048 / sizeof(T);  // depth: 512 floats
+}
+constexpr int64_t kNc = 480;   // a B block (kc x kNc) stays in L2
+constexpr int64_t kMc = 2040;  // A rows packed at once: B is read from
+                               // memory and packed once per kMc rows
 
 template <typename T, int W>
 constexpr int64_t lanes() {
@@ -139,6 +142,87 @@ inline __attribute__((always_inline)) void macro_kernel(
   }
 }
 
+// a[0 .. mc, 0 .. kc] (leading dim lda) into panels of kMr rows, k-major
+// inside a panel; rows past mc are zero.
+template <typename T, int W>
+inline __attribute__((always_inline)) void pack_a(
+    const T* __restrict__ a, int64_t lda, int64_t mc, int64_t kc,
+    T* __restrict__ out) {
+  constexpr int64_t kMr = tile_rows<W>();
+  for (int64_t i = 0; i < mc; i += kMr) {
+    T* panel = out + i * kc;
+    const T* src = a + i * lda;
+    const int64_t rows = std::min(kMr, mc - i);
+    if (rows == kMr) {
+      for (int64_t p = 0; p < kc; ++p) {
+        for (int64_t r = 0; r < kMr; ++r) {
+          panel[p * kMr + r] = src[r * lda + p];
+        }
+      }
+    } else {
+      for (int64_t p = 0; p < kc; ++p) {
+        for (int64_t r = 0; r < kMr; ++r) {
+          panel[p * kMr + r] = r < rows ? src[r * lda + p] : T(0);
+        }
+      }
+    }
+  }
+}
+
+// b[0 .. kc, 0 .. nc] (leading dim ldb) into panels of NR columns, each
+// kc x NR row-major; columns past nc are zero.  Row by row, so B is read
+// as whole rows: panel by panel would read NR columns at a stride of ldb,
+// which the hardware prefetcher does not follow across pages.
+template <typename T, int W>
+inline __attribute__((always_inline)) void pack_b(
+    const T* __restrict__ b, int64_t ldb, int64_t kc, int64_t nc,
+    T* __restrict__ out) {
+  using Vec = typename Gemm<T, W>::Vec;
+  constexpr int64_t L = lanes<T, W>();
+  constexpr int64_t NR = nr<T, W>();
+  const int64_t full = nc / NR * NR;
+  for (int64_t p = 0; p < kc; ++p) {
+    const T* row = b + p * ldb;
+    T* dst = out + p * NR;
+    for (int64_t j = 0; j < full; j += NR) {
+      Vec v0, v1;
+      __builtin_memcpy(&v0, row + j, sizeof(Vec));
+      __builtin_memcpy(&v1, row + j + L, sizeof(Vec));
+      __builtin_memcpy(dst + j * kc, &v0, sizeof(Vec));
+      __builtin_memcpy(dst + j * kc + L, &v1, sizeof(Vec));
+    }
+    if (full < nc) {
+      T* tail = dst + full * kc;
+      for (int64_t j = 0; j < NR; ++j) {
+        tail[j] = full + j < nc ? row[full + j] : T(0);
+      }
+    }
+  }
+}
+
+// One part of C (m x n, leading dim ldc) = A (m x k) @ B (k x n), on one
+// thread (Goto's algorithm): per depth block, A packed mc_size rows at a
+// time, and per column block the B block (kc x nc, in L2).
+template <typename T, int W>
+inline __attribute__((always_inline)) void gemm_part(
+    const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc,
+    int64_t m, int64_t n, int64_t k, int64_t kc_size, int64_t mc_size,
+    int64_t nc_size, T* apack, T* bpack) {
+  for (int64_t pc = 0; pc < k; pc += kc_size) {
+    const int64_t kc = std::min(kc_size, k - pc);
+    for (int64_t ic = 0; ic < m; ic += mc_size) {
+      const int64_t mc = std::min(mc_size, m - ic);
+      pack_a<T, W>(a + ic * lda + pc, lda, mc, kc, apack);
+      for (int64_t jc = 0; jc < n; jc += nc_size) {
+        const int64_t nc = std::min(nc_size, n - jc);
+        pack_b<T, W>(b + pc * ldb + jc, ldb, kc, nc, bpack);
+        macro_kernel<T, W>(mc, nc, kc, apack, bpack, c + ic * ldc + jc, ldc,
+                           pc == 0);
+      }
+    }
+  }
+}
+
 // The compiled entry points (target attributes do not apply to templates):
 // per accumulation type, 32-byte vectors multi-versioned, 64-byte vectors
 // for AVX-512.
@@ -150,22 +234,24 @@ inline __attribute__((always_inline)) void macro_kernel(
 #define TORCHOPS_HAS_AVX512_PATH 0
 #endif
 
-#define TORCHOPS_MACRO_KERNEL(NAME, T, W, ATTR)                            \
-  ATTR void NAME(int64_t mc, int64_t nc, int64_t kc, const T* ap,          \
-                 const T* bp, T* c, int64_t ldc, bool first) {             \
-    macro_kernel<T, W>(mc, nc, kc, ap, bp, c, ldc, first);                 \
-  }                                                                        \
-  inline void macro_kernel_acc(std::integral_constant<int, W>, int64_t mc, \
-                               int64_t nc, int64_t kc, const T* ap,        \
-                               const T* bp, T* c, int64_t ldc,             \
-                               bool first) {                               \
-    NAME(mc, nc, kc, ap, bp, c, ldc, first);                               \
+#define TORCHOPS_GEMM_PART(NAME, T, W, ATTR)                                 \
+  ATTR void NAME(const T* a, int64_t lda, const T* b, int64_t ldb, T* c,     \
+                 int64_t ldc, int64_t m, int64_t n, int64_t k, int64_t kc,   \
+                 int64_t mc, int64_t nc, T* ap, T* bp) {                     \
+    gemm_part<T, W>(a, lda, b, ldb, c, ldc, m, n, k, kc, mc, nc, ap, bp);    \
+  }                                                                          \
+  inline void gemm_part_acc(std::integral_constant<int, W>, const T* a,      \
+                            int64_t lda, const T* b, int64_t ldb, T* c,      \
+                            int64_t ldc, int64_t m, int64_t n, int64_t k,    \
+                            int64_t kc, int64_t mc, int64_t nc, T* ap,       \
+                            T* bp) {                                         \
+    NAME(a, lda, b, ldb, c, ldc, m, n, k, kc, mc, nc, ap, bp);               \
   }
-TORCHOPS_MACRO_KERNEL(macro_kernel_f32, float, 32, TORCHOPS_CPU_MULTIVERSION)
-TORCHOPS_MACRO_KERNEL(macro_kernel_f64, double, 32, TORCHOPS_CPU_MULTIVERSION)
-TORCHOPS_MACRO_KERNEL(macro_kernel_f32_avx512, float, 64, TORCHOPS_AVX512)
-TORCHOPS_MACRO_KERNEL(macro_kernel_f64_avx512, double, 64, TORCHOPS_AVX512)
-#undef TORCHOPS_MACRO_KERNEL
+TORCHOPS_GEMM_PART(gemm_part_f32, float, 32, TORCHOPS_CPU_MULTIVERSION)
+TORCHOPS_GEMM_PART(gemm_part_f64, double, 32, TORCHOPS_CPU_MULTIVERSION)
+TORCHOPS_GEMM_PART(gemm_part_f32_avx512, float, 64, TORCHOPS_AVX512)
+TORCHOPS_GEMM_PART(gemm_part_f64_avx512, double, 64, TORCHOPS_AVX512)
+#undef TORCHOPS_GEMM_PART
 
 bool cpu_has_avx512() {
 #if TORCHOPS_HAS_AVX512_PATH
@@ -177,58 +263,11 @@ bool cpu_has_avx512() {
 #endif
 }
 
-// a[i0 .. i0 + mc, p0 .. p0 + kc] (leading dim lda) into panels of kMr rows,
-// k-major inside a panel; rows past mc are zero.
-template <typename T, int W>
-void pack_a(const T* a, int64_t lda, int64_t mc, int64_t kc, T* out) {
-  constexpr int64_t kMr = tile_rows<W>();
-  for (int64_t i = 0; i < mc; i += kMr) {
-    T* panel = out + i * kc;
-    const int64_t rows = std::min(kMr, mc - i);
-    for (int64_t p = 0; p < kc; ++p) {
-      for (int64_t r = 0; r < kMr; ++r) {
-        panel[p * kMr + r] = r < rows ? a[(i + r) * lda + p] : T(0);
-      }
-    }
-  }
-}
-
-// b[p0 .. p0 + kc, j .. j + NR] (leading dim ldb) as one panel, row-major
-// inside; columns past ncols are zero.
-template <typename T, int W>
-void pack_b_panel(const T* b, int64_t ldb, int64_t kc, int64_t ncols, T* out) {
-  constexpr int64_t NR = nr<T, W>();
-  for (int64_t p = 0; p < kc; ++p) {
-    const T* row = b + p * ldb;
-    T* dst = out + p * NR;
-    if (ncols == NR) {
-      std::copy(row, row + NR, dst);
-    } else {
-      std::copy(row, row + ncols, dst);
-      std::fill(dst + ncols, dst + NR, T(0));
-    }
-  }
-}
-
 // Sizes of `blocks` balanced blocks covering n, each a multiple of q.
 inline int64_t balanced(int64_t n, int64_t limit, int64_t q) {
   const int64_t blocks = (n + limit - 1) / limit;
   const int64_t size = (n + blocks - 1) / blocks;
   return (size + q - 1) / q * q;
-}
-
-struct Tune {
-  int64_t kc = kKc, nc = kNc, mc = kMc, split = -1;
-};
-inline Tune tune() {
-  Tune t;
-  if (const char* e = std::getenv("TORCHOPS_GEMM_TUNE")) {
-    long a, b, c, d;
-    if (std::sscanf(e, "%ld,%ld,%ld,%ld", &a, &b, &c, &d) == 4) {
-      t.kc = a; t.nc = b; t.mc = c; t.split = d;
-    }
-  }
-  return t;
 }
 
 // C = A @ B for row-major, contiguous A (M x K) and B (K x N) in the
@@ -243,7 +282,6 @@ void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
                   const MatmulShape& s) {
   constexpr int64_t NR = nr<acc_t, W>();
   constexpr int64_t kMr = tile_rows<W>();
-  const Tune tn = tune();
   const acc_t* ap = a.const_data_ptr<acc_t>();
   const acc_t* bp = b.const_data_ptr<acc_t>();
   acc_t* cp = c.mutable_data_ptr<acc_t>();
@@ -258,8 +296,6 @@ void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
   for (int64_t pm = 1; pm <= threads; ++pm) {
     for (int64_t pn = 1; pm * pn <= threads; ++pn) {
       if (pm > row_tiles || pn > col_tiles) continue;
-      if (tn.split == 0 && pn > 1) continue;
-      if (tn.split == 1 && pm > 1) continue;
       const int64_t parts = s.batch * pm * pn;
       const int64_t per_thread = (parts + threads - 1) / threads;
       const int64_t mt = (row_tiles + pm - 1) / pm;
@@ -267,7 +303,7 @@ void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
       const double work = double(mt * kMr) * double(nt * NR) * double(s.k) +
                           8.0 * double(s.k) * double(mt * kMr) +
                           2.0 * double(s.k) * double(nt * NR) *
-                              double((mt * kMr + tn.mc - 1) / tn.mc);
+                              double((mt * kMr + kMc - 1) / kMc);
       const double cost = work * double(per_thread);
       if (best < 0 || cost < best * 0.999) {
         best = cost;
@@ -278,9 +314,7 @@ void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
   }
   const int64_t mpart = (row_tiles + gm - 1) / gm * kMr;
   const int64_t npart = (col_tiles + gn - 1) / gn * NR;
-  const int64_t kc_max = std::min(tn.kc, s.k);
-  const int64_t kc_size = (s.k + ((s.k + kc_max - 1) / kc_max) - 1) /
-                          ((s.k + kc_max - 1) / kc_max);
+  const int64_t kc_size = balanced(s.k, kc_limit<acc_t>(), 1);
   at::parallel_for(0, s.batch * gm * gn, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<acc_t> apack, bpack;
     for (int64_t part = begin; part < end; ++part) {
@@ -293,27 +327,13 @@ void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
       const acc_t* ab = ap + bi * s.m * s.k + i0 * s.k;
       const acc_t* bb = bp + bi * s.k * s.n + j0;
       acc_t* cb = cp + bi * s.m * s.n + i0 * s.n + j0;
-      const int64_t mc_size = balanced(m, tn.mc, kMr);
-      const int64_t nc_size = balanced(n, tn.nc, NR);
-      apack.resize(static_cast<size_t>(std::min(mc_size, (m + kMr - 1) / kMr * kMr) * kc_size));
-      bpack.resize(static_cast<size_t>(std::min(nc_size, (n + NR - 1) / NR * NR) * kc_size));
-      for (int64_t pc = 0; pc < s.k; pc += kc_size) {
-        const int64_t kc = std::min(kc_size, s.k - pc);
-        for (int64_t ic = 0; ic < m; ic += mc_size) {
-          const int64_t mc = std::min(mc_size, m - ic);
-          pack_a<acc_t, W>(ab + ic * s.k + pc, s.k, mc, kc, apack.data());
-          for (int64_t jc = 0; jc < n; jc += nc_size) {
-            const int64_t nc = std::min(nc_size, n - jc);
-            for (int64_t j = 0; j < nc; j += NR) {
-              pack_b_panel<acc_t, W>(bb + pc * s.n + jc + j, s.n, kc,
-                                     std::min(NR, nc - j), bpack.data() + j * kc);
-            }
-            macro_kernel_acc(std::integral_constant<int, W>{}, mc, nc, kc,
-                             apack.data(), bpack.data(), cb + ic * s.n + jc,
-                             s.n, pc == 0);
-          }
-        }
-      }
+      const int64_t mc_size = balanced(m, kMc, kMr);
+      const int64_t nc_size = balanced(n, kNc, NR);
+      apack.resize(static_cast<size_t>(mc_size * kc_size));
+      bpack.resize(static_cast<size_t>(nc_size * kc_size));
+      gemm_part_acc(std::integral_constant<int, W>{}, ab, s.k, bb, s.n, cb,
+                    s.n, m, n, s.k, kc_size, mc_size, nc_size, apack.data(),
+                    bpack.data());
     }
   });
 }
