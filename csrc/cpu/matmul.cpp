@@ -1,5 +1,5 @@
 // CPU kernel of torchops.matmul: a packed, cache-blocked (BLIS-style) GEMM,
-// parallel over blocks of output rows.
+// parallel over parts of the output, one per thread.
 //
 // Inputs are first made contiguous in the accumulation type (float for
 // float/half/bfloat16, double for double), so one micro-kernel per
@@ -19,11 +19,11 @@
 namespace torchops::cpu {
 namespace {
 
-// BLIS-style GEMM (Goto's algorithm): C += A @ B for row-major, contiguous
+// BLIS-style GEMM (Goto's algorithm): C = A @ B for row-major, contiguous
 // A (M x K) and B (K x N) in the accumulation type.
 //
-// B is packed a (kKc x kNc) block at a time into panels of kNr columns, A a
-// (kMc x kKc) block at a time (per thread) into panels of kMr rows, so the
+// B is packed a (kc x kNc) block at a time into panels of NR columns, A a
+// (kMc x kc) block at a time into panels of kMr rows, so the
 // micro-kernel streams both from contiguous memory: each step loads two
 // vectors of a B panel row, broadcasts kMr values of the A panel, and does
 // 2 * kMr fused multiply-adds into a kMr x kNr register tile of C.  The
@@ -44,9 +44,15 @@ template <int W>
 constexpr int64_t tile_rows() {
   return W == 64 ? 12 : 6;
 }
-constexpr int64_t kKc = 256;    // depth of a packed block (A panel in L1)
-constexpr int64_t kMc = 96;     // rows of a packed A block (in L2)
-constexpr int64_t kNc = 3072;   // columns of a packed B block (in L3)
+// Block limits; the sizes used are balanced (ceil(extent / blocks), rounded
+// to whole tiles), so no block is a sliver.
+template <typename T>
+constexpr int64_t kc_limit() {
+  return 2048 / sizeof(T);  // depth: 512 floats
+}
+constexpr int64_t kNc = 480;   // a B block (kc x kNc) stays in L2
+constexpr int64_t kMc = 2040;  // A rows packed at once: B is read from
+                               // memory and packed once per kMc rows
 
 template <typename T, int W>
 constexpr int64_t lanes() {
@@ -58,14 +64,24 @@ constexpr int64_t nr() {
   return 2 * lanes<T, W>();  // columns of the register tile: two vectors
 }
 
-// c[r * ldc + j] += tile for r < mr, j < nr (a partial tile at the edges).
+// c[r * ldc + j] (+)= tile for r < mr, j < ncols (a partial tile at the
+// edges); `first` (the first depth block) stores without reading C, so C
+// needs no zeroing and is never read when K fits one block.
 template <typename T, int W>
 inline __attribute__((always_inline)) void micro_kernel(
     int64_t kc, const T* __restrict__ ap, const T* __restrict__ bp,
-    T* __restrict__ c, int64_t ldc, int64_t mr, int64_t ncols) {
+    T* __restrict__ c, int64_t ldc, int64_t mr, int64_t ncols, bool first) {
   using Vec = typename Gemm<T, W>::Vec;
   constexpr int64_t L = lanes<T, W>();
   constexpr int64_t kMr = tile_rows<W>();
+  if (!first) {
+    // C is read only after kc steps: fetch it into L2 meanwhile (not L1,
+    // where the A and B panels live).
+    for (int64_t r = 0; r < mr; ++r) {
+      __builtin_prefetch(c + r * ldc, 0, 2);
+      __builtin_prefetch(c + r * ldc + 2 * L - 1, 0, 2);
+    }
+  }
   Vec acc[kMr][2];
   for (int64_t r = 0; r < kMr; ++r) {
     acc[r][0] = Vec{};
@@ -83,11 +99,14 @@ inline __attribute__((always_inline)) void micro_kernel(
   }
   if (mr == kMr && ncols == 2 * L) {
     for (int64_t r = 0; r < kMr; ++r) {
-      Vec c0, c1;
-      __builtin_memcpy(&c0, c + r * ldc, sizeof(Vec));
-      __builtin_memcpy(&c1, c + r * ldc + L, sizeof(Vec));
-      c0 += acc[r][0];
-      c1 += acc[r][1];
+      Vec c0 = acc[r][0], c1 = acc[r][1];
+      if (!first) {
+        Vec o0, o1;
+        __builtin_memcpy(&o0, c + r * ldc, sizeof(Vec));
+        __builtin_memcpy(&o1, c + r * ldc + L, sizeof(Vec));
+        c0 += o0;
+        c1 += o1;
+      }
       __builtin_memcpy(c + r * ldc, &c0, sizeof(Vec));
       __builtin_memcpy(c + r * ldc + L, &c1, sizeof(Vec));
     }
@@ -100,23 +119,106 @@ inline __attribute__((always_inline)) void micro_kernel(
   }
   for (int64_t r = 0; r < mr; ++r) {
     for (int64_t j = 0; j < ncols; ++j) {
-      c[r * ldc + j] += tile[r][j];
+      c[r * ldc + j] = first ? tile[r][j] : c[r * ldc + j] + tile[r][j];
     }
   }
 }
 
-// One packed A block against one packed B block: every (kMr x nr) tile.
+// One packed A block against one packed B block.  Row panels outside,
+// column panels inside: the A micro-panel (kMr x kc) stays in L1 while the B
+// micro-panels stream from L2, and C is walked along its rows.
 template <typename T, int W>
 inline __attribute__((always_inline)) void macro_kernel(
     int64_t mc, int64_t nc, int64_t kc, const T* __restrict__ apack,
-    const T* __restrict__ bpack, T* __restrict__ c, int64_t ldc) {
+    const T* __restrict__ bpack, T* __restrict__ c, int64_t ldc, bool first) {
   constexpr int64_t NR = nr<T, W>();
   constexpr int64_t kMr = tile_rows<W>();
-  for (int64_t j = 0; j < nc; j += NR) {
-    const T* bp = bpack + j * kc;
-    for (int64_t i = 0; i < mc; i += kMr) {
-      micro_kernel<T, W>(kc, apack + i * kc, bp, c + i * ldc + j, ldc,
-                      std::min(kMr, mc - i), std::min(NR, nc - j));
+  for (int64_t i = 0; i < mc; i += kMr) {
+    const T* ap = apack + i * kc;
+    for (int64_t j = 0; j < nc; j += NR) {
+      micro_kernel<T, W>(kc, ap, bpack + j * kc, c + i * ldc + j, ldc,
+                         std::min(kMr, mc - i), std::min(NR, nc - j), first);
+    }
+  }
+}
+
+// a[0 .. mc, 0 .. kc] (leading dim lda) into panels of kMr rows, k-major
+// inside a panel; rows past mc are zero.
+template <typename T, int W>
+inline __attribute__((always_inline)) void pack_a(
+    const T* __restrict__ a, int64_t lda, int64_t mc, int64_t kc,
+    T* __restrict__ out) {
+  constexpr int64_t kMr = tile_rows<W>();
+  for (int64_t i = 0; i < mc; i += kMr) {
+    T* panel = out + i * kc;
+    const T* src = a + i * lda;
+    const int64_t rows = std::min(kMr, mc - i);
+    if (rows == kMr) {
+      for (int64_t p = 0; p < kc; ++p) {
+        for (int64_t r = 0; r < kMr; ++r) {
+          panel[p * kMr + r] = src[r * lda + p];
+        }
+      }
+    } else {
+      for (int64_t p = 0; p < kc; ++p) {
+        for (int64_t r = 0; r < kMr; ++r) {
+          panel[p * kMr + r] = r < rows ? src[r * lda + p] : T(0);
+        }
+      }
+    }
+  }
+}
+
+// b[0 .. kc, 0 .. nc] (leading dim ldb) into panels of NR columns, each
+// kc x NR row-major; columns past nc are zero.  Row by row, so B is read
+// as whole rows: panel by panel would read NR columns at a stride of ldb,
+// which the hardware prefetcher does not follow across pages.
+template <typename T, int W>
+inline __attribute__((always_inline)) void pack_b(
+    const T* __restrict__ b, int64_t ldb, int64_t kc, int64_t nc,
+    T* __restrict__ out) {
+  using Vec = typename Gemm<T, W>::Vec;
+  constexpr int64_t L = lanes<T, W>();
+  constexpr int64_t NR = nr<T, W>();
+  const int64_t full = nc / NR * NR;
+  for (int64_t p = 0; p < kc; ++p) {
+    const T* row = b + p * ldb;
+    T* dst = out + p * NR;
+    for (int64_t j = 0; j < full; j += NR) {
+      Vec v0, v1;
+      __builtin_memcpy(&v0, row + j, sizeof(Vec));
+      __builtin_memcpy(&v1, row + j + L, sizeof(Vec));
+      __builtin_memcpy(dst + j * kc, &v0, sizeof(Vec));
+      __builtin_memcpy(dst + j * kc + L, &v1, sizeof(Vec));
+    }
+    if (full < nc) {
+      T* tail = dst + full * kc;
+      for (int64_t j = 0; j < NR; ++j) {
+        tail[j] = full + j < nc ? row[full + j] : T(0);
+      }
+    }
+  }
+}
+
+// One part of C (m x n, leading dim ldc) = A (m x k) @ B (k x n), on one
+// thread (Goto's algorithm): per depth block, A packed mc_size rows at a
+// time, and per column block the B block (kc x nc, in L2).
+template <typename T, int W>
+inline __attribute__((always_inline)) void gemm_part(
+    const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc,
+    int64_t m, int64_t n, int64_t k, int64_t kc_size, int64_t mc_size,
+    int64_t nc_size, T* apack, T* bpack) {
+  for (int64_t pc = 0; pc < k; pc += kc_size) {
+    const int64_t kc = std::min(kc_size, k - pc);
+    for (int64_t ic = 0; ic < m; ic += mc_size) {
+      const int64_t mc = std::min(mc_size, m - ic);
+      pack_a<T, W>(a + ic * lda + pc, lda, mc, kc, apack);
+      for (int64_t jc = 0; jc < n; jc += nc_size) {
+        const int64_t nc = std::min(nc_size, n - jc);
+        pack_b<T, W>(b + pc * ldb + jc, ldb, kc, nc, bpack);
+        macro_kernel<T, W>(mc, nc, kc, apack, bpack, c + ic * ldc + jc, ldc,
+                           pc == 0);
+      }
     }
   }
 }
@@ -132,21 +234,24 @@ inline __attribute__((always_inline)) void macro_kernel(
 #define TORCHOPS_HAS_AVX512_PATH 0
 #endif
 
-#define TORCHOPS_MACRO_KERNEL(NAME, T, W, ATTR)                            \
-  ATTR void NAME(int64_t mc, int64_t nc, int64_t kc, const T* ap,          \
-                 const T* bp, T* c, int64_t ldc) {                         \
-    macro_kernel<T, W>(mc, nc, kc, ap, bp, c, ldc);                        \
-  }                                                                        \
-  inline void macro_kernel_acc(std::integral_constant<int, W>, int64_t mc, \
-                               int64_t nc, int64_t kc, const T* ap,        \
-                               const T* bp, T* c, int64_t ldc) {           \
-    NAME(mc, nc, kc, ap, bp, c, ldc);                                      \
+#define TORCHOPS_GEMM_PART(NAME, T, W, ATTR)                                 \
+  ATTR void NAME(const T* a, int64_t lda, const T* b, int64_t ldb, T* c,     \
+                 int64_t ldc, int64_t m, int64_t n, int64_t k, int64_t kc,   \
+                 int64_t mc, int64_t nc, T* ap, T* bp) {                     \
+    gemm_part<T, W>(a, lda, b, ldb, c, ldc, m, n, k, kc, mc, nc, ap, bp);    \
+  }                                                                          \
+  inline void gemm_part_acc(std::integral_constant<int, W>, const T* a,      \
+                            int64_t lda, const T* b, int64_t ldb, T* c,      \
+                            int64_t ldc, int64_t m, int64_t n, int64_t k,    \
+                            int64_t kc, int64_t mc, int64_t nc, T* ap,       \
+                            T* bp) {                                         \
+    NAME(a, lda, b, ldb, c, ldc, m, n, k, kc, mc, nc, ap, bp);               \
   }
-TORCHOPS_MACRO_KERNEL(macro_kernel_f32, float, 32, TORCHOPS_CPU_MULTIVERSION)
-TORCHOPS_MACRO_KERNEL(macro_kernel_f64, double, 32, TORCHOPS_CPU_MULTIVERSION)
-TORCHOPS_MACRO_KERNEL(macro_kernel_f32_avx512, float, 64, TORCHOPS_AVX512)
-TORCHOPS_MACRO_KERNEL(macro_kernel_f64_avx512, double, 64, TORCHOPS_AVX512)
-#undef TORCHOPS_MACRO_KERNEL
+TORCHOPS_GEMM_PART(gemm_part_f32, float, 32, TORCHOPS_CPU_MULTIVERSION)
+TORCHOPS_GEMM_PART(gemm_part_f64, double, 32, TORCHOPS_CPU_MULTIVERSION)
+TORCHOPS_GEMM_PART(gemm_part_f32_avx512, float, 64, TORCHOPS_AVX512)
+TORCHOPS_GEMM_PART(gemm_part_f64_avx512, double, 64, TORCHOPS_AVX512)
+#undef TORCHOPS_GEMM_PART
 
 bool cpu_has_avx512() {
 #if TORCHOPS_HAS_AVX512_PATH
@@ -158,39 +263,20 @@ bool cpu_has_avx512() {
 #endif
 }
 
-// a[i0 .. i0 + mc, p0 .. p0 + kc] (leading dim lda) into panels of kMr rows,
-// k-major inside a panel; rows past mc are zero.
-template <typename T, int W>
-void pack_a(const T* a, int64_t lda, int64_t mc, int64_t kc, T* out) {
-  constexpr int64_t kMr = tile_rows<W>();
-  for (int64_t i = 0; i < mc; i += kMr) {
-    T* panel = out + i * kc;
-    const int64_t rows = std::min(kMr, mc - i);
-    for (int64_t p = 0; p < kc; ++p) {
-      for (int64_t r = 0; r < kMr; ++r) {
-        panel[p * kMr + r] = r < rows ? a[(i + r) * lda + p] : T(0);
-      }
-    }
-  }
+// Sizes of `blocks` balanced blocks covering n, each a multiple of q.
+inline int64_t balanced(int64_t n, int64_t limit, int64_t q) {
+  const int64_t blocks = (n + limit - 1) / limit;
+  const int64_t size = (n + blocks - 1) / blocks;
+  return (size + q - 1) / q * q;
 }
 
-// b[p0 .. p0 + kc, j .. j + NR] (leading dim ldb) as one panel, row-major
-// inside; columns past ncols are zero.
-template <typename T, int W>
-void pack_b_panel(const T* b, int64_t ldb, int64_t kc, int64_t ncols, T* out) {
-  constexpr int64_t NR = nr<T, W>();
-  for (int64_t p = 0; p < kc; ++p) {
-    const T* row = b + p * ldb;
-    T* dst = out + p * NR;
-    if (ncols == NR) {
-      std::copy(row, row + NR, dst);
-    } else {
-      std::copy(row, row + ncols, dst);
-      std::fill(dst + ncols, dst + NR, T(0));
-    }
-  }
-}
-
+// C = A @ B for row-major, contiguous A (M x K) and B (K x N) in the
+// accumulation type.  Each matrix of C is cut into a grid of gm x gn parts,
+// and every thread computes whole parts on its own, with its own packing
+// buffers: one parallel region per call, no barriers, and each thread's B
+// block in its own core's L2.  Inside a part (Goto's algorithm): per depth
+// block pc, A is packed kMc rows at a time into kMr-row panels, and per
+// column block jc the B block (kc x nc) into NR-column panels, sized for L2.
 template <typename acc_t, int W>
 void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
                   const MatmulShape& s) {
@@ -199,46 +285,57 @@ void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
   const acc_t* ap = a.const_data_ptr<acc_t>();
   const acc_t* bp = b.const_data_ptr<acc_t>();
   acc_t* cp = c.mutable_data_ptr<acc_t>();
-  // Row blocks of at most kMc rows, as many as a multiple of the thread
-  // count so that every thread gets the same share, of whole register tiles.
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  int64_t blocks = (s.m + kMc - 1) / kMc;
-  blocks = (blocks + threads - 1) / threads * threads;
-  int64_t mc = (s.m + blocks - 1) / blocks;
-  mc = std::max<int64_t>(kMr, (mc + kMr - 1) / kMr * kMr);
-  const int64_t row_blocks = (s.m + mc - 1) / mc;
-  std::vector<acc_t> bpack(static_cast<size_t>(
-      kKc * ((std::min(kNc, s.n) + NR - 1) / NR * NR)));
-  for (int64_t bi = 0; bi < s.batch; ++bi) {
-    const acc_t* ab = ap + bi * s.m * s.k;
-    const acc_t* bb = bp + bi * s.k * s.n;
-    acc_t* cb = cp + bi * s.m * s.n;
-    for (int64_t jc = 0; jc < s.n; jc += kNc) {
-      const int64_t nc = std::min(kNc, s.n - jc);
-      const int64_t panels = (nc + NR - 1) / NR;
-      for (int64_t pc = 0; pc < s.k; pc += kKc) {
-        const int64_t kc = std::min(kKc, s.k - pc);
-        at::parallel_for(0, panels, 8, [&](int64_t begin, int64_t end) {
-          for (int64_t j = begin; j < end; ++j) {
-            pack_b_panel<acc_t, W>(bb + pc * s.n + jc + j * NR, s.n, kc,
-                         std::min(NR, nc - j * NR), bpack.data() + j * NR * kc);
-          }
-        });
-        at::parallel_for(0, row_blocks, 1, [&](int64_t begin, int64_t end) {
-          thread_local std::vector<acc_t> apack;
-          apack.resize(static_cast<size_t>((mc + kMr) * kKc));
-          for (int64_t blk = begin; blk < end; ++blk) {
-            const int64_t ic = blk * mc;
-            const int64_t rows = std::min(mc, s.m - ic);
-            pack_a<acc_t, W>(ab + ic * s.k + pc, s.k, rows, kc, apack.data());
-            macro_kernel_acc(std::integral_constant<int, W>{}, rows, nc, kc,
-                             apack.data(), bpack.data(),
-                             cb + ic * s.n + jc, s.n);
-          }
-        });
+  const int64_t row_tiles = (s.m + kMr - 1) / kMr;
+  const int64_t col_tiles = (s.n + NR - 1) / NR;
+  // The grid: the least work for the busiest thread, counting register tiles
+  // (padded edges included) plus packing (A's transposing copy dearer than
+  // B's row copies).
+  int64_t gm = 1, gn = 1;
+  double best = -1;
+  for (int64_t pm = 1; pm <= threads; ++pm) {
+    for (int64_t pn = 1; pm * pn <= threads; ++pn) {
+      if (pm > row_tiles || pn > col_tiles) continue;
+      const int64_t parts = s.batch * pm * pn;
+      const int64_t per_thread = (parts + threads - 1) / threads;
+      const int64_t mt = (row_tiles + pm - 1) / pm;
+      const int64_t nt = (col_tiles + pn - 1) / pn;
+      const double work = double(mt * kMr) * double(nt * NR) * double(s.k) +
+                          8.0 * double(s.k) * double(mt * kMr) +
+                          2.0 * double(s.k) * double(nt * NR) *
+                              double((mt * kMr + kMc - 1) / kMc);
+      const double cost = work * double(per_thread);
+      if (best < 0 || cost < best * 0.999) {
+        best = cost;
+        gm = pm;
+        gn = pn;
       }
     }
   }
+  const int64_t mpart = (row_tiles + gm - 1) / gm * kMr;
+  const int64_t npart = (col_tiles + gn - 1) / gn * NR;
+  const int64_t kc_size = balanced(s.k, kc_limit<acc_t>(), 1);
+  at::parallel_for(0, s.batch * gm * gn, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<acc_t> apack, bpack;
+    for (int64_t part = begin; part < end; ++part) {
+      const int64_t bi = part / (gm * gn);
+      const int64_t i0 = (part / gn) % gm * mpart;
+      const int64_t j0 = part % gn * npart;
+      const int64_t m = std::min(mpart, s.m - i0);
+      const int64_t n = std::min(npart, s.n - j0);
+      if (m <= 0 || n <= 0) continue;
+      const acc_t* ab = ap + bi * s.m * s.k + i0 * s.k;
+      const acc_t* bb = bp + bi * s.k * s.n + j0;
+      acc_t* cb = cp + bi * s.m * s.n + i0 * s.n + j0;
+      const int64_t mc_size = balanced(m, kMc, kMr);
+      const int64_t nc_size = balanced(n, kNc, NR);
+      apack.resize(static_cast<size_t>(mc_size * kc_size));
+      bpack.resize(static_cast<size_t>(nc_size * kc_size));
+      gemm_part_acc(std::integral_constant<int, W>{}, ab, s.k, bb, s.n, cb,
+                    s.n, m, n, s.k, kc_size, mc_size, nc_size, apack.data(),
+                    bpack.data());
+    }
+  });
 }
 
 at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
@@ -246,11 +343,10 @@ at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
   const at::ScalarType dtype = a_in.scalar_type();
   const at::ScalarType acc =
       dtype == at::kDouble ? at::kDouble : at::kFloat;
-  // Zero-initialised: the micro-kernel accumulates, and K == 0 must give 0.
-  at::Tensor c = new_output("matmul", s.out_sizes(), a_in.options().dtype(acc),
-                            /*zero=*/true);
+  // Uninitialised: the first depth block stores; K == 0 is zeroed below.
+  at::Tensor c = new_output("matmul", s.out_sizes(), a_in.options().dtype(acc));
   if (c.numel() == 0 || s.k == 0) {
-    return c.to(dtype);
+    return c.zero_().to(dtype);
   }
   const at::Tensor a = a_in.to(acc).contiguous();
   const at::Tensor b = b_in.to(acc).contiguous();
