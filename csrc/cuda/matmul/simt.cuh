@@ -2,8 +2,9 @@
 // for half/bfloat16 layouts the tensor-core paths do not take (inputs
 // converted to float on the way to shared memory, float accumulation).
 //
-// Block tile BM x BN x BK, 256 threads as a 16 x 16 grid, each thread an
-// (TM x TN) register tile made of 4x4 sub-tiles 64 rows/columns apart, so
+// Block tile BM x BN x BK (automatic choices: 256 threads as a 16 x 16
+// grid), each thread a (TM x TN) register tile made of 4x4 sub-tiles
+// 4 * (threads along that dimension) rows/columns apart (64 for 16x16), so
 // a warp's float4 shared reads cover one contiguous 64/128-byte span
 // (no bank conflicts).  float: 128x128x8, 8x8 per thread; double:
 // 64x64x16, 4x4 per thread (8x8 doubles would need ~200 registers).
@@ -49,10 +50,14 @@ template <> struct AccOf<double> { using type = double; };
 // pieces; (BM/TM) x (BN/TN) threads, warps of 8 (n) x 4 (m) threads.
 // MIN_BLOCKS is __launch_bounds__' second argument (1: up to 255 registers
 // at 256 threads).
-template <int BM_, int BN_, int BK_, int TM_, int TN_, int MIN_BLOCKS_>
+// SPLIT: blocks whose tile lies inside C, with vector loads on both
+// operands, load their full k tiles without per-group bounds checks (fewer
+// non-FMA instructions per k tile; the k tail keeps the checked loads).
+template <int BM_, int BN_, int BK_, int TM_, int TN_, int MIN_BLOCKS_, bool SPLIT_ = true>
 struct TileCfg {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, TM = TM_, TN = TN_;
   static constexpr int MIN_BLOCKS = MIN_BLOCKS_;
+  static constexpr bool SPLIT = SPLIT_;
   static constexpr int TY = BM / TM, TX = BN / TN;  // threads along m, n
   static constexpr int THREADS = TX * TY;
   static_assert(BM % TM == 0 && BN % TN == 0, "whole threads");
@@ -232,13 +237,16 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) simt_kernel(const P
       pb[g] = p.b + bi * p.b_bs + int64_t(b_kk[g]) * p.b_rs + int64_t(col0 + b_c[g]) * p.b_cs;
 
     Acc ra[AG][4], rb[BG][4];
-    auto load = [&](int k0) {
+    // full: the k tile at k0 is inside A and B and so is this block's tile,
+    // with vector loads allowed (no checks).
+    auto load = [&](int k0, auto full_t) {
+      constexpr bool full = decltype(full_t)::value;
 #pragma unroll
       for (int g = 0; g < AG; ++g) {
         const int gr = row0 + a_r[g], gk = k0 + a_kk[g];
         const T* src = pa[g];
         if (A_K) {
-          if (p.a_vec && gr < m && gk + 3 < k) {
+          if (full || (p.a_vec && gr < m && gk + 3 < k)) {
             ldg4(src, ra[g]);
           } else {
 #pragma unroll
@@ -246,7 +254,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) simt_kernel(const P
               ra[g][e] = (gr < m && gk + e < k) ? to_acc(src[e * p.a_cs]) : Acc(0);
           }
         } else {
-          if (p.a_vec && gk < k && gr + 3 < m) {
+          if (full || (p.a_vec && gk < k && gr + 3 < m)) {
             ldg4(src, ra[g]);
           } else {
 #pragma unroll
@@ -261,7 +269,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) simt_kernel(const P
         const int gk = k0 + b_kk[g], gc = col0 + b_c[g];
         const T* src = pb[g];
         if (B_N) {
-          if (p.b_vec && gk < k && gc + 3 < n) {
+          if (full || (p.b_vec && gk < k && gc + 3 < n)) {
             ldg4(src, rb[g]);
           } else {
 #pragma unroll
@@ -269,7 +277,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) simt_kernel(const P
               rb[g][e] = (gk < k && gc + e < n) ? to_acc(src[e * p.b_cs]) : Acc(0);
           }
         } else {
-          if (p.b_vec && gc < n && gk + 3 < k) {
+          if (full || (p.b_vec && gc < n && gk + 3 < k)) {
             ldg4(src, rb[g]);
           } else {
 #pragma unroll
@@ -307,13 +315,19 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) simt_kernel(const P
 #pragma unroll
       for (int j = 0; j < TN; ++j) acc[i][j] = Acc(0);
 
-    load(0);
+    // k tiles below full_tiles need no bounds checks (C::SPLIT).
+    const bool interior = C::SPLIT && p.a_vec && p.b_vec && row0 + BM <= m && col0 + BN <= n;
+    const int full_tiles = interior ? k / BK : 0;
+    load(0, std::false_type{});
     store(0);
     __syncthreads();
     for (int t = 0; t < ntiles; ++t) {
       const int cur = t & 1;
       const bool more = t + 1 < ntiles;
-      if (more) load((t + 1) * BK);  // in flight during the FMAs below
+      if (more) {  // in flight during the FMAs below
+        if (C::SPLIT && t + 1 < full_tiles) load((t + 1) * BK, std::true_type{});
+        else load((t + 1) * BK, std::false_type{});
+      }
 #pragma unroll
       for (int kk = 0; kk < BK; ++kk) {
         Acc af[TM], bf[TN];
@@ -425,21 +439,23 @@ cudaError_t launch(const GemmArgs& g, cudaStream_t stream) {
   X(7, float, (TileCfg<128, 256, 16, 8, 16, 1>), "f32", "128x256x16 8x16 t256 lb1") \
   X(8, float, (TileCfg<256, 128, 16, 16, 8, 1>), "f32", "256x128x16 16x8 t256 lb1") \
   X(9, float, (TileCfg<128, 128, 8, 16, 8, 2>), "f32", "128x128x8 16x8 t128 lb2")  \
-  X(10, float, (TileCfg<128, 128, 16, 16, 8, 2>), "f32", "128x128x16 16x8 t128 lb2") \
-  X(11, float, (TileCfg<128, 128, 16, 8, 16, 2>), "f32", "128x128x16 8x16 t128 lb2") \
-  X(12, float, (TileCfg<64, 128, 8, 8, 8, 4>), "f32", "64x128x8 8x8 t128 lb4")     \
-  X(13, float, (TileCfg<64, 128, 16, 8, 8, 4>), "f32", "64x128x16 8x8 t128 lb4")   \
+  X(10, float, (TileCfg<128, 64, 8, 8, 8, 3>), "f32", "128x64x8 8x8 t128 lb3")    \
+  X(11, float, (TileCfg<128, 128, 8, 8, 16, 2>), "f32", "128x128x8 8x16 t128 lb2")  \
+  X(12, float, (TileCfg<256, 128, 8, 16, 8, 1, false>), "f32", "256x128x8 16x8 t256 lb1 nosplit") \
+  X(13, float, (TileCfg<64, 128, 8, 8, 8, 3>), "f32", "64x128x8 8x8 t128 lb3")     \
   X(14, double, (TileCfg<128, 64, 16, 8, 4, 1>), "f64", "128x64x16 8x4 t256 lb1")  \
   X(15, double, (TileCfg<64, 128, 16, 4, 8, 1>), "f64", "64x128x16 4x8 t256 lb1")  \
   X(16, double, (TileCfg<128, 128, 8, 8, 8, 1>), "f64", "128x128x8 8x8 t256 lb1")  \
   X(17, double, (TileCfg<64, 64, 16, 8, 4, 2>), "f64", "64x64x16 8x4 t128 lb2")    \
-  X(18, double, (TileCfg<128, 64, 16, 8, 8, 2>), "f64", "128x64x16 8x8 t128 lb2")
+  X(18, double, (TileCfg<128, 64, 8, 8, 8, 2>), "f64", "128x64x8 8x8 t128 lb2")   \
+  X(19, float, (TileCfg<128, 128, 8, 8, 8, 2, false>), "f32", "128x128x8 8x8 t256 lb2 nosplit") \
+  X(20, double, (TileCfg<64, 64, 16, 4, 4, 2, false>), "f64", "64x64x16 4x4 t256 lb2 nosplit")
 
 template <typename C> struct Unparen;
 template <typename C> struct Unparen<void(C)> { using type = C; };
 #define TORCHOPS_SIMT_CFG_T(cfg) typename Unparen<void(cfg)>::type
 
-constexpr int kDevCfgs = 19;
+constexpr int kDevCfgs = 21;
 #define TORCHOPS_SIMT_X_NAME(i, t, cfg, dt, name) dt " " name,
 #define TORCHOPS_SIMT_X_DT(i, t, cfg, dt, name) dt,
 constexpr const char* kDevCfgNames[kDevCfgs] = {TORCHOPS_SIMT_DEV_CFGS(TORCHOPS_SIMT_X_NAME)};
