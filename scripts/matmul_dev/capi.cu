@@ -20,9 +20,35 @@ int dev_run(const GemmArgs* g, void* workspace, void* stream) {
 }
 }
 
-#ifdef TORCHOPS_SM80_DEV_TABLE  // sm80.cuh in a -DTORCHOPS_MATMUL_DEV build
+// Harness config tables (-DTORCHOPS_MATMUL_DEV): a path with one defines
+// TORCHOPS_<PATH>_DEV_TABLE and <path>_dev_cfg_count/name (and optionally
+// <path>_dev_cfg_dtypes: the check.py dtype keys a config serves, "" = all).
+// Generic exports: dev_cfg_count (0 without a table), dev_cfg_name,
+// dev_cfg_dtypes, dev_cfg_env (the env var the path reads at each call).
+#if defined(TORCHOPS_SM80_DEV_TABLE) && !defined(TORCHOPS_SIMT_DEV_TABLE)
+#define DEV_CFG_COUNT() sm80_dev_cfg_count()
+#define DEV_CFG_NAME(i) sm80_dev_cfg_name(i)
+#define DEV_CFG_DTYPES(i) ""
+#define DEV_CFG_ENV "TORCHOPS_DEV_SM80_CFG"
 extern "C" {
-int dev_sm80_cfg_count() { return sm80_dev_cfg_count(); }
+int dev_sm80_cfg_count() { return sm80_dev_cfg_count(); }  // older check.py
 const char* dev_sm80_cfg_name(int i) { return sm80_dev_cfg_name(i); }
 }
+#elif defined(TORCHOPS_SIMT_DEV_TABLE) && !defined(TORCHOPS_SM80_DEV_TABLE)
+#define DEV_CFG_COUNT() simt_dev_cfg_count()
+#define DEV_CFG_NAME(i) simt_dev_cfg_name(i)
+#define DEV_CFG_DTYPES(i) simt_dev_cfg_dtypes(i)
+#define DEV_CFG_ENV "TORCHOPS_DEV_SIMT_CFG"
+#else
+#define DEV_CFG_COUNT() 0
+#define DEV_CFG_NAME(i) ""
+#define DEV_CFG_DTYPES(i) ""
+#define DEV_CFG_ENV ""
 #endif
+
+extern "C" {
+int dev_cfg_count() { return DEV_CFG_COUNT(); }
+const char* dev_cfg_name(int i) { return (void)i, DEV_CFG_NAME(i); }
+const char* dev_cfg_dtypes(int i) { return (void)i, DEV_CFG_DTYPES(i); }
+const char* dev_cfg_env() { return DEV_CFG_ENV; }
+}

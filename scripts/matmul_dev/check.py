@@ -150,12 +150,12 @@ CORRECTNESS = [  # (batch or None, m, n, k)
 ]
 
 
-def check(libs, seed, tag=""):
+def check(libs, seed, tag="", dkeys=None):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     fails, rows = 0, 0
     for name, lib in libs.items():
-        _, dkeys, kind = PATHS[name]
-        for dkey in dkeys:
+        _, path_dkeys, kind = PATHS[name]
+        for dkey in (path_dkeys if dkeys is None else dkeys):
             dtype = DTYPES[dkey][0]
             run = Runner(lib, dkey)
             for batch, m, n, k in CORRECTNESS:
@@ -269,42 +269,60 @@ def bench(libs, sweeps=(), only=None):
                 os.environ.pop(var, None)
 
 
-SM80_CFG_BENCH = [  # (label, batch, m, n, k, dtype key, layout)
-    ("bf16 4096^3", None, 4096, 4096, 4096, "bf16", "nn"),
-    ("bf16 8192x1024x8192", None, 8192, 1024, 8192, "bf16", "nn"),
-    ("bf16 1000x3000x768", None, 1000, 3000, 768, "bf16", "nn"),
-    ("f32tf32 4096^3", None, 4096, 4096, 4096, "f32tf32", "nn"),
-]
-SM80_CFG_ENV = "TORCHOPS_DEV_SM80_CFG"
+CFG_BENCH = {  # path -> [(label, batch, m, n, k, dtype key, layout)] for --cfgs
+    "sm80": [
+        ("bf16 4096^3", None, 4096, 4096, 4096, "bf16", "nn"),
+        ("bf16 8192x1024x8192", None, 8192, 1024, 8192, "bf16", "nn"),
+        ("bf16 1000x3000x768", None, 1000, 3000, 768, "bf16", "nn"),
+        ("f32tf32 4096^3", None, 4096, 4096, 4096, "f32tf32", "nn"),
+    ],
+    "simt": [
+        ("f32 4096^3", None, 4096, 4096, 4096, "f32", "nn"),
+        ("f32 2048^3", None, 2048, 2048, 2048, "f32", "nn"),
+        ("f32 1000x3000x768", None, 1000, 3000, 768, "f32", "nn"),
+        ("f64 1024^3", None, 1024, 1024, 1024, "f64", "nn"),
+    ],
+}
 
 
-def sm80_cfg_list(lib, spec):
-    """--sm80-cfgs: 'all' or indices '0,3,5'; names come from the .so."""
-    lib.dev_sm80_cfg_name.restype = ctypes.c_char_p
-    count = lib.dev_sm80_cfg_count()
+def cfg_list(lib, name, spec):
+    """--cfgs PATH:all|I,J: names, dtypes and the env var come from the .so."""
+    lib.dev_cfg_name.restype = ctypes.c_char_p
+    lib.dev_cfg_dtypes.restype = ctypes.c_char_p
+    lib.dev_cfg_env.restype = ctypes.c_char_p
+    count = lib.dev_cfg_count()
+    if count == 0:
+        raise SystemExit(f"--cfgs: path {name} has no harness config table")
     idx = list(range(count)) if spec == "all" else [int(x) for x in spec.split(",") if x]
     bad = [i for i in idx if not 0 <= i < count]
     if bad:
-        raise SystemExit(f"--sm80-cfgs: {bad} not in 0..{count - 1}")
-    return [(i, lib.dev_sm80_cfg_name(i).decode()) for i in idx]
+        raise SystemExit(f"--cfgs: {bad} not in 0..{count - 1}")
+    out = []
+    for i in idx:
+        dts = lib.dev_cfg_dtypes(i).decode()
+        out.append((i, lib.dev_cfg_name(i).decode(), tuple(d for d in dts.split(",") if d)))
+    return out, lib.dev_cfg_env().decode()
 
 
-def sm80_cfgs(lib, spec, do_check, do_bench):
-    """Each config of sm80's harness table, picked through the env var the .so
-    reads at each call: the correctness list per config, then timings."""
-    cfgs = sm80_cfg_list(lib, spec)
+def run_cfgs(name, lib, spec, do_check, do_bench):
+    """Each config of a path's harness table, picked through the env var the .so
+    reads at each call: the correctness list per config (the config's dtypes),
+    then timings on CFG_BENCH[name]."""
+    cfgs, env_var = cfg_list(lib, name, spec)
+    path_dtypes = PATHS[name][1]
     fails = 0
     try:
         if do_check:
-            for i, cname in cfgs:
-                os.environ[SM80_CFG_ENV] = str(i)
-                f, _ = check({"sm80": lib}, seed=0, tag=f" [cfg {i}: {cname}]")
+            for i, cname, dts in cfgs:
+                os.environ[env_var] = str(i)
+                f, _ = check({name: lib}, seed=0, tag=f" [cfg {i}: {cname}]",
+                             dkeys=[d for d in path_dtypes if not dts or d in dts])
                 fails += f
         if do_bench:
             from triton.testing import do_bench
             gen = torch.Generator(device="cuda").manual_seed(1)
-            print(f"{'case':22s} {'cfg':38s} {'ours TF/s':>10s} {'torch TF/s':>10s} {'ratio':>6s}")
-            for label, batch, m, n, k, dkey, layout in SM80_CFG_BENCH:
+            print(f"{'case':22s} {'cfg':42s} {'ours TF/s':>10s} {'torch TF/s':>10s} {'ratio':>6s}")
+            for label, batch, m, n, k, dkey, layout in CFG_BENCH[name]:
                 dtype = DTYPES[dkey][0]
                 sa = (batch, m, k) if batch else (m, k)
                 sb = (batch, k, n) if batch else (k, n)
@@ -314,26 +332,27 @@ def sm80_cfgs(lib, spec, do_check, do_bench):
                 torch.backends.cuda.matmul.allow_tf32 = dkey == "f32tf32"
                 t_ref = do_bench(lambda: torch.matmul(a, b), warmup=50, rep=300)
                 torch.backends.cuda.matmul.allow_tf32 = old
-                rows = [("auto", "auto")] + [(str(i), f"{i}: {c}") for i, c in cfgs]
+                rows = [("auto", "auto")] + [(str(i), f"{i}: {c}") for i, c, dts in cfgs
+                                             if not dts or dkey in dts]
                 for env, cname in rows:
                     if env == "auto":
-                        os.environ.pop(SM80_CFG_ENV, None)
+                        os.environ.pop(env_var, None)
                     else:
-                        os.environ[SM80_CFG_ENV] = env
+                        os.environ[env_var] = env
                     call = Runner(lib, dkey).prepare(a, b)
                     if call is None:
-                        print(f"{label:22s} {cname:38s} unsupported")
+                        print(f"{label:22s} {cname:42s} unsupported")
                         continue
                     try:
                         t = do_bench(call, warmup=50, rep=300)
                     except RuntimeError as e:
-                        print(f"{label:22s} {cname:38s} {e}", flush=True)
+                        print(f"{label:22s} {cname:42s} {e}", flush=True)
                         fails += 1
                         continue
-                    print(f"{label:22s} {cname:38s} {flop / t / 1e9:10.1f} "
+                    print(f"{label:22s} {cname:42s} {flop / t / 1e9:10.1f} "
                           f"{flop / t_ref / 1e9:10.1f} {t_ref / t:6.3f}", flush=True)
     finally:
-        os.environ.pop(SM80_CFG_ENV, None)
+        os.environ.pop(env_var, None)
     return fails
 
 
@@ -349,24 +368,32 @@ def main():
     p.add_argument("--only", default="", help="comma-separated substrings of bench labels")
     p.add_argument("--ptxas-v", action="store_true",
                    help="print registers and spills of every kernel (nvcc -Xptxas=-v)")
+    p.add_argument("--cfgs", default=None, metavar="PATH:all|I,J,..",
+                   help="one path (sm80, simt): correctness (unless --bench-only) and "
+                        "timings (unless --no-bench) for each config of its harness table")
     p.add_argument("--sm80-cfgs", default=None, metavar="all|I,J,..",
-                   help="sm80 only: correctness (unless --bench-only) and timings (unless "
-                        "--no-bench) for each config of its harness table")
+                   help="same as --cfgs sm80:SPEC")
     args = p.parse_args()
     names = [n for n in args.paths.split(",") if n]
     if args.sm80_cfgs:
-        names = ["sm80"]
+        args.cfgs = f"sm80:{args.sm80_cfgs}"
+    cfg_path = cfg_spec = None
+    if args.cfgs:
+        cfg_path, _, cfg_spec = args.cfgs.partition(":")
+        if cfg_path not in CFG_BENCH or not cfg_spec:
+            raise SystemExit(f"--cfgs: PATH:all|I,J with PATH in {sorted(CFG_BENCH)}")
+        names = [cfg_path]
     outdir = args.out or tempfile.mkdtemp()
     os.makedirs(outdir, exist_ok=True)
     libs = build(names, outdir, args.arch, args.ptxas_v)
     if args.build_only:
         return 0 if len(libs) == len(names) else 1
     torch.cuda.init()
-    if args.sm80_cfgs:
-        if "sm80" not in libs:
+    if cfg_path:
+        if cfg_path not in libs:
             return 1
-        return 1 if sm80_cfgs(libs["sm80"], args.sm80_cfgs, not args.bench_only,
-                              not args.no_bench) else 0
+        return 1 if run_cfgs(cfg_path, libs[cfg_path], cfg_spec, not args.bench_only,
+                             not args.no_bench) else 0
     fails = 0 if args.bench_only else check(libs, seed=0)[0]
     if not args.no_bench:
         bench(libs, args.sweep, [o for o in args.only.split(",") if o])

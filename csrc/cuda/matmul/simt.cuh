@@ -2,8 +2,9 @@
 // for half/bfloat16 layouts the tensor-core paths do not take (inputs
 // converted to float on the way to shared memory, float accumulation).
 //
-// Block tile BM x BN x BK, 256 threads as a 16 x 16 grid, each thread an
-// (TM x TN) register tile made of 4x4 sub-tiles 64 rows/columns apart, so
+// Block tile BM x BN x BK (automatic choices: 256 threads as a 16 x 16
+// grid), each thread a (TM x TN) register tile made of 4x4 sub-tiles
+// 4 * (threads along that dimension) rows/columns apart (64 for 16x16), so
 // a warp's float4 shared reads cover one contiguous 64/128-byte span
 // (no bank conflicts).  float: 128x128x8, 8x8 per thread; double:
 // 64x64x16, 4x4 per thread (8x8 doubles would need ~200 registers).
@@ -17,6 +18,10 @@
 // a group is one vector load when the host found that dimension contiguous
 // and aligned and the group lies inside the matrix, else 4 guarded scalar
 // loads (zero fill), which also serve arbitrary strides and stride 0.
+//
+// The tile shape is a template (TileCfg); harness builds (-DTORCHOPS_MATMUL_DEV)
+// add candidate configs picked by the env var TORCHOPS_DEV_SIMT_CFG at each
+// call (scripts/matmul_dev/check.py --cfgs simt:all).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -24,25 +29,53 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
+#ifdef TORCHOPS_MATMUL_DEV
+#include <cstdlib>
+#endif
 
 #include "gemm_args.cuh"
 
 namespace torchops::cuda::gemm {
 namespace simt_detail {
 
-constexpr int kThreads = 256;
 constexpr int kPad = 4;  // keeps float4 alignment; spreads transposed stores over banks
 constexpr int kGroupM = 8;  // tile rows per L2-friendly group of the tile order
 constexpr int kMaxGridZ = 65535;
 
-template <typename T> struct Cfg {  // float, half, bfloat16: float accumulation
-  using acc = float;
-  static constexpr int BM = 128, BN = 128, BK = 8, TM = 8, TN = 8, MinBlocks = 2;
+template <typename T> struct AccOf { using type = float; };  // float, half, bfloat16
+template <> struct AccOf<double> { using type = double; };
+
+// Block tile BM x BN x BK; each thread a TM x TN register tile of 4x4
+// pieces; (BM/TM) x (BN/TN) threads, warps of 8 (n) x 4 (m) threads.
+// MIN_BLOCKS is __launch_bounds__' second argument (1: up to 255 registers
+// at 256 threads).
+// SPLIT: blocks whose tile lies inside C, with vector loads on both
+// operands, load their full k tiles without per-group bounds checks (fewer
+// non-FMA instructions per k tile; the k tail keeps the checked loads).
+template <int BM_, int BN_, int BK_, int TM_, int TN_, int MIN_BLOCKS_, bool SPLIT_ = true>
+struct TileCfg {
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, TM = TM_, TN = TN_;
+  static constexpr int MIN_BLOCKS = MIN_BLOCKS_;
+  static constexpr bool SPLIT = SPLIT_;
+  static constexpr int TY = BM / TM, TX = BN / TN;  // threads along m, n
+  static constexpr int THREADS = TX * TY;
+  static_assert(BM % TM == 0 && BN % TN == 0, "whole threads");
+  static_assert(TM % 4 == 0 && TN % 4 == 0, "4x4 sub-tiles");
+  static_assert(TX % 8 == 0 && TY % 4 == 0, "warps of 8 x 4 threads");
+  static_assert(BK % 4 == 0 && BM <= 256 && BN <= 256, "int tile math (simt_supports)");
+  static_assert((BM * BK) % (4 * THREADS) == 0 && (BK * BN) % (4 * THREADS) == 0,
+                "whole 4-element load groups per thread");
+  template <typename Acc>
+  static constexpr int smem_bytes() {
+    return 2 * BK * (BM + BN + 2 * kPad) * int(sizeof(Acc));
+  }
 };
-template <> struct Cfg<double> {
-  using acc = double;
-  static constexpr int BM = 64, BN = 64, BK = 16, TM = 4, TN = 4, MinBlocks = 2;
-};
+
+// The automatic choices.  float: 128x128x8, 8x8 per thread, 2 blocks/SM;
+// double: 64x64x16, 4x4 per thread (8x8 doubles would need ~200 registers).
+using CfgF32 = TileCfg<128, 128, 8, 8, 8, 2>;
+using CfgF64 = TileCfg<64, 64, 16, 4, 4, 2>;
 
 __device__ __forceinline__ float to_acc(float x) { return x; }
 __device__ __forceinline__ double to_acc(double x) { return x; }
@@ -137,26 +170,29 @@ struct Params {
 
 // A_K: a thread's 4 A elements run along k (else along m).
 // B_N: a thread's 4 B elements run along n (else along k).
-template <typename T, bool A_K, bool B_N>
-__global__ void __launch_bounds__(kThreads, Cfg<T>::MinBlocks) simt_kernel(const Params<T> p) {
-  using Acc = typename Cfg<T>::acc;
-  constexpr int BM = Cfg<T>::BM, BN = Cfg<T>::BN, BK = Cfg<T>::BK;
-  constexpr int TM = Cfg<T>::TM, TN = Cfg<T>::TN;
+template <typename T, typename C, bool A_K, bool B_N>
+__global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) simt_kernel(const Params<T> p) {
+  using Acc = typename AccOf<T>::type;
+  constexpr int BM = C::BM, BN = C::BN, BK = C::BK;
+  constexpr int TM = C::TM, TN = C::TN;
+  constexpr int kThreads = C::THREADS;
   constexpr int AG = BM * BK / 4 / kThreads;  // 4-element groups per thread
   constexpr int BG = BK * BN / 4 / kThreads;
-  static_assert(BM == 16 * TM && BN == 16 * TN, "16x16 threads");
-  static_assert(AG * 4 * kThreads == BM * BK && BG * 4 * kThreads == BK * BN, "tile/threads");
-  static_assert(TM % 4 == 0 && TN % 4 == 0, "4x4 sub-tiles");
+  // Sub-tile strides: piece i of a thread's rows starts at i * MS + ty * 4.
+  constexpr int MS = C::TY * 4, NS = C::TX * 4;
 
-  __shared__ __align__(16) Acc As[2][BK][BM + kPad];
-  __shared__ __align__(16) Acc Bs[2][BK][BN + kPad];
+  // Dynamic shared memory (configs above 48 KB): A then B, both k-major.
+  extern __shared__ float4 simt_smem[];
+  auto As = reinterpret_cast<Acc (*)[BK][BM + kPad]>(simt_smem);
+  auto Bs = reinterpret_cast<Acc (*)[BK][BN + kPad]>(
+      reinterpret_cast<Acc*>(simt_smem) + 2 * BK * (BM + kPad));
 
   const int tid = threadIdx.x;
   // Warp = 8 (tx) x 4 (ty) threads: its shared reads are 4 distinct A and
-  // 8 distinct B float4s, each span contiguous.
+  // 8 distinct B float4s per piece, each span contiguous.
   const int warp = tid >> 5, lane = tid & 31;
-  const int tx = (warp & 1) * 8 + (lane & 7);
-  const int ty = (warp >> 1) * 4 + (lane >> 3);
+  const int tx = (warp % (C::TX / 8)) * 8 + (lane & 7);
+  const int ty = (warp / (C::TX / 8)) * 4 + (lane >> 3);
 
   // Tile order: groups of kGroupM tile rows swept column by column, so
   // concurrently running blocks share A rows and B columns in L2.
@@ -201,13 +237,16 @@ __global__ void __launch_bounds__(kThreads, Cfg<T>::MinBlocks) simt_kernel(const
       pb[g] = p.b + bi * p.b_bs + int64_t(b_kk[g]) * p.b_rs + int64_t(col0 + b_c[g]) * p.b_cs;
 
     Acc ra[AG][4], rb[BG][4];
-    auto load = [&](int k0) {
+    // full: the k tile at k0 is inside A and B and so is this block's tile,
+    // with vector loads allowed (no checks).
+    auto load = [&](int k0, auto full_t) {
+      constexpr bool full = decltype(full_t)::value;
 #pragma unroll
       for (int g = 0; g < AG; ++g) {
         const int gr = row0 + a_r[g], gk = k0 + a_kk[g];
         const T* src = pa[g];
         if (A_K) {
-          if (p.a_vec && gr < m && gk + 3 < k) {
+          if (full || (p.a_vec && gr < m && gk + 3 < k)) {
             ldg4(src, ra[g]);
           } else {
 #pragma unroll
@@ -215,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<T>::MinBlocks) simt_kernel(const
               ra[g][e] = (gr < m && gk + e < k) ? to_acc(src[e * p.a_cs]) : Acc(0);
           }
         } else {
-          if (p.a_vec && gk < k && gr + 3 < m) {
+          if (full || (p.a_vec && gk < k && gr + 3 < m)) {
             ldg4(src, ra[g]);
           } else {
 #pragma unroll
@@ -230,7 +269,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<T>::MinBlocks) simt_kernel(const
         const int gk = k0 + b_kk[g], gc = col0 + b_c[g];
         const T* src = pb[g];
         if (B_N) {
-          if (p.b_vec && gk < k && gc + 3 < n) {
+          if (full || (p.b_vec && gk < k && gc + 3 < n)) {
             ldg4(src, rb[g]);
           } else {
 #pragma unroll
@@ -238,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<T>::MinBlocks) simt_kernel(const
               rb[g][e] = (gk < k && gc + e < n) ? to_acc(src[e * p.b_cs]) : Acc(0);
           }
         } else {
-          if (p.b_vec && gc < n && gk + 3 < k) {
+          if (full || (p.b_vec && gc < n && gk + 3 < k)) {
             ldg4(src, rb[g]);
           } else {
 #pragma unroll
@@ -276,20 +315,26 @@ __global__ void __launch_bounds__(kThreads, Cfg<T>::MinBlocks) simt_kernel(const
 #pragma unroll
       for (int j = 0; j < TN; ++j) acc[i][j] = Acc(0);
 
-    load(0);
+    // k tiles below full_tiles need no bounds checks (C::SPLIT).
+    const bool interior = C::SPLIT && p.a_vec && p.b_vec && row0 + BM <= m && col0 + BN <= n;
+    const int full_tiles = interior ? k / BK : 0;
+    load(0, std::false_type{});
     store(0);
     __syncthreads();
     for (int t = 0; t < ntiles; ++t) {
       const int cur = t & 1;
       const bool more = t + 1 < ntiles;
-      if (more) load((t + 1) * BK);  // in flight during the FMAs below
+      if (more) {  // in flight during the FMAs below
+        if (C::SPLIT && t + 1 < full_tiles) load((t + 1) * BK, std::true_type{});
+        else load((t + 1) * BK, std::false_type{});
+      }
 #pragma unroll
       for (int kk = 0; kk < BK; ++kk) {
         Acc af[TM], bf[TN];
 #pragma unroll
-        for (int i = 0; i < TM / 4; ++i) lds4(&As[cur][kk][i * 64 + ty * 4], &af[i * 4]);
+        for (int i = 0; i < TM / 4; ++i) lds4(&As[cur][kk][i * MS + ty * 4], &af[i * 4]);
 #pragma unroll
-        for (int j = 0; j < TN / 4; ++j) lds4(&Bs[cur][kk][j * 64 + tx * 4], &bf[j * 4]);
+        for (int j = 0; j < TN / 4; ++j) lds4(&Bs[cur][kk][j * NS + tx * 4], &bf[j * 4]);
 #pragma unroll
         for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -308,18 +353,18 @@ __global__ void __launch_bounds__(kThreads, Cfg<T>::MinBlocks) simt_kernel(const
     for (int i = 0; i < TM / 4; ++i) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        if (rb0 + i * 64 + r >= m) continue;
-        T* const crow = cthr + int64_t(i * 64 + r) * n;
+        if (rb0 + i * MS + r >= m) continue;
+        T* const crow = cthr + int64_t(i * MS + r) * n;
 #pragma unroll
         for (int j = 0; j < TN / 4; ++j) {
-          const int left = n - (cb0 + j * 64);  // columns left from this group
+          const int left = n - (cb0 + j * NS);  // columns left from this group
           const Acc* v = &acc[i * 4 + r][j * 4];
           if (p.c_vec && left >= 4) {
-            stg4(crow + j * 64, v);
+            stg4(crow + j * NS, v);
           } else {
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-              if (e < left) stg1<T, Acc>(crow + j * 64 + e, v[e]);
+              if (e < left) stg1<T, Acc>(crow + j * NS + e, v[e]);
           }
         }
       }
@@ -343,9 +388,9 @@ inline bool vec_ok(const void* ptr, int elt, int64_t s1, int64_t s2, int64_t n2,
          reinterpret_cast<uintptr_t>(ptr) % (4 * static_cast<uintptr_t>(elt)) == 0;
 }
 
-template <typename T>
+template <typename T, typename C>
 cudaError_t launch(const GemmArgs& g, cudaStream_t stream) {
-  using C = Cfg<T>;
+  using Acc = typename AccOf<T>::type;
   Params<T> p;
   p.a = static_cast<const T*>(g.a.ptr);
   p.a_bs = g.a.batch_stride; p.a_rs = g.a.row_stride; p.a_cs = g.a.col_stride;
@@ -355,6 +400,7 @@ cudaError_t launch(const GemmArgs& g, cudaStream_t stream) {
   p.batch = g.batch; p.m = g.m; p.n = g.n; p.k = g.k;
   p.tiles_m = (g.m + C::BM - 1) / C::BM;
   p.tiles_n = (g.n + C::BN - 1) / C::BN;
+  if (p.tiles_m * p.tiles_n > 0x7fffffff) return cudaErrorInvalidValue;
   const int elt = static_cast<int>(sizeof(T));
   const bool a_k = walk_first(g.a.col_stride, g.k, g.a.row_stride, g.m);
   const bool b_n = walk_first(g.b.col_stride, g.n, g.b.row_stride, g.k);
@@ -365,12 +411,82 @@ cudaError_t launch(const GemmArgs& g, cudaStream_t stream) {
   p.c_vec = g.n % 4 == 0 && reinterpret_cast<uintptr_t>(p.c) % (4 * static_cast<uintptr_t>(elt)) == 0;
   const dim3 grid(static_cast<unsigned>(p.tiles_m * p.tiles_n), 1,
                   static_cast<unsigned>(g.batch < kMaxGridZ ? g.batch : kMaxGridZ));
-  if (a_k && b_n) simt_kernel<T, true, true><<<grid, kThreads, 0, stream>>>(p);
-  else if (a_k) simt_kernel<T, true, false><<<grid, kThreads, 0, stream>>>(p);
-  else if (b_n) simt_kernel<T, false, true><<<grid, kThreads, 0, stream>>>(p);
-  else simt_kernel<T, false, false><<<grid, kThreads, 0, stream>>>(p);
+  constexpr int smem = C::template smem_bytes<Acc>();
+  auto kernel = a_k ? (b_n ? simt_kernel<T, C, true, true> : simt_kernel<T, C, true, false>)
+                    : (b_n ? simt_kernel<T, C, false, true> : simt_kernel<T, C, false, false>);
+  if constexpr (smem > 48 * 1024) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+  }
+  kernel<<<grid, C::THREADS, smem, stream>>>(p);
   return cudaGetLastError();
 }
+
+#ifdef TORCHOPS_MATMUL_DEV
+// Harness-only candidates (scripts/matmul_dev/check.py --cfgs simt:all).
+// 0 and 1 are the automatic ones.  A float config serves float only here
+// (the automatic one serves half/bfloat16 too), to keep the harness build
+// short.  Names: dtype, tile, per-thread tile, threads, launch bounds.
+#define TORCHOPS_SIMT_DEV_CFGS(X)                                      \
+  X(0, float, CfgF32, "f32", "128x128x8 8x8 t256 lb2 (auto)")          \
+  X(1, double, CfgF64, "f64", "64x64x16 4x4 t256 lb2 (auto)")          \
+  X(2, float, (TileCfg<128, 128, 8, 8, 8, 1>), "f32", "128x128x8 8x8 t256 lb1")    \
+  X(3, float, (TileCfg<128, 128, 16, 8, 8, 2>), "f32", "128x128x16 8x8 t256 lb2")  \
+  X(4, float, (TileCfg<128, 128, 16, 8, 8, 1>), "f32", "128x128x16 8x8 t256 lb1")  \
+  X(5, float, (TileCfg<128, 256, 8, 8, 16, 1>), "f32", "128x256x8 8x16 t256 lb1")  \
+  X(6, float, (TileCfg<256, 128, 8, 16, 8, 1>), "f32", "256x128x8 16x8 t256 lb1")  \
+  X(7, float, (TileCfg<128, 256, 16, 8, 16, 1>), "f32", "128x256x16 8x16 t256 lb1") \
+  X(8, float, (TileCfg<256, 128, 16, 16, 8, 1>), "f32", "256x128x16 16x8 t256 lb1") \
+  X(9, float, (TileCfg<128, 128, 8, 16, 8, 2>), "f32", "128x128x8 16x8 t128 lb2")  \
+  X(10, float, (TileCfg<128, 64, 8, 8, 8, 3>), "f32", "128x64x8 8x8 t128 lb3")    \
+  X(11, float, (TileCfg<128, 128, 8, 8, 16, 2>), "f32", "128x128x8 8x16 t128 lb2")  \
+  X(12, float, (TileCfg<256, 128, 8, 16, 8, 1, false>), "f32", "256x128x8 16x8 t256 lb1 nosplit") \
+  X(13, float, (TileCfg<64, 128, 8, 8, 8, 3>), "f32", "64x128x8 8x8 t128 lb3")     \
+  X(14, double, (TileCfg<128, 64, 16, 8, 4, 1>), "f64", "128x64x16 8x4 t256 lb1")  \
+  X(15, double, (TileCfg<64, 128, 16, 4, 8, 1>), "f64", "64x128x16 4x8 t256 lb1")  \
+  X(16, double, (TileCfg<128, 128, 8, 8, 8, 1>), "f64", "128x128x8 8x8 t256 lb1")  \
+  X(17, double, (TileCfg<64, 64, 16, 8, 4, 2>), "f64", "64x64x16 8x4 t128 lb2")    \
+  X(18, double, (TileCfg<128, 64, 8, 8, 8, 2>), "f64", "128x64x8 8x8 t128 lb2")   \
+  X(19, float, (TileCfg<128, 128, 8, 8, 8, 2, false>), "f32", "128x128x8 8x8 t256 lb2 nosplit") \
+  X(20, double, (TileCfg<64, 64, 16, 4, 4, 2, false>), "f64", "64x64x16 4x4 t256 lb2 nosplit")
+
+template <typename C> struct Unparen;
+template <typename C> struct Unparen<void(C)> { using type = C; };
+#define TORCHOPS_SIMT_CFG_T(cfg) typename Unparen<void(cfg)>::type
+
+constexpr int kDevCfgs = 21;
+#define TORCHOPS_SIMT_X_NAME(i, t, cfg, dt, name) dt " " name,
+#define TORCHOPS_SIMT_X_DT(i, t, cfg, dt, name) dt,
+constexpr const char* kDevCfgNames[kDevCfgs] = {TORCHOPS_SIMT_DEV_CFGS(TORCHOPS_SIMT_X_NAME)};
+constexpr const char* kDevCfgDtypes[kDevCfgs] = {TORCHOPS_SIMT_DEV_CFGS(TORCHOPS_SIMT_X_DT)};
+#undef TORCHOPS_SIMT_X_NAME
+#undef TORCHOPS_SIMT_X_DT
+
+// Config i for element type T; a config of another dtype is an error.
+template <typename T>
+cudaError_t dev_launch(int cfg, const GemmArgs& g, cudaStream_t stream) {
+  switch (cfg) {
+#define TORCHOPS_SIMT_X_CASE(i, t, cfg, dt, name)                                 \
+  case i:                                                                          \
+    if constexpr (std::is_same_v<T, t>) return launch<T, TORCHOPS_SIMT_CFG_T(cfg)>(g, stream); \
+    else return cudaErrorInvalidValue;
+    TORCHOPS_SIMT_DEV_CFGS(TORCHOPS_SIMT_X_CASE)
+#undef TORCHOPS_SIMT_X_CASE
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+// -1: no override (env unset or empty); -2: not a valid index.
+inline int dev_cfg_from_env() {
+  const char* v = std::getenv("TORCHOPS_DEV_SIMT_CFG");
+  if (!v || !*v) return -1;
+  char* end = nullptr;
+  const long i = std::strtol(v, &end, 10);
+  return (*end != '\0' || i < 0 || i >= kDevCfgs) ? -2 : int(i);
+}
+#endif
 
 }  // namespace simt_detail
 
@@ -387,13 +503,37 @@ inline bool simt_supports(const GemmArgs& g) {
 
 inline size_t simt_workspace_bytes(const GemmArgs&) { return 0; }
 
+#ifdef TORCHOPS_MATMUL_DEV
+#define TORCHOPS_SIMT_DEV_TABLE 1
+inline int simt_dev_cfg_count() { return simt_detail::kDevCfgs; }
+inline const char* simt_dev_cfg_name(int i) {
+  return i >= 0 && i < simt_detail::kDevCfgs ? simt_detail::kDevCfgNames[i] : "";
+}
+// The check.py dtype keys a config serves ("" would mean all).
+inline const char* simt_dev_cfg_dtypes(int i) {
+  return i >= 0 && i < simt_detail::kDevCfgs ? simt_detail::kDevCfgDtypes[i] : "";
+}
+#endif
+
 inline cudaError_t simt_run(const GemmArgs& g, void* /*workspace*/, cudaStream_t stream) {
+  using namespace simt_detail;
   if (g.batch == 0 || g.m == 0 || g.n == 0) return cudaSuccess;
+#ifdef TORCHOPS_MATMUL_DEV
+  // Read at each call, so one process can time every config.
+  if (const int cfg = dev_cfg_from_env(); cfg != -1) {
+    if (cfg < 0) return cudaErrorInvalidValue;
+    switch (g.dtype) {
+      case DType::f32: return dev_launch<float>(cfg, g, stream);
+      case DType::f64: return dev_launch<double>(cfg, g, stream);
+      default: return cudaErrorInvalidValue;
+    }
+  }
+#endif
   switch (g.dtype) {
-    case DType::f32: return simt_detail::launch<float>(g, stream);
-    case DType::f64: return simt_detail::launch<double>(g, stream);
-    case DType::f16: return simt_detail::launch<__half>(g, stream);
-    case DType::bf16: return simt_detail::launch<__nv_bfloat16>(g, stream);
+    case DType::f32: return launch<float, CfgF32>(g, stream);
+    case DType::f64: return launch<double, CfgF64>(g, stream);
+    case DType::f16: return launch<__half, CfgF32>(g, stream);
+    case DType::bf16: return launch<__nv_bfloat16, CfgF32>(g, stream);
   }
   return cudaErrorInvalidValue;
 }
