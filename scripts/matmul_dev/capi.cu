@@ -26,3 +26,10 @@ int dev_sm80_cfg_count() { return sm80_dev_cfg_count(); }
 const char* dev_sm80_cfg_name(int i) { return sm80_dev_cfg_name(i); }
 }
 #endif
+
+#ifdef TORCHOPS_DECODE_DEV_TABLE  // decode.cuh in a -DTORCHOPS_MATMUL_DEV build
+extern "C" {
+int dev_decode_cfg_count() { return decode_dev_cfg_count(); }
+const char* dev_decode_cfg_name(int i) { return decode_dev_cfg_name(i); }
+}
+#endif
