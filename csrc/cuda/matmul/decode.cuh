@@ -243,10 +243,10 @@ template <typename T>
 __device__ __forceinline__ void split_finish(const Params& p, int64_t bi, int n0, int ncols) {
   if (!p.one_kernel) return;  // uniform over the grid
   __shared__ unsigned s_last;
-  fence_acq_rel_gpu();  // release: this thread's partials before the ticket
-  __syncthreads();
+  __syncthreads();  // the CTA's partial stores, before thread 0's release (as CUTLASS's semaphore)
   if (threadIdx.x == 0) {
     unsigned* tk = &decode_tickets[blockIdx.z * gridDim.x + blockIdx.x];
+    fence_acq_rel_gpu();  // release (cumulative: covers what the barrier ordered before it)
     const unsigned last = atomicAdd(tk, 1u) == gridDim.y - 1;
     if (last) {
       atomicExch(tk, 0u);  // every CTA of the slice has arrived: ready for the next call
