@@ -52,3 +52,10 @@ const char* dev_cfg_name(int i) { return (void)i, DEV_CFG_NAME(i); }
 const char* dev_cfg_dtypes(int i) { return (void)i, DEV_CFG_DTYPES(i); }
 const char* dev_cfg_env() { return DEV_CFG_ENV; }
 }
+
+#ifdef TORCHOPS_DECODE_DEV_TABLE  // decode.cuh in a -DTORCHOPS_MATMUL_DEV build
+extern "C" {
+int dev_decode_cfg_count() { return decode_dev_cfg_count(); }
+const char* dev_decode_cfg_name(int i) { return decode_dev_cfg_name(i); }
+}
+#endif

@@ -18,8 +18,16 @@
 // columns of 4 k's), register tile MT x 4 with MT >= M a template.
 //
 // Split-K over CTAs (when the column slices alone cannot fill the GPU)
-// writes float partials to the workspace, [split][batch][m][n], and a
-// second kernel sums them in split order: bitwise reproducible.
+// writes float partials to the workspace, [split][batch][m][n], and they
+// are summed in split order: bitwise reproducible.  Either a second kernel
+// sums them (the automatic choice), or, in the one-kernel variant, the
+// last CTA of a column slice to arrive (a ticket counter per slice, reset
+// by that CTA) sums them with the same order and rounding.
+//
+// Harness builds (-DTORCHOPS_MATMUL_DEV) add candidate configs (warps,
+// columns per CTA, loads in flight, load flavour, split policy, one or two
+// kernels), picked by the env var TORCHOPS_DEV_DECODE_CFG at each call
+// (scripts/matmul_dev/check.py --decode-cfgs).  Entry 0 is the automatic one.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -27,6 +35,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#ifdef TORCHOPS_MATMUL_DEV
+#include <cstdlib>
+#endif
 
 #include "gemm_args.cuh"
 
@@ -35,6 +46,14 @@ namespace decode_detail {
 
 constexpr int kMaxM = 16;
 constexpr int kMaxGridZ = 65535;
+
+// One-kernel split-K: a ticket per (column slice, batch) CTA column.  Zero at
+// module load; the last arriving CTA puts it back to 0, so no memset is
+// needed between calls (CUDA-graph safe).  Not safe for two such launches
+// running at once on different streams: they would share tickets (this is
+// why the automatic choice does not use it yet).
+constexpr int kTickets = 8192;
+static __device__ unsigned int decode_tickets[kTickets];
 
 struct Params {
   const void* a;
@@ -46,12 +65,98 @@ struct Params {
   int64_t batch;
   int m, n, k;
   int splits, kps;  // K per split (multiple of 64)
+  int one_kernel;   // splits > 1: the last CTA of a slice reduces (tickets)
 };
+
+// Kernel shape.  NW warps per CTA; BKT n-tiles (8 columns each) per CTA of
+// the B-k-contiguous kernel; BNG 64-column groups per CTA of the
+// B-n-contiguous kernel (its warps split into BNG groups); UK/UN/UF chunks
+// per warp step (independent 16-byte B loads in flight per lane: 4*UK, 4*UN,
+// 4*UF) of the bk, bn and f32 kernels; LD the flavour of B's loads (0
+// ld.global.cs, 1 ld.global.nc.L1::no_allocate, 2 the same with an L2 256-byte
+// prefetch hint); MINB CTAs per SM asked of ptxas (and the auto split's target).
+template <int NW_, int BKT_, int BNG_, int UK_, int UN_, int UF_, int LD_, int MINB_>
+struct KCfg {
+  static constexpr int NW = NW_, BKT = BKT_, BNG = BNG_, UK = UK_, UN = UN_, UF = UF_, LD = LD_,
+                       MINB = MINB_;
+};
+struct Geom {
+  int nw, bkt, bng, uk, un, uf, minb;
+};
+template <class C> constexpr Geom geom_of() { return {C::NW, C::BKT, C::BNG, C::UK, C::UN, C::UF, C::MINB}; }
+
+using K0 = KCfg<16, 4, 1, 2, 2, 2, 0, 1>;  // the automatic one
+#ifdef TORCHOPS_MATMUL_DEV
+using K1 = KCfg<16, 4, 1, 2, 2, 2, 1, 1>;  // nc.L1::no_allocate loads
+using K2 = KCfg<16, 4, 1, 2, 2, 2, 2, 1>;  // + L2::256B prefetch
+using K3 = KCfg<8, 4, 1, 4, 4, 4, 0, 1>;   // 8 warps, 2x the loads per warp
+using K4 = KCfg<8, 4, 1, 2, 2, 2, 0, 2>;   // 8 warps, 2 CTAs per SM
+using K5 = KCfg<8, 4, 1, 8, 8, 4, 0, 1>;   // 8 warps, 4x the loads per warp
+using K6 = KCfg<16, 2, 2, 2, 2, 2, 0, 1>;  // bk 16 columns, bn 128 columns
+using K7 = KCfg<4, 4, 1, 2, 2, 2, 0, 4>;   // 4 warps, 4 CTAs per SM (u4 spills at 128 regs)
+using K8 = KCfg<8, 4, 1, 4, 4, 4, 1, 1>;   // K3 with nc loads
+using K9 = KCfg<8, 4, 1, 8, 8, 4, 1, 1>;   // K5 with nc loads
+constexpr int kKCfgs = 10;
+constexpr Geom kGeoms[kKCfgs] = {geom_of<K0>(), geom_of<K1>(), geom_of<K2>(), geom_of<K3>(),
+                                 geom_of<K4>(), geom_of<K5>(), geom_of<K6>(), geom_of<K7>(),
+                                 geom_of<K8>(), geom_of<K9>()};
+
+// Harness table: kernel shape, split policy (0 auto, else that many splits,
+// clamped as auto is), one kernel (last-CTA reduction) or two.
+struct DevCfg {
+  int kc, split, one;
+  const char* name;
+};
+constexpr int kDevCfgs = 20;
+constexpr DevCfg kDevCfgs_[kDevCfgs] = {
+    {0, 0, 0, "w16 u2 cs, split auto, 2 kernels (auto)"},
+    {0, 0, 1, "w16 u2 cs, split auto, 1 kernel"},
+    {0, 1, 0, "w16 u2 cs, no split"},
+    {0, 2, 1, "w16 u2 cs, split 2, 1 kernel"},
+    {0, 4, 1, "w16 u2 cs, split 4, 1 kernel"},
+    {0, 2, 0, "w16 u2 cs, split 2, 2 kernels"},
+    {1, 0, 1, "w16 u2 nc, split auto, 1 kernel"},
+    {2, 0, 1, "w16 u2 nc L2::256B, split auto, 1 kernel"},
+    {3, 0, 1, "w8 u4 cs, split auto, 1 kernel"},
+    {3, 1, 0, "w8 u4 cs, no split"},
+    {4, 0, 1, "w8 u2 cs 2/SM, split auto, 1 kernel"},
+    {5, 0, 1, "w8 u8 cs, split auto, 1 kernel"},
+    {5, 1, 0, "w8 u8 cs, no split"},
+    {6, 0, 1, "w16 bk16c/bn128c u2 cs, split auto, 1 kernel"},
+    {7, 0, 1, "w4 u2 cs 4/SM, split auto, 1 kernel"},
+    {8, 0, 1, "w8 u4 nc, split auto, 1 kernel"},
+    {9, 0, 1, "w8 u8 nc, split auto, 1 kernel"},
+    {9, 1, 0, "w8 u8 nc, no split"},
+    {3, 4, 1, "w8 u4 cs, split 4, 1 kernel"},
+    {5, 2, 1, "w8 u8 cs, split 2, 1 kernel"},
+};
+#else
+constexpr int kKCfgs = 1;
+constexpr Geom kGeoms[kKCfgs] = {geom_of<K0>()};
+#endif
 
 __device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
 __device__ __forceinline__ uint2 ldg8(const void* p) { return __ldg(static_cast<const uint2*>(p)); }
-// B is read exactly once: streaming (evict-first) loads.
-__device__ __forceinline__ uint4 ldcs16(const void* p) { return __ldcs(static_cast<const uint4*>(p)); }
+
+// B is read exactly once.  LD 0: streaming (evict-first) loads.  LD 1/2:
+// the read-only path without L1 allocation (B never returns to L1; A does).
+template <int LD>
+__device__ __forceinline__ uint4 ldb16(const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  if constexpr (LD == 1 || (LD == 2 && __CUDA_ARCH__ < 800)) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+  } else if constexpr (LD == 2) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+  }
+#endif
+  return __ldcs(static_cast<const uint4*>(p));
+}
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -90,8 +195,9 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
 #endif
 }
 
-// Sums v over the NW warps of the block into warp 0, in a fixed tree
-// (w += w + half, half = NW/2 .. 1).  red: (NW/2) * NV * 32 floats.
+// Sums v over the NW warps (of one group) into warp 0, in a fixed tree
+// (w += w + half, half = NW/2 .. 1).  red: (NW/2) * NV * 32 floats.  Every
+// thread of the block calls it (it syncs the block).
 template <int NW, int NV>
 __device__ __forceinline__ void tree_reduce(float (&v)[NV], float* red, int warp, int lane) {
 #pragma unroll
@@ -119,18 +225,62 @@ __device__ __forceinline__ void put(const Params& p, int64_t bi, int row, int co
   }
 }
 
-// ---- half/bfloat16, B k-contiguous: CTA = 32 columns (4 n-tiles), 16 warps.
-constexpr int kBkWarps = 16, kBkTiles = 4, kBkU = 2;  // U: 32-k chunks per warp step
-constexpr int kBkCols = 8 * kBkTiles;
+// fence.acq_rel at GPU scope: enough for the ticket's release/acquire, and
+// lighter than __threadfence() (fence.sc).
+__device__ __forceinline__ void fence_acq_rel_gpu() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#else
+  __threadfence();
+#endif
+}
 
+// One-kernel split-K: after this CTA's partials of columns n0..n0+ncols-1
+// are in the workspace, the last CTA of the slice (over blockIdx.y) sums the
+// splits in order 0..S-1 from 0.f, as decode_reduce does (same bits).  All
+// threads call it; grid.z == batch here (one batch entry per CTA).
 template <typename T>
-__global__ void __launch_bounds__(kBkWarps * 32, 1) decode_mma_bk(const Params p) {
-  constexpr int NV = kBkTiles * 4;
-  constexpr int KSTEP = 32 * kBkU;
-  __shared__ float red[kBkWarps / 2 * NV * 32];
+__device__ __forceinline__ void split_finish(const Params& p, int64_t bi, int n0, int ncols) {
+  if (!p.one_kernel) return;  // uniform over the grid
+  __shared__ unsigned s_last;
+  __syncthreads();  // the CTA's partial stores, before thread 0's release (as CUTLASS's semaphore)
+  if (threadIdx.x == 0) {
+    unsigned* tk = &decode_tickets[blockIdx.z * gridDim.x + blockIdx.x];
+    fence_acq_rel_gpu();  // release (cumulative: covers what the barrier ordered before it)
+    const unsigned last = atomicAdd(tk, 1u) == gridDim.y - 1;
+    if (last) {
+      atomicExch(tk, 0u);  // every CTA of the slice has arrived: ready for the next call
+      fence_acq_rel_gpu();  // acquire: the other CTAs' partials
+    }
+    s_last = last;
+  }
+  __syncthreads();
+  if (s_last) {
+    fence_acq_rel_gpu();
+    const int w = min(ncols, p.n - n0);
+    const int64_t total = p.batch * p.m * p.n;
+    for (int e = threadIdx.x; e < p.m * w; e += blockDim.x) {
+      const int row = e / w, col = n0 + e % w;
+      const int64_t idx = (bi * p.m + row) * p.n + col;
+      float s = 0.f;
+      for (int j = 0; j < p.splits; ++j) s += __ldcg(p.ws + j * total + idx);  // L2, not L1
+      static_cast<T*>(p.c)[idx] = from_float<T>(s);
+    }
+  }
+  __syncthreads();  // s_last and shared memory are reused by the next batch entry
+}
+
+// ---- half/bfloat16, B k-contiguous: CTA = 8*BKT columns, NW warps over K.
+template <typename T, class C>
+__global__ void __launch_bounds__(C::NW * 32, C::MINB) decode_mma_bk(const Params p) {
+  constexpr int NW = C::NW, TILES = C::BKT, U = C::UK;
+  constexpr int NV = TILES * 4;
+  constexpr int KSTEP = 32 * U;
+  constexpr int COLS = 8 * TILES;
+  __shared__ float red[(NW / 2 > 0 ? NW / 2 : 1) * NV * 32];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int n0 = blockIdx.x * kBkCols;
+  const int n0 = blockIdx.x * COLS;
   const int kbeg = blockIdx.y * p.kps;
   const int kend = min(p.k, kbeg + p.kps);  // multiple of 8: whole lane vectors in or out
 
@@ -140,34 +290,34 @@ __global__ void __launch_bounds__(kBkWarps * 32, 1) decode_mma_bk(const Params p
     const bool ar0 = g < p.m, ar1 = g + 8 < p.m;
     const T* a0 = A + int64_t(g) * p.a_rs;
     const T* a1 = A + int64_t(g + 8) * p.a_rs;
-    const T* bcol[kBkTiles];
-    bool bok[kBkTiles];
+    const T* bcol[TILES];
+    bool bok[TILES];
 #pragma unroll
-    for (int j = 0; j < kBkTiles; ++j) {
+    for (int j = 0; j < TILES; ++j) {
       const int col = n0 + j * 8 + g;
       bok[j] = col < p.n;
       bcol[j] = B + int64_t(col) * p.b_ld;
     }
-    float acc[kBkTiles][4];
+    float acc[TILES][4];
 #pragma unroll
-    for (int j = 0; j < kBkTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int j = 0; j < TILES; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 
-    for (int kc = kbeg + warp * KSTEP; kc < kend; kc += kBkWarps * KSTEP) {
-      uint4 av[kBkU][2], bv[kBkU][kBkTiles];
+    for (int kc = kbeg + warp * KSTEP; kc < kend; kc += NW * KSTEP) {
+      uint4 av[U][2], bv[U][TILES];
 #pragma unroll
-      for (int u = 0; u < kBkU; ++u) {
+      for (int u = 0; u < U; ++u) {
         const int kk = kc + u * 32 + t * 8;
         const bool kin = kk < kend;
         const uint4 z = make_uint4(0, 0, 0, 0);
         av[u][0] = (kin && ar0) ? ldg16(a0 + kk) : z;
         av[u][1] = (kin && ar1) ? ldg16(a1 + kk) : z;
 #pragma unroll
-        for (int j = 0; j < kBkTiles; ++j) bv[u][j] = (kin && bok[j]) ? ldcs16(bcol[j] + kk) : z;
+        for (int j = 0; j < TILES; ++j) bv[u][j] = (kin && bok[j]) ? ldb16<C::LD>(bcol[j] + kk) : z;
       }
 #pragma unroll
-      for (int u = 0; u < kBkU; ++u) {
+      for (int u = 0; u < U; ++u) {
 #pragma unroll
-        for (int j = 0; j < kBkTiles; ++j) {
+        for (int j = 0; j < TILES; ++j) {
           mma16816<T>(acc[j], av[u][0].x, av[u][1].x, av[u][0].y, av[u][1].y, bv[u][j].x, bv[u][j].y);
           mma16816<T>(acc[j], av[u][0].z, av[u][1].z, av[u][0].w, av[u][1].w, bv[u][j].z, bv[u][j].w);
         }
@@ -175,10 +325,10 @@ __global__ void __launch_bounds__(kBkWarps * 32, 1) decode_mma_bk(const Params p
     }
 
     float (&flat)[NV] = *reinterpret_cast<float(*)[NV]>(&acc[0][0]);
-    tree_reduce<kBkWarps, NV>(flat, red, warp, lane);
+    tree_reduce<NW, NV>(flat, red, warp, lane);
     if (warp == 0) {
 #pragma unroll
-      for (int j = 0; j < kBkTiles; ++j) {
+      for (int j = 0; j < TILES; ++j) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int row = g + (r >> 1) * 8, col = n0 + j * 8 + t * 2 + (r & 1);
@@ -186,21 +336,23 @@ __global__ void __launch_bounds__(kBkWarps * 32, 1) decode_mma_bk(const Params p
         }
       }
     }
+    split_finish<T>(p, bi, n0, COLS);
   }
 }
 
-// ---- half/bfloat16, B n-contiguous: CTA = 64 columns (8 n-tiles), 16 warps.
-constexpr int kBnWarps = 16, kBnU = 2;  // U: 16-k chunks per warp step
-constexpr int kBnCols = 64;
-
-template <typename T>
-__global__ void __launch_bounds__(kBnWarps * 32, 1) decode_mma_bn(const Params p) {
+// ---- half/bfloat16, B n-contiguous: CTA = BNG groups of 64 columns (8
+// n-tiles), NW/BNG warps per group over K.
+template <typename T, class C>
+__global__ void __launch_bounds__(C::NW * 32, C::MINB) decode_mma_bn(const Params p) {
+  constexpr int G = C::BNG, WPG = C::NW / C::BNG, U = C::UN;
   constexpr int NV = 8 * 4;
-  constexpr int KSTEP = 16 * kBnU;
-  __shared__ float red[kBnWarps / 2 * NV * 32];
+  constexpr int KSTEP = 16 * U;
+  constexpr int RED = (WPG / 2 > 0 ? WPG / 2 : 1) * NV * 32;
+  __shared__ float red[G * RED];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int grp = warp / WPG, wk = warp % WPG;
   const int g = lane >> 2, t = lane & 3;
-  const int n0 = blockIdx.x * kBnCols;
+  const int n0 = (blockIdx.x * G + grp) * 64;
   const int colg = n0 + g * 8;  // n % 8 == 0: a lane's 8 columns are all in or all out
   const int kbeg = blockIdx.y * p.kps;
   const int kend = min(p.k, kbeg + p.kps);
@@ -215,21 +367,21 @@ __global__ void __launch_bounds__(kBnWarps * 32, 1) decode_mma_bn(const Params p
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e][0] = acc[e][1] = acc[e][2] = acc[e][3] = 0.f;
 
-    for (int kc = kbeg + warp * KSTEP; kc < kend; kc += kBnWarps * KSTEP) {
-      uint2 av[kBnU][2];
-      uint4 bv[kBnU][4];
+    for (int kc = kbeg + wk * KSTEP; kc < kend; kc += WPG * KSTEP) {
+      uint2 av[U][2];
+      uint4 bv[U][4];
 #pragma unroll
-      for (int u = 0; u < kBnU; ++u) {
+      for (int u = 0; u < U; ++u) {
         const int kr = kc + u * 16 + t * 4;  // this lane's 4 k rows; kend % 4 == 0
         const bool kin = kr < kend;
         av[u][0] = (kin && ar0) ? ldg8(a0 + kr) : make_uint2(0, 0);
         av[u][1] = (kin && ar1) ? ldg8(a1 + kr) : make_uint2(0, 0);
 #pragma unroll
         for (int r = 0; r < 4; ++r)
-          bv[u][r] = (kin && cok) ? ldcs16(B + int64_t(kr + r) * p.b_ld) : make_uint4(0, 0, 0, 0);
+          bv[u][r] = (kin && cok) ? ldb16<C::LD>(B + int64_t(kr + r) * p.b_ld) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
-      for (int u = 0; u < kBnU; ++u) {
+      for (int u = 0; u < U; ++u) {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           // k-pairs (rows 0,1) and (rows 2,3) of column e: logical k (2t, 2t+1)
@@ -243,8 +395,8 @@ __global__ void __launch_bounds__(kBnWarps * 32, 1) decode_mma_bn(const Params p
     }
 
     float (&flat)[NV] = *reinterpret_cast<float(*)[NV]>(&acc[0][0]);
-    tree_reduce<kBnWarps, NV>(flat, red, warp, lane);
-    if (warp == 0) {
+    tree_reduce<WPG, NV>(flat, red + grp * RED, wk, lane);
+    if (wk == 0) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
 #pragma unroll
@@ -255,16 +407,17 @@ __global__ void __launch_bounds__(kBnWarps * 32, 1) decode_mma_bn(const Params p
         }
       }
     }
+    split_finish<T>(p, bi, blockIdx.x * G * 64, G * 64);
   }
 }
 
 // ---- float32, B k-contiguous: CTA = 4 columns, 8 warps; lane = 4 k's.
-constexpr int kF32BkWarps = 8, kF32BkCols = 4, kF32BkU = 2;
+constexpr int kF32BkWarps = 8, kF32BkCols = 4;
 
-template <int MT>
+template <int MT, int U, int LD>
 __global__ void __launch_bounds__(kF32BkWarps * 32) decode_f32_bk(const Params p) {
   constexpr int NC = kF32BkCols;
-  constexpr int KSTEP = 128 * kF32BkU;
+  constexpr int KSTEP = 128 * U;
   __shared__ float red[kF32BkWarps][MT * NC];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int n0 = blockIdx.x * NC;
@@ -281,20 +434,20 @@ __global__ void __launch_bounds__(kF32BkWarps * 32) decode_f32_bk(const Params p
       for (int c = 0; c < NC; ++c) acc[i][c] = 0.f;
 
     for (int kc = kbeg + warp * KSTEP; kc < kend; kc += kF32BkWarps * KSTEP) {
-      float4 w[kF32BkU][NC];
+      float4 w[U][NC];
 #pragma unroll
-      for (int u = 0; u < kF32BkU; ++u) {
+      for (int u = 0; u < U; ++u) {
         const int kk = kc + u * 128 + lane * 4;
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
           const uint4 v = (kk < kend && n0 + c < p.n)
-                              ? ldcs16(B + int64_t(n0 + c) * p.b_ld + kk)
+                              ? ldb16<LD>(B + int64_t(n0 + c) * p.b_ld + kk)
                               : make_uint4(0, 0, 0, 0);
           w[u][c] = *reinterpret_cast<const float4*>(&v);
         }
       }
 #pragma unroll
-      for (int u = 0; u < kF32BkU; ++u) {
+      for (int u = 0; u < U; ++u) {
         const int kk = kc + u * 128 + lane * 4;
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
@@ -339,17 +492,18 @@ __global__ void __launch_bounds__(kF32BkWarps * 32) decode_f32_bk(const Params p
       if (i < p.m && n0 + c < p.n) put<float>(p, bi, i, n0 + c, s);
     }
     __syncthreads();
+    split_finish<float>(p, bi, n0, NC);
   }
 }
 
 // ---- float32, B n-contiguous: CTA = 128 columns (lane = 4 columns), 8 warps.
-constexpr int kF32BnWarps = 8, kF32BnU = 2;  // U: 4-row steps per warp step
+constexpr int kF32BnWarps = 8;
 constexpr int kF32BnCols = 128;
 
-template <int MT>
+template <int MT, int U, int LD>
 __global__ void __launch_bounds__(kF32BnWarps * 32) decode_f32_bn(const Params p) {
   constexpr int NV = MT * 4;
-  constexpr int KSTEP = 4 * kF32BnU;
+  constexpr int KSTEP = 4 * U;  // U: 4-row steps per warp step
   __shared__ float red[kF32BnWarps / 2 * NV * 32];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int col = blockIdx.x * kF32BnCols + lane * 4;  // n % 4 == 0: all 4 in or out
@@ -365,19 +519,19 @@ __global__ void __launch_bounds__(kF32BnWarps * 32) decode_f32_bn(const Params p
     for (int i = 0; i < MT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 
     for (int kc = kbeg + warp * KSTEP; kc < kend; kc += kF32BnWarps * KSTEP) {
-      float4 w[kF32BnU][4];
+      float4 w[U][4];
 #pragma unroll
-      for (int u = 0; u < kF32BnU; ++u) {
+      for (int u = 0; u < U; ++u) {
         const int kr = kc + u * 4;
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const uint4 v = (kr < kend && cok) ? ldcs16(B + int64_t(kr + r) * p.b_ld)
+          const uint4 v = (kr < kend && cok) ? ldb16<LD>(B + int64_t(kr + r) * p.b_ld)
                                              : make_uint4(0, 0, 0, 0);
           w[u][r] = *reinterpret_cast<const float4*>(&v);
         }
       }
 #pragma unroll
-      for (int u = 0; u < kF32BnU; ++u) {
+      for (int u = 0; u < U; ++u) {
         const int kr = kc + u * 4;
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
@@ -403,6 +557,7 @@ __global__ void __launch_bounds__(kF32BnWarps * 32) decode_f32_bn(const Params p
           for (int c = 0; c < 4; ++c) put<float>(p, bi, i, col + c, acc[i][c]);
         }
     }
+    split_finish<float>(p, bi, blockIdx.x * kF32BnCols, kF32BnCols);
   }
 }
 
@@ -424,6 +579,8 @@ struct Plan {
   Kind kind = Kind::none;
   int64_t col_ctas = 0;
   int splits = 1, kps = 0;
+  int kc = 0;           // kernel shape (kGeoms)
+  bool one_kernel = false;
 };
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -442,10 +599,37 @@ inline int device_cc_major() {
   return major;
 }
 
+// Config of this call: 0 (automatic) unless a harness build is given
+// TORCHOPS_DEV_DECODE_CFG; -1 when that is not an index of the table.
+inline int dev_cfg() {
+#ifdef TORCHOPS_MATMUL_DEV
+  if (const char* v = std::getenv("TORCHOPS_DEV_DECODE_CFG"); v && *v) {
+    char* end = nullptr;
+    const long i = std::strtol(v, &end, 10);
+    if (*end != '\0' || i < 0 || i >= kDevCfgs) return -1;
+    return int(i);
+  }
+#endif
+  return 0;
+}
+
 // What decode_supports checks, and the launch shape (a pure function of the
-// problem and the device, so the split and the summation order are fixed).
-inline Plan make_plan(const GemmArgs& g) {
+// problem, the device and the config, so the split and the summation order
+// are fixed).
+inline Plan make_plan(const GemmArgs& g, int cfg = 0) {
   Plan pl;
+  int split_policy = 0;  // 0: auto, else that many splits
+  bool one = false;
+#ifdef TORCHOPS_MATMUL_DEV
+  if (cfg > 0 && cfg < kDevCfgs) {
+    pl.kc = kDevCfgs_[cfg].kc;
+    split_policy = kDevCfgs_[cfg].split;
+    one = kDevCfgs_[cfg].one != 0;
+  }
+#else
+  (void)cfg;
+#endif
+  const Geom& ge = kGeoms[pl.kc];
   if (g.dtype == DType::f64) return pl;
   if (g.m < 1 || g.m > kMaxM || g.n < 1 || g.k < 1 || g.batch < 1) return pl;
   if (g.n > 0x7fffff00 || g.k > 0x7fffff00) return pl;
@@ -461,17 +645,17 @@ inline Plan make_plan(const GemmArgs& g) {
   if (!aligned16(g.b.ptr) || (g.batch > 1 && g.b.batch_stride % v != 0)) return pl;
   const bool bk = g.b.row_stride == 1 && (g.n == 1 || g.b.col_stride % v == 0);
   const bool bn = g.b.col_stride == 1 && g.n % v == 0 && (g.k == 1 || g.b.row_stride % v == 0);
-  int cols, warps, kstep;  // kstep: k per warp step
+  int cols, warps, kstep;  // kstep: k per warp step; warps: over one column slice
   if (bk) {
     pl.kind = half ? Kind::mma_bk : Kind::f32_bk;
-    cols = half ? kBkCols : kF32BkCols;
-    warps = half ? kBkWarps : kF32BkWarps;
-    kstep = half ? 32 * kBkU : 128 * kF32BkU;
+    cols = half ? 8 * ge.bkt : kF32BkCols;
+    warps = half ? ge.nw : kF32BkWarps;
+    kstep = half ? 32 * ge.uk : 128 * ge.uf;
   } else if (bn) {
     pl.kind = half ? Kind::mma_bn : Kind::f32_bn;
-    cols = half ? kBnCols : kF32BnCols;
-    warps = half ? kBnWarps : kF32BnWarps;
-    kstep = half ? 16 * kBnU : 4 * kF32BnU;
+    cols = half ? 64 * ge.bng : kF32BnCols;
+    warps = half ? ge.nw / ge.bng : kF32BnWarps;
+    kstep = half ? 16 * ge.un : 4 * ge.uf;
   } else {
     return pl;
   }
@@ -480,8 +664,8 @@ inline Plan make_plan(const GemmArgs& g) {
   // Split K only while column slices x batch leave SMs idle, and never
   // below one step per warp per split.
   const int64_t ctas = pl.col_ctas * (g.batch < kMaxGridZ ? g.batch : kMaxGridZ);
-  const int64_t want = (int64_t(device_sms()) * 9 + 9) / 10;
-  int64_t s = (want + ctas - 1) / ctas;
+  const int64_t want = (int64_t(device_sms()) * 9 + 9) / 10 * (half ? ge.minb : 1);
+  int64_t s = split_policy > 0 ? split_policy : (want + ctas - 1) / ctas;
   const int64_t smax = g.k / (int64_t(warps) * kstep);
   if (s > smax) s = smax;
   if (s < 1) s = 1;
@@ -490,33 +674,66 @@ inline Plan make_plan(const GemmArgs& g) {
   s = (g.k + kps - 1) / kps;
   pl.splits = static_cast<int>(s);
   pl.kps = static_cast<int>(kps);
+  // One kernel: one batch entry per CTA and a ticket per CTA column.
+  pl.one_kernel = one && s > 1 && g.batch <= kMaxGridZ && ctas <= kTickets;
   return pl;
 }
 
-template <int MT>
+inline dim3 grid_of(const Plan& pl, const Params& p) {
+  return dim3(static_cast<unsigned>(pl.col_ctas), static_cast<unsigned>(pl.splits),
+              static_cast<unsigned>(p.batch < kMaxGridZ ? p.batch : kMaxGridZ));
+}
+
+template <int MT, class C>
 cudaError_t launch_f32_mt(Kind kind, dim3 grid, const Params& p, cudaStream_t st) {
-  if (kind == Kind::f32_bk) decode_f32_bk<MT><<<grid, kF32BkWarps * 32, 0, st>>>(p);
-  else decode_f32_bn<MT><<<grid, kF32BnWarps * 32, 0, st>>>(p);
+  if (kind == Kind::f32_bk) decode_f32_bk<MT, C::UF, C::LD><<<grid, kF32BkWarps * 32, 0, st>>>(p);
+  else decode_f32_bn<MT, C::UF, C::LD><<<grid, kF32BnWarps * 32, 0, st>>>(p);
   return cudaGetLastError();
 }
 
-template <typename T>
+template <class C>
+cudaError_t launch_f32(const Plan& pl, const Params& p, cudaStream_t st) {
+  const dim3 grid = grid_of(pl, p);
+  if (p.m <= 1) return launch_f32_mt<1, C>(pl.kind, grid, p, st);
+  if (p.m <= 2) return launch_f32_mt<2, C>(pl.kind, grid, p, st);
+  if (p.m <= 4) return launch_f32_mt<4, C>(pl.kind, grid, p, st);
+  if (p.m <= 8) return launch_f32_mt<8, C>(pl.kind, grid, p, st);
+  return launch_f32_mt<16, C>(pl.kind, grid, p, st);
+}
+
+template <typename T, class C>
 cudaError_t launch_mma(const Plan& pl, const Params& p, cudaStream_t st) {
-  const dim3 grid(static_cast<unsigned>(pl.col_ctas), static_cast<unsigned>(pl.splits),
-                  static_cast<unsigned>(p.batch < kMaxGridZ ? p.batch : kMaxGridZ));
-  if (pl.kind == Kind::mma_bk) decode_mma_bk<T><<<grid, kBkWarps * 32, 0, st>>>(p);
-  else decode_mma_bn<T><<<grid, kBnWarps * 32, 0, st>>>(p);
+  const dim3 grid = grid_of(pl, p);
+  if (pl.kind == Kind::mma_bk) decode_mma_bk<T, C><<<grid, C::NW * 32, 0, st>>>(p);
+  else decode_mma_bn<T, C><<<grid, C::NW * 32, 0, st>>>(p);
   return cudaGetLastError();
 }
 
-inline cudaError_t launch_f32(const Plan& pl, const Params& p, cudaStream_t st) {
-  const dim3 grid(static_cast<unsigned>(pl.col_ctas), static_cast<unsigned>(pl.splits),
-                  static_cast<unsigned>(p.batch < kMaxGridZ ? p.batch : kMaxGridZ));
-  if (p.m <= 1) return launch_f32_mt<1>(pl.kind, grid, p, st);
-  if (p.m <= 2) return launch_f32_mt<2>(pl.kind, grid, p, st);
-  if (p.m <= 4) return launch_f32_mt<4>(pl.kind, grid, p, st);
-  if (p.m <= 8) return launch_f32_mt<8>(pl.kind, grid, p, st);
-  return launch_f32_mt<16>(pl.kind, grid, p, st);
+template <class C>
+cudaError_t launch_cfg(DType dt, const Plan& pl, const Params& p, cudaStream_t st) {
+  switch (dt) {
+    case DType::bf16: return launch_mma<__nv_bfloat16, C>(pl, p, st);
+    case DType::f16: return launch_mma<__half, C>(pl, p, st);
+    default: return launch_f32<C>(pl, p, st);
+  }
+}
+
+inline cudaError_t launch_kc(DType dt, const Plan& pl, const Params& p, cudaStream_t st) {
+  switch (pl.kc) {
+    case 0: return launch_cfg<K0>(dt, pl, p, st);
+#ifdef TORCHOPS_MATMUL_DEV
+    case 1: return launch_cfg<K1>(dt, pl, p, st);
+    case 2: return launch_cfg<K2>(dt, pl, p, st);
+    case 3: return launch_cfg<K3>(dt, pl, p, st);
+    case 4: return launch_cfg<K4>(dt, pl, p, st);
+    case 5: return launch_cfg<K5>(dt, pl, p, st);
+    case 6: return launch_cfg<K6>(dt, pl, p, st);
+    case 7: return launch_cfg<K7>(dt, pl, p, st);
+    case 8: return launch_cfg<K8>(dt, pl, p, st);
+    case 9: return launch_cfg<K9>(dt, pl, p, st);
+#endif
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace decode_detail
@@ -529,14 +746,25 @@ inline bool decode_supports(const GemmArgs& g) {
 }
 
 inline size_t decode_workspace_bytes(const GemmArgs& g) {
-  const decode_detail::Plan pl = decode_detail::make_plan(g);
+  const int cfg = decode_detail::dev_cfg();
+  const decode_detail::Plan pl = decode_detail::make_plan(g, cfg < 0 ? 0 : cfg);
   if (pl.kind == decode_detail::Kind::none || pl.splits <= 1) return 0;
   return size_t(pl.splits) * size_t(g.batch) * size_t(g.m) * size_t(g.n) * sizeof(float);
 }
 
+#ifdef TORCHOPS_MATMUL_DEV
+#define TORCHOPS_DECODE_DEV_TABLE 1
+inline int decode_dev_cfg_count() { return decode_detail::kDevCfgs; }
+inline const char* decode_dev_cfg_name(int i) {
+  return i >= 0 && i < decode_detail::kDevCfgs ? decode_detail::kDevCfgs_[i].name : "";
+}
+#endif
+
 inline cudaError_t decode_run(const GemmArgs& g, void* workspace, cudaStream_t stream) {
   using namespace decode_detail;
-  const Plan pl = make_plan(g);
+  const int cfg = dev_cfg();
+  if (cfg < 0) return cudaErrorInvalidValue;
+  const Plan pl = make_plan(g, cfg);
   if (pl.kind == Kind::none) return cudaErrorInvalidValue;
   if (pl.splits > 1 && workspace == nullptr) return cudaErrorInvalidValue;
   Params p;
@@ -548,13 +776,9 @@ inline cudaError_t decode_run(const GemmArgs& g, void* workspace, cudaStream_t s
   p.batch = g.batch;
   p.m = static_cast<int>(g.m); p.n = static_cast<int>(g.n); p.k = static_cast<int>(g.k);
   p.splits = pl.splits; p.kps = pl.kps;
-  cudaError_t err;
-  switch (g.dtype) {
-    case DType::bf16: err = launch_mma<__nv_bfloat16>(pl, p, stream); break;
-    case DType::f16: err = launch_mma<__half>(pl, p, stream); break;
-    default: err = launch_f32(pl, p, stream); break;
-  }
-  if (err != cudaSuccess || pl.splits == 1) return err;
+  p.one_kernel = pl.one_kernel ? 1 : 0;
+  const cudaError_t err = launch_kc(g.dtype, pl, p, stream);
+  if (err != cudaSuccess || pl.splits == 1 || pl.one_kernel) return err;
   const int64_t total = g.batch * g.m * g.n;
   int64_t blocks = (total + 255) / 256;
   if (blocks > 4096) blocks = 4096;
