@@ -72,10 +72,17 @@ struct TileCfg {
   }
 };
 
-// The automatic choices.  float: 128x128x8, 8x8 per thread, 2 blocks/SM;
-// double: 64x64x16, 4x4 per thread (8x8 doubles would need ~200 registers).
-using CfgF32 = TileCfg<128, 128, 8, 8, 8, 2>;
-using CfgF64 = TileCfg<64, 64, 16, 4, 4, 2>;
+// The automatic choices, from an H200 sweep (scripts/matmul_dev --cfgs
+// simt:all; ratio to cuBLAS fp32 at 4096^3 / 1000x3000x768):
+//   float: 128x128x16, 8x8 per thread, one block per SM with up to 255
+//     registers (0.86 / 0.73; 128x128x8 at 2 blocks/SM was 0.77 / 0.65);
+//     problems of under two waves of those tiles take 128x64x8 with 128
+//     threads, 3 blocks/SM (0.63 / 0.81): more blocks to spread;
+//   double: 128x64x8, 8x8 per thread, 128 threads (0.31 of cuBLAS, which
+//     uses the FP64 tensor cores; 64x64x16 4x4 was 0.20).
+using CfgF32 = TileCfg<128, 128, 16, 8, 8, 1>;
+using CfgF32Small = TileCfg<128, 64, 8, 8, 8, 3>;
+using CfgF64 = TileCfg<128, 64, 8, 8, 8, 2>;
 
 __device__ __forceinline__ float to_acc(float x) { return x; }
 __device__ __forceinline__ double to_acc(double x) { return x; }
@@ -429,8 +436,8 @@ cudaError_t launch(const GemmArgs& g, cudaStream_t stream) {
 // (the automatic one serves half/bfloat16 too), to keep the harness build
 // short.  Names: dtype, tile, per-thread tile, threads, launch bounds.
 #define TORCHOPS_SIMT_DEV_CFGS(X)                                      \
-  X(0, float, CfgF32, "f32", "128x128x8 8x8 t256 lb2 (auto)")          \
-  X(1, double, CfgF64, "f64", "64x64x16 4x4 t256 lb2 (auto)")          \
+  X(0, float, CfgF32, "f32", "128x128x16 8x8 t256 lb1 (auto)")        \
+  X(1, double, CfgF64, "f64", "128x64x8 8x8 t128 lb2 (auto)")          \
   X(2, float, (TileCfg<128, 128, 8, 8, 8, 1>), "f32", "128x128x8 8x8 t256 lb1")    \
   X(3, float, (TileCfg<128, 128, 16, 8, 8, 2>), "f32", "128x128x16 8x8 t256 lb2")  \
   X(4, float, (TileCfg<128, 128, 16, 8, 8, 1>), "f32", "128x128x16 8x8 t256 lb1")  \
@@ -530,7 +537,15 @@ inline cudaError_t simt_run(const GemmArgs& g, void* /*workspace*/, cudaStream_t
   }
 #endif
   switch (g.dtype) {
-    case DType::f32: return launch<float, CfgF32>(g, stream);
+    case DType::f32: {
+      int dev = 0, sms = 0;
+      cudaGetDevice(&dev);
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      const int64_t tiles = g.batch * ((g.m + CfgF32::BM - 1) / CfgF32::BM) *
+                            ((g.n + CfgF32::BN - 1) / CfgF32::BN);
+      return tiles < 2 * int64_t(sms) ? launch<float, CfgF32Small>(g, stream)
+                                      : launch<float, CfgF32>(g, stream);
+    }
     case DType::f64: return launch<double, CfgF64>(g, stream);
     case DType::f16: return launch<__half, CfgF32>(g, stream);
     case DType::bf16: return launch<__nv_bfloat16, CfgF32>(g, stream);
