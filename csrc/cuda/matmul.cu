@@ -29,10 +29,7 @@
 
 #include "common/matmul.h"
 #include "cuda/common/launch.cuh"
-#include "cuda/matmul/decode.cuh"
-#include "cuda/matmul/simt.cuh"
-#include "cuda/matmul/sm80.cuh"
-#include "cuda/matmul/sm90.cuh"
+#include "cuda/matmul/paths.cuh"
 
 namespace torchops::cuda {
 namespace {
@@ -40,31 +37,24 @@ namespace {
 using gemm::DType;
 using gemm::GemmArgs;
 
-enum class Path { decode, sm90, sm80, simt };
+using gemm::PathEntry;
 
-struct PathOps {
-  Path path;
-  const char* name;
-  bool (*supports)(const GemmArgs&);
-  size_t (*workspace_bytes)(const GemmArgs&);
-  cudaError_t (*run)(const GemmArgs&, void*, cudaStream_t);
-};
+// In order of preference where several could run a call.
+const PathEntry* const kPaths[] = {&gemm::decode_path, &gemm::sm90_path, &gemm::sm80_path,
+                                   &gemm::simt_path};
+const PathEntry& kDecode = gemm::decode_path;
+const PathEntry& kSm90 = gemm::sm90_path;
+const PathEntry& kSm80 = gemm::sm80_path;
+const PathEntry& kSimt = gemm::simt_path;
 
-constexpr PathOps kPaths[] = {
-    {Path::decode, "decode", gemm::decode_supports, gemm::decode_workspace_bytes, gemm::decode_run},
-    {Path::sm90, "sm90", gemm::sm90_supports, gemm::sm90_workspace_bytes, gemm::sm90_run},
-    {Path::sm80, "sm80", gemm::sm80_supports, gemm::sm80_workspace_bytes, gemm::sm80_run},
-    {Path::simt, "simt", gemm::simt_supports, gemm::simt_workspace_bytes, gemm::simt_run},
-};
-
-const PathOps* forced_path() {
+const PathEntry* forced_path() {
   const char* v = std::getenv("TORCHOPS_TESTING_MATMUL_PATH");
   if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) {
     return nullptr;
   }
-  for (const PathOps& p : kPaths) {
-    if (std::strcmp(v, p.name) == 0) {
-      return &p;
+  for (const PathEntry* p : kPaths) {
+    if (std::strcmp(v, p->name) == 0) {
+      return p;
     }
   }
   TORCH_CHECK(false, "torchops.matmul: TORCHOPS_TESTING_MATMUL_PATH='", v,
@@ -146,7 +136,7 @@ bool k_contiguous(const at::Tensor& t, int k_dim) {
          reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
 }
 
-void run_path(const PathOps& p, const GemmArgs& g, const at::Tensor& like) {
+void run_path(const PathEntry& p, const GemmArgs& g, const at::Tensor& like) {
   const size_t ws_bytes = p.workspace_bytes(g);
   at::Tensor ws;
   if (ws_bytes > 0) {
@@ -171,38 +161,38 @@ at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
   at::Tensor a = a_in, b = b_in;
   GemmArgs g = args_of(a, b, c, s);
 
-  if (const PathOps* f = forced_path(); f != nullptr && f->supports(g)) {
+  if (const PathEntry* f = forced_path(); f != nullptr && f->supports(g)) {
     run_path(*f, g, c);
     return c;
   }
-  if (s.m <= 16 && gemm::decode_supports(g)) {
-    run_path(kPaths[0], g, c);
+  if (s.m <= 16 && kDecode.supports(g)) {
+    run_path(kDecode, g, c);
     return c;
   }
   if (is_half(g.dtype) && device_major() >= 8) {
-    const bool fits = gemm::sm90_supports(g) || gemm::sm80_supports(g);
+    const bool fits = kSm90.supports(g) || kSm80.supports(g);
     if (!fits) {
       // Copy what the tensor-core loads cannot read (their strides), keep
       // what they can.
       a = padded_row_major(a);
-      if (!(gemm::sm80_supports(args_of(a, b, c, s)))) {
+      if (!(kSm80.supports(args_of(a, b, c, s)))) {
         b = padded_row_major(b);
       }
       g = args_of(a, b, c, s);
     }
     // Batched small matrices: wgmma's 128-row tiles would be half empty.
     const bool small_batched = s.batch > 1 && s.m <= 64;
-    if (!small_batched && gemm::sm90_supports(g)) {
-      run_path(kPaths[1], g, c);
+    if (!small_batched && kSm90.supports(g)) {
+      run_path(kSm90, g, c);
       return c;
     }
-    if (gemm::sm80_supports(g)) {
-      run_path(kPaths[2], g, c);
+    if (kSm80.supports(g)) {
+      run_path(kSm80, g, c);
       return c;
     }
   }
   if (g.dtype == DType::f32 && g.allow_tf32) {
-    if (is_hopper() && !gemm::sm90_supports(g)) {
+    if (is_hopper() && !kSm90.supports(g)) {
       // TF32 wgmma reads A and B K-major only: copy the operand that is not
       // (a row-major B, the common case, costs ~10% at 4096^3).
       if (!k_contiguous(a, /*k_dim=*/-1)) {
@@ -213,16 +203,16 @@ at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
       }
       g = args_of(a, b, c, s);
     }
-    if (gemm::sm90_supports(g)) {
-      run_path(kPaths[1], g, c);
+    if (kSm90.supports(g)) {
+      run_path(kSm90, g, c);
       return c;
     }
-    if (gemm::sm80_supports(g)) {
-      run_path(kPaths[2], g, c);
+    if (kSm80.supports(g)) {
+      run_path(kSm80, g, c);
       return c;
     }
   }
-  run_path(kPaths[3], g, c);
+  run_path(kSimt, g, c);
   return c;
 }
 
