@@ -252,27 +252,6 @@ struct KParams {
   int c_vec16;  // C rows take 16-byte stores (16-byte base, n*size % 16 == 0)
 };
 
-// The chunks of a tile at the operand's edge: whole ones by cp.async,
-// partial or empty ones by plain loads and zeros (never cp.async's zero-fill
-// form: it names a 16-byte source, which may lie past the end of a small
-// allocation, e.g. the 2 bytes of a 1 x 1 operand, and compute-sanitizer
-// counts it as read).  Not inlined: edge tiles are rare, and their code
-// would otherwise take registers in every main loop.
-template <int PASSES, int DST_STEP>
-__device__ __noinline__ void load_chunks_edge(uint32_t dst, const char* src, int64_t step,
-                                              int bytes, int rows_ok, int rows_per_pass) {
-  for (int i = 0; i < PASSES; ++i) {
-    const bool ok = i * rows_per_pass < rows_ok;
-    if (ok && bytes == 16) {
-      cp_async16(dst, src, 16);
-    } else {
-      store_partial_chunk(dst, src, ok ? bytes : 0);
-    }
-    dst += DST_STEP;
-    src += step;
-  }
-}
-
 // Issues one stage's cp.async copies of one operand tile.  g points at the
 // tile's first element (always inside the operand: the tile starts in range);
 // rows at or past outer_rem and chunks at or past inner_rem are zero-filled,
@@ -298,17 +277,21 @@ __device__ __forceinline__ void load_tile(uint32_t s_tile, const char* g,
   const int64_t step = int64_t(RPI) * outer_stride * ES;
   const uint32_t dst0 = s_tile + swz<CPR, PAIR>(r0, c) * 16;
   const int rows_ok = bytes > 0 ? outer_rem - r0 : 0;  // rows r0 + i*RPI < ..
-  if (bytes == 16 && rows_ok > ROWS - RPI) {
-    // Every chunk of this thread is whole (all of an interior tile's are):
-    // straight cp.async, no edge code in the main loop's registers.
 #pragma unroll
-    for (int i = 0; i < ROWS / RPI; ++i) {
-      cp_async16(dst0 + i * RPI * CPR * 16, src, 16);
-      src += step;
+  for (int i = 0; i < ROWS / RPI; ++i) {
+    const bool ok = i * RPI < rows_ok;
+    const uint32_t dst = dst0 + i * RPI * CPR * 16;
+    if (ok && bytes == 16) {
+      cp_async16(dst, src, 16);
+    } else {
+      // A partial or empty chunk: plain loads of the in-range bytes, zeros
+      // for the rest.  Never cp.async's zero-fill form: it names a 16-byte
+      // source, which may lie past the end of a small allocation (a 1 x 1
+      // operand holds 2 bytes), and compute-sanitizer counts it as read.
+      store_partial_chunk(dst, src, ok ? bytes : 0);
     }
-    return;
+    src += step;
   }
-  load_chunks_edge<ROWS / RPI, RPI * CPR * 16>(dst0, src, step, bytes, rows_ok, RPI);
 }
 
 // Passes of the shared-memory epilogue: the C tile (padded rows) goes through
