@@ -172,8 +172,9 @@ at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
   if (is_half(g.dtype) && device_major() >= 8) {
     const bool fits = kSm90.supports(g) || kSm80.supports(g);
     if (!fits) {
-      // Copy what the tensor-core loads cannot read (their strides), keep
-      // what they can.
+      // Copy into padded row-major buffers what the tensor-core loads
+      // cannot read: A always here (cheap beside the GEMM), B only if the
+      // paths still cannot take it.
       a = padded_row_major(a);
       if (!(kSm80.supports(args_of(a, b, c, s)))) {
         b = padded_row_major(b);
