@@ -25,20 +25,22 @@ int dev_run(const GemmArgs* g, void* workspace, void* stream) {
 // <path>_dev_cfg_dtypes: the check.py dtype keys a config serves, "" = all).
 // Generic exports: dev_cfg_count (0 without a table), dev_cfg_name,
 // dev_cfg_dtypes, dev_cfg_env (the env var the path reads at each call).
-#if defined(TORCHOPS_SM80_DEV_TABLE) && !defined(TORCHOPS_SIMT_DEV_TABLE)
+// One path per build, so at most one table is defined.
+#if defined(TORCHOPS_SM80_DEV_TABLE)
 #define DEV_CFG_COUNT() sm80_dev_cfg_count()
 #define DEV_CFG_NAME(i) sm80_dev_cfg_name(i)
 #define DEV_CFG_DTYPES(i) ""
 #define DEV_CFG_ENV "TORCHOPS_DEV_SM80_CFG"
-extern "C" {
-int dev_sm80_cfg_count() { return sm80_dev_cfg_count(); }  // older check.py
-const char* dev_sm80_cfg_name(int i) { return sm80_dev_cfg_name(i); }
-}
-#elif defined(TORCHOPS_SIMT_DEV_TABLE) && !defined(TORCHOPS_SM80_DEV_TABLE)
+#elif defined(TORCHOPS_SIMT_DEV_TABLE)
 #define DEV_CFG_COUNT() simt_dev_cfg_count()
 #define DEV_CFG_NAME(i) simt_dev_cfg_name(i)
 #define DEV_CFG_DTYPES(i) simt_dev_cfg_dtypes(i)
 #define DEV_CFG_ENV "TORCHOPS_DEV_SIMT_CFG"
+#elif defined(TORCHOPS_DECODE_DEV_TABLE)
+#define DEV_CFG_COUNT() decode_dev_cfg_count()
+#define DEV_CFG_NAME(i) decode_dev_cfg_name(i)
+#define DEV_CFG_DTYPES(i) ""
+#define DEV_CFG_ENV "TORCHOPS_DEV_DECODE_CFG"
 #else
 #define DEV_CFG_COUNT() 0
 #define DEV_CFG_NAME(i) ""
@@ -52,10 +54,3 @@ const char* dev_cfg_name(int i) { return (void)i, DEV_CFG_NAME(i); }
 const char* dev_cfg_dtypes(int i) { return (void)i, DEV_CFG_DTYPES(i); }
 const char* dev_cfg_env() { return DEV_CFG_ENV; }
 }
-
-#ifdef TORCHOPS_DECODE_DEV_TABLE  // decode.cuh in a -DTORCHOPS_MATMUL_DEV build
-extern "C" {
-int dev_decode_cfg_count() { return decode_dev_cfg_count(); }
-const char* dev_decode_cfg_name(int i) { return decode_dev_cfg_name(i); }
-}
-#endif

@@ -282,7 +282,16 @@ CFG_BENCH = {  # path -> [(label, batch, m, n, k, dtype key, layout)] for --cfgs
         ("f32 1000x3000x768", None, 1000, 3000, 768, "f32", "nn"),
         ("f64 1024^3", None, 1024, 1024, 1024, "f64", "nn"),
     ],
+    "decode": [
+        ("bf16 16x4096x4096", None, 16, 4096, 4096, "bf16", "nn"),
+        ("bf16 16x4096x4096 W^T", None, 16, 4096, 4096, "bf16", "nt"),
+        ("bf16 1x4096x4096", None, 1, 4096, 4096, "bf16", "nn"),
+        ("f16 16x4096x4096", None, 16, 4096, 4096, "f16", "nn"),
+        ("f32 16x4096x4096", None, 16, 4096, 4096, "f32", "nn"),
+        ("bf16 4x8192x8192", None, 4, 8192, 8192, "bf16", "nn"),
+    ],
 }
+HBM_BYTES_PER_S = 4.8e12  # H200
 
 
 def cfg_list(lib, name, spec):
@@ -321,13 +330,16 @@ def run_cfgs(name, lib, spec, do_check, do_bench):
         if do_bench:
             from triton.testing import do_bench
             gen = torch.Generator(device="cuda").manual_seed(1)
-            print(f"{'case':22s} {'cfg':42s} {'ours TF/s':>10s} {'torch TF/s':>10s} {'ratio':>6s}")
+            print(f"{'case':22s} {'cfg':46s} {'ours TF/s':>9s} {'torch TF/s':>10s} {'ratio':>6s} "
+                  f"{'ours GB/s':>9s} {'%HBM':>5s} {'torch %HBM':>10s}")
             for label, batch, m, n, k, dkey, layout in CFG_BENCH[name]:
                 dtype = DTYPES[dkey][0]
                 sa = (batch, m, k) if batch else (m, k)
                 sb = (batch, k, n) if batch else (k, n)
                 a, b = make(sa, sb, dtype, layout, gen)
                 flop = 2.0 * (batch or 1) * m * n * k
+                # compulsory bytes: A and B read, C written once
+                nbytes = (a.numel() + b.numel() + (batch or 1) * m * n) * a.element_size()
                 old = torch.backends.cuda.matmul.allow_tf32
                 torch.backends.cuda.matmul.allow_tf32 = dkey == "f32tf32"
                 t_ref = do_bench(lambda: torch.matmul(a, b), warmup=50, rep=300)
@@ -341,96 +353,28 @@ def run_cfgs(name, lib, spec, do_check, do_bench):
                         os.environ[env_var] = env
                     call = Runner(lib, dkey).prepare(a, b)
                     if call is None:
-                        print(f"{label:22s} {cname:42s} unsupported")
-                        continue
-                    try:
-                        t = do_bench(call, warmup=50, rep=300)
-                    except RuntimeError as e:
-                        print(f"{label:22s} {cname:42s} {e}", flush=True)
-                        fails += 1
-                        continue
-                    print(f"{label:22s} {cname:42s} {flop / t / 1e9:10.1f} "
-                          f"{flop / t_ref / 1e9:10.1f} {t_ref / t:6.3f}", flush=True)
-    finally:
-        os.environ.pop(env_var, None)
-    return fails
-
-
-DECODE_CFG_BENCH = [  # (label, batch, m, n, k, dtype key, layout)
-    ("bf16 16x4096x4096", None, 16, 4096, 4096, "bf16", "nn"),
-    ("bf16 16x4096x4096 W^T", None, 16, 4096, 4096, "bf16", "nt"),
-    ("bf16 1x4096x4096", None, 1, 4096, 4096, "bf16", "nn"),
-    ("f16 16x4096x4096", None, 16, 4096, 4096, "f16", "nn"),
-    ("f32 16x4096x4096", None, 16, 4096, 4096, "f32", "nn"),
-    ("bf16 4x8192x8192", None, 4, 8192, 8192, "bf16", "nn"),
-]
-DECODE_CFG_ENV = "TORCHOPS_DEV_DECODE_CFG"
-HBM_BYTES_PER_S = 4.8e12  # H200
-
-
-def decode_cfg_list(lib, spec):
-    """--decode-cfgs: 'all' or indices '0,3,5'; names come from the .so."""
-    lib.dev_decode_cfg_name.restype = ctypes.c_char_p
-    count = lib.dev_decode_cfg_count()
-    idx = list(range(count)) if spec == "all" else [int(x) for x in spec.split(",") if x]
-    bad = [i for i in idx if not 0 <= i < count]
-    if bad:
-        raise SystemExit(f"--decode-cfgs: {bad} not in 0..{count - 1}")
-    return [(i, lib.dev_decode_cfg_name(i).decode()) for i in idx]
-
-
-def decode_cfgs(lib, spec, do_check, do_bench):
-    """Each config of decode's harness table (env TORCHOPS_DEV_DECODE_CFG, read
-    at each call): the decode shapes of the correctness list, then timings,
-    with the bandwidth (A + B + C bytes once) as GB/s and % of HBM."""
-    cfgs = decode_cfg_list(lib, spec)
-    fails = 0
-    try:
-        if do_check:
-            for i, cname in cfgs:
-                os.environ[DECODE_CFG_ENV] = str(i)
-                f, _ = check({"decode": lib}, seed=0, tag=f" [cfg {i}: {cname}]")
-                fails += f
-        if do_bench:
-            from triton.testing import do_bench
-            gen = torch.Generator(device="cuda").manual_seed(1)
-            print(f"{'case':22s} {'cfg':50s} {'ours TF/s':>9s} {'torch TF/s':>10s} {'ratio':>6s} "
-                  f"{'ours GB/s':>9s} {'%HBM':>5s} {'torch %HBM':>10s}")
-            for label, batch, m, n, k, dkey, layout in DECODE_CFG_BENCH:
-                dtype = DTYPES[dkey][0]
-                sa = (batch, m, k) if batch else (m, k)
-                sb = (batch, k, n) if batch else (k, n)
-                a, b = make(sa, sb, dtype, layout, gen)
-                flop = 2.0 * (batch or 1) * m * n * k
-                nbytes = (a.numel() + b.numel() + (batch or 1) * m * n) * a.element_size()
-                t_ref = do_bench(lambda: torch.matmul(a, b), warmup=50, rep=300)
-                for i, cname in cfgs:
-                    os.environ[DECODE_CFG_ENV] = str(i)
-                    call = Runner(lib, dkey).prepare(a, b)
-                    if call is None:
-                        print(f"{label:22s} {i:2d}: {cname:46s} unsupported")
+                        print(f"{label:22s} {cname:46s} unsupported")
                         continue
                     try:
                         first = call().clone()
                         t = do_bench(call, warmup=50, rep=300)
-                        # every call after hundreds of launches: same bits
-                        # (one-kernel split-K tickets back to 0 each time)
+                        # after hundreds of launches, still the same bits (e.g.
+                        # split-K tickets back to 0 each time)
                         same = torch.equal(call(), first)
                         torch.cuda.synchronize()
                     except RuntimeError as e:
-                        print(f"{label:22s} {i:2d}: {cname:46s} {e}", flush=True)
+                        print(f"{label:22s} {cname:46s} {e}", flush=True)
                         fails += 1
                         continue
-                    if not same:
-                        fails += 1
+                    fails += not same
                     gbs = nbytes / t / 1e6
-                    print(f"{label:22s} {i:2d}: {cname:46s} {flop / t / 1e9:9.1f} "
+                    print(f"{label:22s} {cname:46s} {flop / t / 1e9:9.1f} "
                           f"{flop / t_ref / 1e9:10.1f} {t_ref / t:6.3f} {gbs:9.0f} "
                           f"{100 * gbs * 1e9 / HBM_BYTES_PER_S:5.1f} "
                           f"{100 * nbytes / t_ref * 1e3 / HBM_BYTES_PER_S:10.1f}"
                           f"{'' if same else '  NOT DETERMINISTIC'}", flush=True)
     finally:
-        os.environ.pop(DECODE_CFG_ENV, None)
+        os.environ.pop(env_var, None)
     return fails
 
 
@@ -447,25 +391,24 @@ def main():
     p.add_argument("--ptxas-v", action="store_true",
                    help="print registers and spills of every kernel (nvcc -Xptxas=-v)")
     p.add_argument("--cfgs", default=None, metavar="PATH:all|I,J,..",
-                   help="one path (sm80, simt): correctness (unless --bench-only) and "
+                   help="one path (sm80, simt, decode): correctness (unless --bench-only) and "
                         "timings (unless --no-bench) for each config of its harness table")
     p.add_argument("--sm80-cfgs", default=None, metavar="all|I,J,..",
                    help="same as --cfgs sm80:SPEC")
     p.add_argument("--decode-cfgs", default=None, metavar="all|I,J,..",
-                   help="decode only: correctness (unless --bench-only) and timings (unless "
-                        "--no-bench) for each config of its harness table")
+                   help="same as --cfgs decode:SPEC")
     args = p.parse_args()
     names = [n for n in args.paths.split(",") if n]
     if args.sm80_cfgs:
         args.cfgs = f"sm80:{args.sm80_cfgs}"
+    if args.decode_cfgs:
+        args.cfgs = f"decode:{args.decode_cfgs}"
     cfg_path = cfg_spec = None
     if args.cfgs:
         cfg_path, _, cfg_spec = args.cfgs.partition(":")
         if cfg_path not in CFG_BENCH or not cfg_spec:
             raise SystemExit(f"--cfgs: PATH:all|I,J with PATH in {sorted(CFG_BENCH)}")
         names = [cfg_path]
-    if args.decode_cfgs:
-        names = ["decode"]
     outdir = args.out or tempfile.mkdtemp()
     os.makedirs(outdir, exist_ok=True)
     libs = build(names, outdir, args.arch, args.ptxas_v)
@@ -477,11 +420,6 @@ def main():
             return 1
         return 1 if run_cfgs(cfg_path, libs[cfg_path], cfg_spec, not args.bench_only,
                              not args.no_bench) else 0
-    if args.decode_cfgs:
-        if "decode" not in libs:
-            return 1
-        return 1 if decode_cfgs(libs["decode"], args.decode_cfgs, not args.bench_only,
-                                not args.no_bench) else 0
     fails = 0 if args.bench_only else check(libs, seed=0)[0]
     if not args.no_bench:
         bench(libs, args.sweep, [o for o in args.only.split(",") if o])
