@@ -1,14 +1,19 @@
-"""matmul-specific CPU tests (the generic ones come from its opdb entry): both
-vector widths of the packed GEMM, on shapes that end mid-tile in every
-dimension, against the float64 reference."""
+"""matmul-specific tests (the generic ones come from its opdb entry).  CPU:
+both vector widths of the packed GEMM on shapes that end mid-tile in every
+dimension.  CUDA: every path forced in turn, against float64, NaN/Inf, the
+float32 precision rule, CUDA graphs, and small shapes for compute-sanitizer."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
+
+import torchops
 
 # Runs in a subprocess: the kernel reads TORCHOPS_TESTING_MATMUL_NARROW, and a
 # fresh process makes sure the forced path is the one that ran.
@@ -48,12 +53,6 @@ def test_cpu_gemm_paths_match_reference(narrow):
 # The kernel reads the switch at each call, so monkeypatch.setenv is enough.
 # A forced path that cannot take a call (say decode for M > 16, or sm90 on
 # an Ampere GPU) leaves it to the normal choice: every case must still pass.
-
-import math
-
-import torch
-
-import torchops
 
 cuda = pytest.mark.cuda
 PATHS = ["auto", "decode", "sm90", "sm80", "simt"]
@@ -120,8 +119,9 @@ def test_cuda_paths_match_float64(path, dtype, monkeypatch):
                 _assert_close_to_float64(got, a, b, EPS[dtype] * 2)
             except AssertionError as e:
                 raise AssertionError(f"{path} {dtype} {layout} {batch} {m}x{k}x{n}: {e}") from None
-            # Deterministic: the same call again gives the same bits.
-            assert torch.equal(got, torch.ops.torchops.matmul(a, b)), (path, m, k, n, layout)
+            # Deterministic: the same call again (through the public
+            # function this time) gives the same bits.
+            assert torch.equal(got, torchops.matmul(a, b)), (path, m, k, n, layout)
 
 
 @cuda
