@@ -39,7 +39,8 @@ except _loader.LoadError as _e:
     load_error = _e
 else:
     load_error = None
-    from torchops import ops
+    from torchops import modules, ops
+    from torchops.modules import *  # noqa: F401,F403  (nn.Module wrappers)
     from torchops.ops import *  # noqa: F401,F403  (every public op)
 
-    __all__ = [*ops.__all__, "__version__"]
+    __all__ = [*ops.__all__, *modules.__all__, "__version__"]
