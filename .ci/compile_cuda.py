@@ -34,8 +34,14 @@ def main() -> int:
            "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__",
            *lib.nvcc_flags(), *[f"-I{p}" for p in includes]]
     sources = lib.sources(csrc)
-    if len(sys.argv) > 1:  # a subset, by file name: compile_cuda.py matmul.cu ...
-        sources = [p for p in sources if p.name in sys.argv[1:]]
+    if len(sys.argv) > 1:  # a subset: compile_cuda.py matmul.cu csrc/cuda/nms.cu ...
+        wanted = {Path(a).name for a in sys.argv[1:]}
+        unknown = wanted - {p.name for p in sources}
+        if unknown:  # a typo must not pass as "0/0 compiled"
+            print(f"compile_cuda: not CUDA sources of the library: {sorted(unknown)}",
+                  file=sys.stderr)
+            return 1
+        sources = [p for p in sources if p.name in wanted]
     with tempfile.TemporaryDirectory() as out:
         def compile_one(src: Path):
             obj = Path(out) / (src.stem + ".o")
