@@ -260,6 +260,19 @@ def test_cuda_roi_align_deterministic_backward(dtype, sampling_ratio, aligned):
 
 
 @pytest.mark.cuda
+def test_cuda_roi_align_default_backward_is_the_gather_when_cheap():
+    # A fixed sampling ratio and few samples per input element: the default
+    # backward is the gather kernel, so the same bits as under determinism.
+    x, rois, scale = _detection_problem(c=256, k=40)
+    g = _features((rois.shape[0], x.shape[1], 7, 7), "cuda", seed=6)
+    args = (rois, scale, 7, 7, 2, True)
+    first, second = _align_grad(x, *args, g), _align_grad(x, *args, g)
+    with _deterministic():
+        strict = _align_grad(x, *args, g)
+    assert torch.equal(first, second) and torch.equal(first, strict)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
 def test_cuda_roi_pool_deterministic_backward(dtype):
     x, rois, scale = _detection_problem(dtype)

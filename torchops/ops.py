@@ -332,11 +332,13 @@ def roi_align(input: Tensor, boxes: Tensor | list[Tensor], output_size: int | tu
 
     Returns ``(K, C, pooled_height, pooled_width)`` in ``input``'s dtype
     (half types accumulate in float32).  Differentiable with respect to
-    ``input`` (not ``boxes``).  The CUDA backward uses atomic adds; under
-    ``torch.use_deterministic_algorithms(True)`` it switches to a
-    deterministic sort-and-gather kernel (bitwise reproducible; scratch
-    memory of about 240 bytes per bilinear sample, e.g. 47 MB for 1000 RoIs
-    at 7x7 with sampling_ratio 2).  Under ``torch.autocast`` it computes in float32 and
+    ``input`` (not ``boxes``).  The CUDA backward has two kernels: a
+    sort-and-gather one (bitwise reproducible; scratch memory of about 240
+    bytes per bilinear sample, e.g. 47 MB for 1000 RoIs at 7x7 with
+    sampling_ratio 2), used with a fixed ``sampling_ratio`` (where it is
+    also the faster one) and always under
+    ``torch.use_deterministic_algorithms(True)``; and atomic adds, used for
+    adaptive sampling otherwise.  Under ``torch.autocast`` it computes in float32 and
     returns the input's dtype.  On CPU a batch index outside ``[0, N)``
     raises; on CUDA (where checking would need a device sync) such a box
     pools to zeros and gets no gradient.
