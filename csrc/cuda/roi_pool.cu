@@ -62,6 +62,9 @@ __device__ __forceinline__ void bin_max(const scalar_t* __restrict__ plane,
                                         plane_t& best_at) {
   for (plane_t h = h0; h < h1; ++h) {
     const scalar_t* row = plane + h * stride_h;
+    // Unrolled so several loads are in flight: the compares stay in order
+    // (the first maximum wins), only the loads are hoisted.
+#pragma unroll 4
     for (plane_t w = w0; w < w1; ++w) {
       const T v = static_cast<T>(row[w * stride_w]);
       if (v > best) {
