@@ -56,6 +56,20 @@ TORCH_LIBRARY(torchops, m) {
         "SymInt batch_size, SymInt channels, SymInt height, SymInt width) "
         "-> Tensor", pt2);
 
+  // --- detection: deformable convolution ------------------------------------------------
+  // Argument for argument torch.ops.torchvision.deform_conv2d.  With use_mask
+  // false, `mask` is not read (DCNv1); its gradient is zeros of its shape.
+  m.def("deform_conv2d(Tensor input, Tensor weight, Tensor offset, "
+        "Tensor mask, Tensor bias, SymInt stride_h, SymInt stride_w, "
+        "SymInt pad_h, SymInt pad_w, SymInt dilation_h, SymInt dilation_w, "
+        "SymInt groups, SymInt offset_groups, bool use_mask) -> Tensor", pt2);
+  // Returns (grad_input, grad_weight, grad_offset, grad_mask, grad_bias).
+  m.def("_deform_conv2d_backward(Tensor grad, Tensor input, Tensor weight, "
+        "Tensor offset, Tensor mask, Tensor bias, SymInt stride_h, "
+        "SymInt stride_w, SymInt pad_h, SymInt pad_w, SymInt dilation_h, "
+        "SymInt dilation_w, SymInt groups, SymInt offset_groups, "
+        "bool use_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)", pt2);
+
   // --- losses -----------------------------------------------------------------------------
   m.def(
       "sigmoid_focal_loss(Tensor inputs, Tensor targets, float alpha=0.25, "

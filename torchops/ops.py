@@ -469,6 +469,158 @@ def _roi_pool_backward_fake(grad: Tensor, rois: Tensor, argmax: Tensor, spatial_
 
 
 
+
+# --- detection: deformable convolution ------------------------------------------------------
+
+__all__ += ["deform_conv2d"]
+
+
+def _deform_pair(name: str, v) -> tuple:
+    if isinstance(v, (list, tuple)):
+        if len(v) != 2:
+            raise ValueError(f"torchops.deform_conv2d: expected '{name}' to be an int or a pair, "
+                             f"got {v!r}")
+        return v[0], v[1]
+    return v, v
+
+
+def deform_conv2d(input: Tensor, offset: Tensor, weight: Tensor, bias: Tensor | None = None,
+                  stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0,
+                  dilation: int | tuple[int, int] = 1, mask: Tensor | None = None) -> Tensor:
+    """Deformable convolution: DCNv1 (``mask=None``) or DCNv2 (modulated,
+    with ``mask``).  A drop-in for ``torchvision.ops.deform_conv2d``: same
+    arguments, same inference of the groups, same results (within float
+    rounding).
+
+    Args:
+        input: ``(N, C, H, W)``, float32/float64/float16/bfloat16 (the half
+            types compute in float32), any strides.
+        offset: ``(N, 2 * offset_groups * kh * kw, out_h, out_w)``: for
+            offset group ``g`` and kernel tap ``k = i * kw + j``, channel
+            ``2 * (g * kh * kw + k)`` shifts the sample along y and the next
+            one along x.  ``offset_groups`` is inferred from its channels.
+        weight: ``(O, C / groups, kh, kw)``; ``groups = C // weight.shape[1]``.
+        bias: ``(O,)`` or None (zeros).
+        stride, padding, dilation: ints or ``(h, w)`` pairs.
+        mask: ``(N, offset_groups * kh * kw, out_h, out_w)`` modulation
+            scalars, or None.
+
+    Samples are bilinear; one with ``y <= -1``, ``y >= H``, ``x <= -1`` or
+    ``x >= W`` reads 0, and inside that range each of its four corners
+    outside the image reads 0 (torchvision's rule).  Returns
+    ``(N, O, out_h, out_w)`` in ``input``'s dtype, differentiable with
+    respect to input, offset, mask, weight and bias.  The CPU backward is
+    deterministic.  Under ``torch.autocast`` it computes in float32 and
+    returns the input's dtype.  Raises RuntimeError naming the argument for
+    shapes that do not fit (offset or mask channels, groups that do not
+    divide the channels, ...).
+    """
+    stride_h, stride_w = _deform_pair("stride", stride)
+    pad_h, pad_w = _deform_pair("padding", padding)
+    dil_h, dil_w = _deform_pair("dilation", dilation)
+    kh, kw = weight.shape[-2], weight.shape[-1]
+    offset_groups = offset.shape[1] // (2 * kh * kw)
+    if offset_groups == 0:
+        raise RuntimeError(f"torchops.deform_conv2d: expected 'offset' to have a multiple of "
+                           f"2 * kh * kw = {2 * kh * kw} channels, but got {offset.shape[1]}")
+    # torchvision divides by weight.shape[1]; with no input channels any
+    # group count fits, so take 1.
+    groups = input.shape[1] // weight.shape[1] if weight.shape[1] != 0 else 1
+    use_mask = mask is not None
+    if mask is None:
+        mask = input.new_zeros((input.shape[0], 1))
+    if bias is None:
+        bias = input.new_zeros((weight.shape[0],))
+    return torch.ops.torchops.deform_conv2d.default(
+        input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+        groups, offset_groups, use_mask)
+
+
+def _check_deform_args(op: str, input: Tensor, weight: Tensor, offset: Tensor, mask: Tensor,
+                       bias: Tensor, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
+                       groups, offset_groups, use_mask: bool) -> tuple:
+    """csrc/common/deform_conv2d.h check_deform_conv2d, in its order and
+    with its messages; returns the output shape."""
+    _check_same_device(op, input=input, weight=weight, offset=offset, mask=mask, bias=bias)
+    _check_floating(op, "input", input)
+    _check_same_dtype(op, input=input, weight=weight)
+    _check_same_dtype(op, input=input, offset=offset)
+    _check_same_dtype(op, input=input, mask=mask)
+    _check_same_dtype(op, input=input, bias=bias)
+    for name, t, nd in (("input", input, 4), ("weight", weight, 4), ("offset", offset, 4),
+                        ("bias", bias, 1)):
+        d = t.dim()
+        torch._check(d == nd, lambda: f"torchops.{op}: expected '{name}' to have {nd} "
+                     f"dimensions, but got {d}")
+    torch._check(stride_h > 0 and stride_w > 0,
+                 lambda: f"torchops.{op}: expected 'stride_h' and 'stride_w' to be positive")
+    torch._check(pad_h >= 0 and pad_w >= 0,
+                 lambda: f"torchops.{op}: expected 'pad_h' and 'pad_w' to be non-negative")
+    torch._check(dilation_h > 0 and dilation_w > 0,
+                 lambda: f"torchops.{op}: expected 'dilation_h' and 'dilation_w' to be positive")
+    torch._check(groups > 0, lambda: f"torchops.{op}: expected 'groups' to be positive")
+    torch._check(offset_groups > 0,
+                 lambda: f"torchops.{op}: expected 'offset_groups' to be positive")
+    n, c, h, w = input.shape
+    o, cg, kh, kw = weight.shape
+    torch._check(kh > 0 and kw > 0,
+                 lambda: f"torchops.{op}: expected 'weight' to have a non-empty kernel")
+    torch._check(c % groups == 0,
+                 lambda: f"torchops.{op}: 'groups' does not divide the input channels")
+    torch._check(o % groups == 0,
+                 lambda: f"torchops.{op}: 'groups' does not divide the output channels")
+    torch._check(cg * groups == c, lambda: f"torchops.{op}: expected 'weight' to have input "
+                 f"channels / groups in dimension 1")
+    torch._check(c % offset_groups == 0,
+                 lambda: f"torchops.{op}: 'offset_groups' does not divide the input channels")
+    out_h = (h + 2 * pad_h - (dilation_h * (kh - 1) + 1)) // stride_h + 1
+    out_w = (w + 2 * pad_w - (dilation_w * (kw - 1) + 1)) // stride_w + 1
+    torch._check(out_h > 0 and out_w > 0, lambda: f"torchops.{op}: 'input' is too small for "
+                 f"the dilated kernel")
+    taps = offset_groups * kh * kw
+    torch._check(offset.shape[0] == n and offset.shape[1] == 2 * taps
+                 and offset.shape[2] == out_h and offset.shape[3] == out_w,
+                 lambda: f"torchops.{op}: expected 'offset' to have shape (batch, "
+                 f"2 * offset_groups * kh * kw, out_h, out_w)")
+    if use_mask:
+        d = mask.dim()
+        torch._check(d == 4, lambda: f"torchops.{op}: expected 'mask' to have 4 dimensions, "
+                     f"but got {d}")
+        torch._check(mask.shape[0] == n and mask.shape[1] == taps
+                     and mask.shape[2] == out_h and mask.shape[3] == out_w,
+                     lambda: f"torchops.{op}: expected 'mask' to have shape (batch, "
+                     f"offset_groups * kh * kw, out_h, out_w)")
+    torch._check(bias.shape[0] == o,
+                 lambda: f"torchops.{op}: expected 'bias' to have shape (out_channels,)")
+    return (n, o, out_h, out_w)
+
+
+@torch.library.register_fake("torchops::deform_conv2d")
+def _deform_conv2d_fake(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
+                        dilation_h, dilation_w, groups, offset_groups, use_mask):
+    shape = _check_deform_args("deform_conv2d", input, weight, offset, mask, bias, stride_h,
+                               stride_w, pad_h, pad_w, dilation_h, dilation_w, groups,
+                               offset_groups, use_mask)
+    _check_output_size("deform_conv2d", shape, input.dtype)
+    return input.new_empty(shape)
+
+
+@torch.library.register_fake("torchops::_deform_conv2d_backward")
+def _deform_conv2d_backward_fake(grad, input, weight, offset, mask, bias, stride_h, stride_w,
+                                 pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups,
+                                 use_mask):
+    op = "_deform_conv2d_backward"
+    shape = _check_deform_args(op, input, weight, offset, mask, bias, stride_h, stride_w, pad_h,
+                               pad_w, dilation_h, dilation_w, groups, offset_groups, use_mask)
+    _check_same_device(op, input=input, grad=grad)
+    _check_same_dtype(op, input=input, grad=grad)
+    torch._check(grad.dim() == 4 and all(grad.shape[i] == shape[i] for i in range(4)),
+                 lambda: f"torchops.{op}: expected 'grad' to have shape (batch, out_channels, "
+                 f"out_h, out_w)")
+    return (input.new_empty(input.shape), input.new_empty(weight.shape),
+            input.new_empty(offset.shape), input.new_empty(mask.shape),
+            input.new_empty(bias.shape))
+
 # --- losses -----------------------------------------------------------------------------
 
 __all__ += ["sigmoid_focal_loss"]

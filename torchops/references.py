@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["matmul", "d_sigmoid", "nms", "batched_nms", "box_iou", "roi_align", "roi_pool",
-           "sigmoid_focal_loss"]
+           "sigmoid_focal_loss", "deform_conv2d"]
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -251,3 +251,57 @@ def sigmoid_focal_loss(inputs: Tensor, targets: Tensor, alpha: float = 0.25, gam
     if reduction == "sum":
         return loss.sum()
     return loss
+
+
+def deform_conv2d(input: Tensor, weight: Tensor, offset: Tensor, mask: Tensor, bias: Tensor,
+                  stride_h: int, stride_w: int, pad_h: int, pad_w: int, dilation_h: int,
+                  dilation_w: int, groups: int, offset_groups: int, use_mask: bool) -> Tensor:
+    """Deformable convolution (DCNv1; DCNv2 with ``use_mask``) with
+    torchvision's semantics: kernel tap ``k = i * kw + j`` of output pixel
+    ``(oy, ox)`` reads ``input`` by bilinear interpolation at
+    ``(oy * stride_h - pad_h + i * dilation_h + offset[:, g, 2k],
+    ox * stride_w - pad_w + j * dilation_w + offset[:, g, 2k + 1])`` for the
+    offset group ``g`` of its channel, times ``mask[:, g, k]`` when
+    ``use_mask``.  A sample with ``y <= -1``, ``y >= H``, ``x <= -1`` or
+    ``x >= W`` is 0; inside, each corner outside the image reads 0.  The
+    samples form im2col columns, which a grouped matrix product with
+    ``weight`` ``(O, C / groups, kh, kw)`` turns into the output, plus
+    ``bias``.  Gathers and an einsum: autograd gives all five gradients."""
+    n, c, h, w = input.shape
+    o, _, kh, kw = weight.shape
+    out_h = (h + 2 * pad_h - (dilation_h * (kh - 1) + 1)) // stride_h + 1
+    out_w = (w + 2 * pad_w - (dilation_w * (kw - 1) + 1)) // stride_w + 1
+    k, og, p = kh * kw, offset_groups, out_h * out_w
+    dev, dt = input.device, input.dtype
+    ar = lambda size: torch.arange(size, device=dev, dtype=dt)  # noqa: E731
+    base_y = (ar(out_h) * stride_h - pad_h)[None, :, None] + \
+        (ar(kh) * dilation_h).repeat_interleave(kw)[:, None, None]      # (K, OH, 1)
+    base_x = (ar(out_w) * stride_w - pad_w)[None, None, :] + \
+        (ar(kw) * dilation_w).repeat(kh)[:, None, None]                 # (K, 1, OW)
+    off = offset.reshape(n, og, k, 2, out_h, out_w)
+    y = base_y + off[:, :, :, 0]                                        # (N, G, K, OH, OW)
+    x = base_x + off[:, :, :, 1]
+    cpg = c // og
+    if c == 0 or h * w == 0 or n == 0:
+        cols = input.new_zeros((n, og, cpg, k * p)) + input.sum() * 0
+    else:
+        valid = (y > -1) & (y < h) & (x > -1) & (x < w)
+        y0, x0 = torch.floor(y), torch.floor(x)
+        ly, lx = y - y0, x - x0
+        feats = input.reshape(n, og, cpg, h * w)
+        cols = 0
+        for dy, wy in ((0, 1 - ly), (1, ly)):
+            for dx, wx in ((0, 1 - lx), (1, lx)):
+                yi, xi = y0 + dy, x0 + dx
+                ok = valid & (yi >= 0) & (yi <= h - 1) & (xi >= 0) & (xi <= w - 1)
+                idx = (yi.clamp(0, h - 1) * w + xi.clamp(0, w - 1)).long()
+                idx = torch.where(ok, idx, torch.zeros_like(idx)).reshape(n, og, 1, k * p)
+                got = torch.gather(feats, 3, idx.expand(n, og, cpg, k * p))
+                got = torch.where(ok.reshape(n, og, 1, k * p), got, torch.zeros_like(got))
+                cols = cols + got * (wy * wx).reshape(n, og, 1, k * p)
+    if use_mask:
+        cols = cols * mask.reshape(n, og, 1, k * p)
+    cols = cols.reshape(n, groups, (c // groups) * k, p)
+    wgt = weight.reshape(groups, o // groups, (c // groups) * k)
+    out = torch.einsum("goq,ngqp->ngop", wgt, cols).reshape(n, o, out_h, out_w)
+    return (out + bias[None, :, None, None]).contiguous()
