@@ -266,26 +266,26 @@ def _box_iou_backward_fake(grad: Tensor, boxes1: Tensor, boxes2: Tensor) -> tupl
 __all__ += ["roi_align", "roi_pool"]
 
 
-def _roi_rows(op: str, boxes) -> Tensor:
+def _roi_rows(op: str, boxes, name: str = "boxes") -> Tensor:
     """torchvision's two box formats -> one (K, 5) tensor of rows
-    (batch_index, x1, y1, x2, y2)."""
+    (batch_index, x1, y1, x2, y2); `name`: the argument's name in messages."""
     # Plain checks, not torch._check: dynamo traces these wrappers, and a
     # torch._check message may only close over constants (not even sizes,
     # which are symbolic under dynamic=True).  The column count is a
     # constant of the format, so guarding on it costs no recompile.
     if isinstance(boxes, Tensor):
         if boxes.dim() != 2 or boxes.shape[1] != 5:
-            raise RuntimeError(f"torchops.{op}: expected 'boxes' to be a (K, 5) tensor, "
+            raise RuntimeError(f"torchops.{op}: expected '{name}' to be a (K, 5) tensor, "
                                f"got shape {tuple(boxes.shape)}")
         return boxes
     if not isinstance(boxes, (list, tuple)) or not all(isinstance(b, Tensor) for b in boxes):
-        raise TypeError(f"torchops.{op}: expected 'boxes' to be a (K, 5) tensor or a list of "
+        raise TypeError(f"torchops.{op}: expected '{name}' to be a (K, 5) tensor or a list of "
                         f"(L, 4) tensors, one per image, got {type(boxes).__name__}")
     if not boxes:
-        raise ValueError(f"torchops.{op}: 'boxes' is an empty list (one (L, 4) tensor per image)")
+        raise ValueError(f"torchops.{op}: '{name}' is an empty list (one (L, 4) tensor per image)")
     for b in boxes:
         if b.dim() != 2 or b.shape[1] != 4:
-            raise RuntimeError(f"torchops.{op}: expected each tensor in 'boxes' to have shape "
+            raise RuntimeError(f"torchops.{op}: expected each tensor in '{name}' to have shape "
                                f"(L, 4), got {tuple(b.shape)}")
     cat = torch.cat(list(boxes), dim=0)
     index = torch.cat([torch.full((b.shape[0], 1), i, dtype=cat.dtype, device=cat.device)
@@ -468,6 +468,104 @@ def _roi_pool_backward_fake(grad: Tensor, rois: Tensor, argmax: Tensor, spatial_
     return grad.new_empty((batch_size, channels, height, width))
 
 
+
+
+# --- detection: deformable RoI pooling --------------------------------------------------------
+
+__all__ += ["deform_roi_pool"]
+
+
+def deform_roi_pool(input: Tensor, rois: Tensor | list[Tensor], offset: Tensor | None,
+                    output_size: int | tuple[int, int], spatial_scale: float = 1.0,
+                    sampling_ratio: int = 0, gamma: float = 0.1) -> Tensor:
+    """Deformable RoI pooling (Deformable ConvNets; mmcv's
+    ``mmcv.ops.deform_roi_pool``, same arguments and semantics): RoI Align
+    with ``aligned=True`` whose bins each move by an offset.
+
+    Args:
+        input: features ``(N, C, H, W)``, float32/float64/float16/bfloat16,
+            any strides (CPU copies non-contiguous inputs; CUDA reads them in
+            place).
+        rois: ``(K, 5)`` rows ``(batch_index, x1, y1, x2, y2)``, or a list of
+            ``(L_i, 4)`` tensors, one per image; in ``input``'s dtype.
+        offset: ``(K, 2, pooled_height, pooled_width)`` of ``input``'s dtype,
+            or None.  Bin ``(ph, pw)`` of RoI ``k`` moves by
+            ``gamma * roi_width * offset[k, 0, ph, pw]`` along x and
+            ``gamma * roi_height * offset[k, 1, ph, pw]`` along y (roi size in
+            feature-map pixels).
+        output_size: ``(pooled_height, pooled_width)`` or one int for both.
+        spatial_scale: maps RoI coordinates to ``input``'s pixels.
+        sampling_ratio: samples per bin along each axis, at most 64; ``<= 0``
+            adaptive (``ceil(bin size)``, capped as in :func:`roi_align`).
+        gamma: the offset's scale.
+
+    Box corners are scaled by ``spatial_scale`` and shifted by -0.5 pixel
+    (pixel-centre alignment); each bin averages bilinear samples on a regular
+    grid, as :func:`roi_align` with ``aligned=True``, which this equals when
+    ``offset`` is None.  Returns ``(K, C, pooled_height, pooled_width)`` in
+    ``input``'s dtype (half types compute in float32).  Differentiable with
+    respect to ``input`` and ``offset``; the offset's gradient is the exact
+    derivative of the forward (zero along an axis where a sample is clamped
+    to the edge pixels; mmcv's differs there).  The CUDA backward adds into
+    ``input``'s gradient with atomics; under
+    ``torch.use_deterministic_algorithms(True)`` it is bitwise deterministic
+    (sort-and-gather, as roi_align's); the offset's gradient is always
+    deterministic.  Autocast and invalid batch indices behave as in
+    :func:`roi_align`.  Raises RuntimeError naming the argument for bad
+    shapes (``offset`` not ``(K, 2, pooled_height, pooled_width)``, ``rois``
+    not ``(K, 5)``), dtypes or devices.
+    """
+    ph, pw = _pair("deform_roi_pool", output_size)
+    rows = _roi_rows("deform_roi_pool", rois, "rois")
+    return torch.ops.torchops.deform_roi_pool.default(input, rows, offset, spatial_scale, ph, pw,
+                                                      sampling_ratio, gamma)
+
+
+def _check_deform_roi_pool_args(op: str, input: Tensor, rois: Tensor, offset: Tensor | None,
+                                pooled_height, pooled_width, sampling_ratio: int) -> None:
+    """csrc/common/deform_roi_pool.h check_deform_roi_pool, in its order."""
+    _check_roi_args(op, input, rois, pooled_height, pooled_width)
+    _check_sampling_ratio(op, sampling_ratio)
+    if offset is not None:
+        _check_same_device(op, input=input, offset=offset)
+        _check_same_dtype(op, input=input, offset=offset)
+        shape = tuple(offset.shape)
+        torch._check(offset.dim() == 4 and offset.shape[0] == rois.shape[0]
+                     and offset.shape[1] == 2 and offset.shape[2] == pooled_height
+                     and offset.shape[3] == pooled_width,
+                     lambda: f"torchops.{op}: expected 'offset' to have shape (K, 2, "
+                     f"pooled_height, pooled_width), but got {shape}")
+
+
+@torch.library.register_fake("torchops::deform_roi_pool")
+def _deform_roi_pool_fake(input: Tensor, rois: Tensor, offset: Tensor | None,
+                          spatial_scale: float, pooled_height, pooled_width,
+                          sampling_ratio: int, gamma: float) -> Tensor:
+    _check_deform_roi_pool_args("deform_roi_pool", input, rois, offset, pooled_height,
+                                pooled_width, sampling_ratio)
+    shape = (rois.shape[0], input.shape[1], pooled_height, pooled_width)
+    _check_output_size("deform_roi_pool", shape, input.dtype)
+    return input.new_empty(shape)
+
+
+@torch.library.register_fake("torchops::_deform_roi_pool_backward")
+def _deform_roi_pool_backward_fake(grad: Tensor, input: Tensor, rois: Tensor,
+                                   offset: Tensor | None, spatial_scale: float, pooled_height,
+                                   pooled_width, sampling_ratio: int,
+                                   gamma: float) -> tuple[Tensor, Tensor]:
+    op = "_deform_roi_pool_backward"
+    _check_deform_roi_pool_args(op, input, rois, offset, pooled_height, pooled_width,
+                                sampling_ratio)
+    _check_same_device(op, input=input, grad=grad)
+    _check_same_dtype(op, input=input, grad=grad)
+    grad_shape = tuple(grad.shape)
+    torch._check(grad.dim() == 4 and grad.shape[0] == rois.shape[0]
+                 and grad.shape[1] == input.shape[1] and grad.shape[2] == pooled_height
+                 and grad.shape[3] == pooled_width,
+                 lambda: f"torchops.{op}: expected 'grad' to have shape (K, C, pooled_height, "
+                 f"pooled_width), but got {grad_shape}")
+    return (input.new_empty(input.shape),
+            grad.new_empty((rois.shape[0], 2, pooled_height, pooled_width)))
 
 
 # --- detection: deformable convolution ------------------------------------------------------

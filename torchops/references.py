@@ -231,6 +231,83 @@ def roi_pool(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: i
     return out, argmax
 
 
+def _bin_samples(input: Tensor, batch: Tensor, ys: Tensor, xs: Tensor) -> Tensor:
+    """Averages of bilinear samples per bin, bins of any positions: sample
+    (i, j) of bin (k, ph, pw) lies at (ys[k, ph, pw, i], xs[k, ph, pw, j]),
+    with roi_align's edge rules (_bilinear_axis).  Returns (K, C, PH, PW)."""
+    n, c, h, w = input.shape
+    vy, yl, yh, wyl, wyh = _bilinear_axis(ys, h)
+    vx, xl, xh, wxl, wxh = _bilinear_axis(xs, w)
+    flat = input.permute(0, 2, 3, 1).reshape(n * h * w, c)
+    base = (batch * (h * w))[:, None, None, None, None]
+    valid = (vy[..., :, None] & vx[..., None, :]).to(input.dtype)
+    acc = 0
+    for yi, wy in ((yl, wyl), (yh, wyh)):
+        for xi, wx in ((xl, wxl), (xh, wxh)):
+            idx = base + yi[..., :, None] * w + xi[..., None, :]       # (K, PH, PW, GY, GX)
+            weight = wy[..., :, None] * wx[..., None, :] * valid
+            acc = acc + flat[idx] * weight[..., None]                  # (..., C)
+    return acc.mean(dim=(3, 4)).permute(0, 3, 1, 2)
+
+
+def deform_roi_pool(input: Tensor, rois: Tensor, offset: Tensor | None, spatial_scale: float,
+                    pooled_height: int, pooled_width: int, sampling_ratio: int,
+                    gamma: float) -> Tensor:
+    """Deformable RoI pooling with mmcv's semantics: :func:`roi_align` with
+    ``aligned=True`` (corners * spatial_scale - 0.5, bins of a grid of
+    ``sampling_ratio`` or, when ``<= 0``, ``ceil(bin size)`` samples per axis,
+    uncapped here), except that bin ``(ph, pw)`` of RoI ``k`` moves by
+    ``gamma * roi_width * offset[k, 0, ph, pw]`` along x and
+    ``gamma * roi_height * offset[k, 1, ph, pw]`` along y.  Differentiable
+    with respect to ``input`` and ``offset`` (autograd through the gathers
+    and the clamps of _bilinear_axis: zero slope where a sample is clamped).
+    """
+    n, c, h, w = input.shape
+    k = rois.shape[0]
+    dev, dt = input.device, input.dtype
+
+    def zeros() -> Tensor:  # depends on input and offset, like the kernels' result
+        z = input.new_zeros((k, c, pooled_height, pooled_width)) + input[..., :0].sum()
+        return z if offset is None else z + offset[..., :0].sum()
+
+    if input.numel() == 0 or k == 0:
+        return zeros()
+    batch = rois[:, 0].long()
+    x1 = rois[:, 1] * spatial_scale - 0.5
+    y1 = rois[:, 2] * spatial_scale - 0.5
+    roi_w = rois[:, 3] * spatial_scale - 0.5 - x1
+    roi_h = rois[:, 4] * spatial_scale - 0.5 - y1
+    bin_h, bin_w = roi_h / pooled_height, roi_w / pooled_width
+    # Each bin's top-left corner, (K, PH, PW).
+    start_y = (y1[:, None, None] + torch.arange(pooled_height, device=dev, dtype=dt)[None, :, None]
+               * bin_h[:, None, None]).expand(k, pooled_height, pooled_width)
+    start_x = (x1[:, None, None] + torch.arange(pooled_width, device=dev, dtype=dt)[None, None, :]
+               * bin_w[:, None, None]).expand(k, pooled_height, pooled_width)
+    if offset is not None:
+        start_y = start_y + gamma * roi_h[:, None, None] * offset[:, 1]
+        start_x = start_x + gamma * roi_w[:, None, None] * offset[:, 0]
+
+    def pooled(rows: Tensor, grid_h: int, grid_w: int) -> Tensor:
+        i = (torch.arange(grid_h, device=dev, dtype=dt) + 0.5) / grid_h
+        j = (torch.arange(grid_w, device=dev, dtype=dt) + 0.5) / grid_w
+        ys = start_y[rows][..., None] + i * bin_h[rows][:, None, None, None]
+        xs = start_x[rows][..., None] + j * bin_w[rows][:, None, None, None]
+        return _bin_samples(input, batch[rows], ys, xs)
+
+    if sampling_ratio > 0:
+        every = torch.arange(k, device=dev)
+        return pooled(every, sampling_ratio, sampling_ratio).contiguous()
+    grids = torch.stack([torch.ceil(bin_h), torch.ceil(bin_w)], 1)
+    grids = torch.nan_to_num(grids, nan=0.0).long()
+    out = zeros()
+    for grid_h, grid_w in torch.unique(grids, dim=0).tolist():
+        if grid_h <= 0 or grid_w <= 0:
+            continue
+        rows = torch.nonzero((grids[:, 0] == grid_h) & (grids[:, 1] == grid_w)).flatten()
+        out = out.index_copy(0, rows, pooled(rows, grid_h, grid_w))
+    return out
+
+
 def sigmoid_focal_loss(inputs: Tensor, targets: Tensor, alpha: float = 0.25, gamma: float = 2.0,
                        reduction: str = "none") -> Tensor:
     """The focal loss of Lin et al. (2017) as torchvision.ops.sigmoid_focal_loss
