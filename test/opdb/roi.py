@@ -306,6 +306,11 @@ def _deform_roi_pool_samples(device, dtype, requires_grad=False):
             yield Sample((x, rois, None, scale, ph, pw, 2, 0.1), name=f"{name}_no_offset")
         if name == "odd":
             yield Sample((x, rois, None, scale, ph, pw, -1, 0.1), name="odd_no_offset_adaptive")
+    # An empty batch (and so no RoIs).
+    yield Sample((make((0, 3, 6, 5), device, dtype, requires_grad),
+                  torch.zeros(0, 5, device=device, dtype=dtype),
+                  _deform_offset(0, 2, 2, device, dtype, requires_grad), 1.0, 2, 2, 2, 0.1),
+                 name="empty_batch")
     # One offset for every RoI (stride 0); gradcheck cannot perturb such an
     # input, so only without gradients.
     if not requires_grad:
