@@ -13,7 +13,7 @@
 // bilinear interpolation along x.  Along an axis a sample's weights are
 // (1 - f, f) with f = v - lo, slope (-1, +1), except where roi_align_axis
 // clamps it (v <= 0, or v at or past the last pixel): there the value does
-// not move with v, slope 0.  (mmcv instead differentiates the unclamped
+// not move with v, slope 0 (roi_align_slope, common/roi_align.h).  (mmcv instead differentiates the unclamped
 // formula, which at the bottom and right edges gives 0 and at the top and
 // left edges the one-sided slope; ours is the derivative of what the forward
 // computes, as gradcheck requires.)
