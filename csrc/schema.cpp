@@ -55,6 +55,32 @@ TORCH_LIBRARY(torchops, m) {
         "float spatial_scale, SymInt pooled_height, SymInt pooled_width, "
         "SymInt batch_size, SymInt channels, SymInt height, SymInt width) "
         "-> Tensor", pt2);
+  // Deformable RoI pooling (mmcv's deform_roi_pool): roi_align with
+  // aligned=True whose bins move by gamma * roi size * offset[k, :, ph, pw]
+  // (channel 0 along x, 1 along y); no offset: roi_align(aligned=True).
+  m.def("deform_roi_pool(Tensor input, Tensor rois, Tensor? offset, "
+        "float spatial_scale, SymInt pooled_height, SymInt pooled_width, "
+        "int sampling_ratio, float gamma) -> Tensor", pt2);
+  // Returns (grad_input, grad_offset); grad_offset is (K, 2, PH, PW), zeros
+  // when offset is None.
+  m.def("_deform_roi_pool_backward(Tensor grad, Tensor input, Tensor rois, "
+        "Tensor? offset, float spatial_scale, SymInt pooled_height, "
+        "SymInt pooled_width, int sampling_ratio, float gamma) "
+        "-> (Tensor, Tensor)", pt2);
+
+  // --- detection: deformable convolution ------------------------------------------------
+  // Argument for argument torch.ops.torchvision.deform_conv2d.  With use_mask
+  // false, `mask` is not read (DCNv1); its gradient is zeros of its shape.
+  m.def("deform_conv2d(Tensor input, Tensor weight, Tensor offset, "
+        "Tensor mask, Tensor bias, SymInt stride_h, SymInt stride_w, "
+        "SymInt pad_h, SymInt pad_w, SymInt dilation_h, SymInt dilation_w, "
+        "SymInt groups, SymInt offset_groups, bool use_mask) -> Tensor", pt2);
+  // Returns (grad_input, grad_weight, grad_offset, grad_mask, grad_bias).
+  m.def("_deform_conv2d_backward(Tensor grad, Tensor input, Tensor weight, "
+        "Tensor offset, Tensor mask, Tensor bias, SymInt stride_h, "
+        "SymInt stride_w, SymInt pad_h, SymInt pad_w, SymInt dilation_h, "
+        "SymInt dilation_w, SymInt groups, SymInt offset_groups, "
+        "bool use_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)", pt2);
 
   // --- losses -----------------------------------------------------------------------------
   m.def(

@@ -37,3 +37,126 @@ def test_roi_pool_module_equals_op_and_compiles():
     expect = torchops.roi_pool(x, rois, 2, 1.0)
     torch.testing.assert_close(m(x, rois), expect, rtol=0, atol=0)
     torch.testing.assert_close(torch.compile(m, fullgraph=True)(x, rois), expect, rtol=0, atol=0)
+
+
+# --- deformable convolution and RoI pooling ------------------------------------------
+
+def _offset(shape, scale=1.5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(shape, generator=g) * 2 - 1) * scale
+
+
+def test_deform_conv2d_module_equals_op_and_inits_as_torchvision():
+    torch.manual_seed(3)
+    m = torchops.DeformConv2d(4, 6, (3, 2), stride=(2, 1), padding=1, dilation=(1, 2), groups=2)
+    torch.manual_seed(3)
+    conv = torch.nn.Conv2d(4, 6, (3, 2), stride=(2, 1), padding=1, dilation=(1, 2), groups=2)
+    # torchvision's DeformConv2d initialises exactly as nn.Conv2d does.
+    assert torch.equal(m.weight, conv.weight) and torch.equal(m.bias, conv.bias)
+    x = torch.randn(2, 4, 7, 8)
+    oh, ow = 4, 8
+    offset = _offset((2, 2 * 3 * 2, oh, ow))
+    mask = torch.rand(2, 3 * 2, oh, ow)
+    for msk in (None, mask):
+        expect = torchops.deform_conv2d(x, offset, m.weight, m.bias, (2, 1), 1, (1, 2), msk)
+        torch.testing.assert_close(m(x, offset, msk), expect, rtol=0, atol=0)
+    # Zero offsets: a plain convolution.
+    torch.testing.assert_close(m(x, torch.zeros_like(offset)), conv(x), rtol=1e-5, atol=1e-5)
+    assert torchops.DeformConv2d(2, 2, 1, bias=False).bias is None
+    with pytest.raises(ValueError, match="'in_channels'"):
+        torchops.DeformConv2d(3, 4, 3, groups=2)
+    assert "groups=2" in repr(m)
+
+
+def test_modulated_deform_conv2d_pack():
+    torch.manual_seed(0)
+    m = torchops.ModulatedDeformConv2dPack(4, 6, 3, padding=1, groups=2, deform_groups=2)
+    assert m.conv_offset.out_channels == 3 * 2 * 9
+    assert not m.conv_offset.weight.any() and not m.bias.any()
+    bound = 1 / (4 * 9) ** 0.5
+    assert m.weight.abs().max() <= bound
+    x = torch.randn(2, 4, 6, 5)
+    # At initialisation: zero offsets, mask sigmoid(0) = 1/2.
+    with torch.no_grad():
+        m.bias.uniform_(-1, 1)
+    plain = torch.nn.functional.conv2d(x, m.weight, None, 1, 1, 1, 2)
+    torch.testing.assert_close(m(x), 0.5 * plain + m.bias[:, None, None], rtol=1e-5, atol=1e-5)
+    # Trained offsets: the module is mmcv's composition of the functional op.
+    with torch.no_grad():
+        m.conv_offset.weight.normal_(0, 0.3)
+        m.conv_offset.bias.normal_(0, 0.3)
+    out = m.conv_offset(x)
+    n = out.shape[1] // 3
+    expect = torchops.deform_conv2d(x, out[:, :2 * n], m.weight, m.bias, 1, 1, 1,
+                                    torch.sigmoid(out[:, 2 * n:]))
+    torch.testing.assert_close(m(x), expect, rtol=0, atol=0)
+    m(x).sum().backward()
+    assert m.conv_offset.weight.grad.abs().sum() > 0
+
+
+def _roi_problem(seed=4):
+    x = torch.randn(2, 4, 12, 10)
+    rois = random_rois(2, 6, 12, 10, 0.5, torch.float32, "cpu", seed=seed)
+    return x, rois
+
+
+def test_deform_roi_pool_module_equals_op():
+    x, rois = _roi_problem()
+    m = torchops.DeformRoIPool((3, 2), 0.5, 2, gamma=0.2)
+    offset = _offset((6, 2, 3, 2), 0.5)
+    for off in (None, offset):
+        expect = torchops.deform_roi_pool(x, rois, off, (3, 2), 0.5, 2, 0.2)
+        torch.testing.assert_close(m(x, rois, off), expect, rtol=0, atol=0)
+    assert "gamma=0.2" in repr(m)
+
+
+@pytest.mark.parametrize("modulated", [False, True])
+def test_deform_roi_pool_packs(modulated):
+    torch.manual_seed(1)
+    cls = torchops.ModulatedDeformRoIPoolPack if modulated else torchops.DeformRoIPoolPack
+    m = cls(3, 4, deform_fc_channels=8, spatial_scale=0.5, sampling_ratio=2)
+    x, rois = _roi_problem()
+    # At initialisation: roi_align with aligned=True (times sigmoid(0) = 1/2).
+    aligned = torchops.roi_align(x, rois, 3, 0.5, 2, aligned=True)
+    torch.testing.assert_close(m(x, rois), aligned * (0.5 if modulated else 1.0),
+                               rtol=1e-6, atol=1e-6)
+    # Trained heads: mmcv's composition of the functional op.
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.2)
+    plain = torchops.deform_roi_pool(x, rois, None, 3, 0.5, 2).flatten(1)
+    offset = m.offset_fc(plain).view(-1, 2, 3, 3)
+    expect = torchops.deform_roi_pool(x, rois, offset, 3, 0.5, 2)
+    if modulated:
+        expect = expect * m.mask_fc(plain).view(-1, 1, 3, 3)
+    torch.testing.assert_close(m(x, rois), expect, rtol=0, atol=0)
+    # Per-image box lists work as for roi_align.
+    per_image = [rois[rois[:, 0] == i, 1:] for i in range(2)]
+    order = torch.cat([torch.nonzero(rois[:, 0] == i).flatten() for i in range(2)])
+    torch.testing.assert_close(m(x, per_image), expect[order], rtol=1e-6, atol=1e-6)
+    m(x, rois).sum().backward()
+    assert m.offset_fc[0].weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="output_channels"):
+        m(x[:, :3], rois)
+
+
+def test_deform_modules_compile_fullgraph():
+    torch._dynamo.reset()
+    torch.manual_seed(2)
+    x, rois = _roi_problem()
+    offset = _offset((2, 18, 6, 5), 0.8)
+    calls = [
+        (torchops.DeformConv2d(4, 3, 3, stride=2, padding=1), (x, offset)),
+        (torchops.ModulatedDeformConv2dPack(4, 3, 3, padding=1), (x,)),
+        (torchops.DeformRoIPool(3, 0.5, 0), (x, rois, _offset((6, 2, 3, 3)))),
+        (torchops.DeformRoIPoolPack(3, 4, 8, 0.5), (x, rois)),
+        (torchops.ModulatedDeformRoIPoolPack(3, 4, 8, 0.5), (x, rois)),
+    ]
+    for m, args in calls:
+        with torch.no_grad():
+            for p in m.parameters():  # nonzero heads: every op does work
+                p.add_(torch.randn_like(p) * 0.1)
+        expect = m(*args)
+        got = torch.compile(m, fullgraph=True)(*args)
+        torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()

@@ -1,5 +1,5 @@
-"""Op-specific tests of roi_align and roi_pool (the generic ones come from
-their opdb entries): the torchvision-style wrappers, empty inputs, the
+"""Op-specific tests of roi_align, roi_pool and deform_roi_pool (the generic
+ones come from their opdb entries): the torchvision-style wrappers, empty inputs, the
 deterministic CPU backward, autocast, and on a GPU the deterministic CUDA
 backwards, CPU/CUDA agreement and equivalence with torchvision."""
 
@@ -452,6 +452,13 @@ for aligned in (False, True):
         y = torchops.roi_align(x, rois, (ph, pw), 1.0, 0, aligned)
         y.sum().backward()
         torchops.roi_pool(x, rois, (ph, pw), 1.0).sum().backward()
+# deform_roi_pool: the absurd RoIs, and absurd offsets moving a sane RoI.
+sane = torch.tensor([[0, 2.0, 3.0, 30.0, 40.0]] * 4, device=device)
+far = torch.tensor([1e30, -1e30, float("inf"), float("nan")], device=device)
+for r, o in ((rois, torch.randn(len(rows), 2, 7, 7, device=device)),
+             (sane, far[:, None, None, None].expand(4, 2, 7, 7).contiguous())):
+    o.requires_grad_()
+    torchops.deform_roi_pool(x, r, o, 7, 1.0, 0).sum().backward()
 if device == "cuda":
     torch.cuda.synchronize()
 print("FINISHED", flush=True)
@@ -521,3 +528,196 @@ def test_wrappers_with_box_lists_compile_fullgraph():
     for got, want in zip(compiled(x, per_image), f(x, per_image)):
         torch.testing.assert_close(got, want)
     torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------------------------
+# deform_roi_pool
+# ---------------------------------------------------------------------------------
+
+DEFORM = torch.ops.torchops.deform_roi_pool.default
+
+
+def _deform_grads(x, rois, off, scale, ph, pw, sr, gamma, grad_out):
+    x = x.detach().requires_grad_()
+    off = None if off is None else off.detach().requires_grad_()
+    DEFORM(x, rois, off, scale, ph, pw, sr, gamma).backward(grad_out)
+    return x.grad, None if off is None else off.grad
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_deform_roi_pool_without_offset_is_aligned_roi_align(device, dtype):
+    """offset None (and an all-zero offset) pools exactly as roi_align with
+    aligned=True, values and input gradient alike."""
+    x, rois, scale = _problem(c=5, k=20, device=device, dtype=dtype)
+    tol = {torch.float64: 1e-12, torch.float32: 1e-5}.get(dtype, 1e-2)
+    for sr, (ph, pw) in ((2, (3, 4)), (0, (7, 7)), (-1, (2, 1))):
+        want = ALIGN(x, rois, scale, ph, pw, sr, True)
+        g = torch.randn_like(want)
+        want_grad = _align_grad(x, rois, scale, ph, pw, sr, True, g)
+        zero = torch.zeros(rois.shape[0], 2, ph, pw, device=device, dtype=dtype)
+        for off in (None, zero):
+            got = DEFORM(x, rois, off, scale, ph, pw, sr, 0.1)
+            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+            gx, goff = _deform_grads(x, rois, off, scale, ph, pw, sr, 0.1, g)
+            torch.testing.assert_close(gx, want_grad, atol=tol, rtol=tol)
+            assert goff is None or goff.shape == zero.shape
+        with_list = torchops.deform_roi_pool(x, [rois[rois[:, 0] == i, 1:] for i in range(2)],
+                                             None, (ph, pw), scale, sr)
+        order = torch.cat([torch.nonzero(rois[:, 0] == i).flatten() for i in range(2)])
+        torch.testing.assert_close(with_list, want[order], atol=tol, rtol=tol)
+
+
+def test_deform_roi_pool_offset_moves_bins():
+    """A whole-RoI shift by offset (1, 0) with gamma 0.5 moves the RoI by half
+    its width: the result is that of the moved box without offset."""
+    x = _features((1, 3, 16, 20), dtype=torch.float64)
+    rois = torch.tensor([[0, 2.0, 3.0, 10.0, 11.0]], dtype=torch.float64)
+    off = torch.zeros(1, 2, 4, 4, dtype=torch.float64)
+    off[:, 0] = 1.0
+    moved = rois + torch.tensor([0, 4.0, 0, 4.0, 0], dtype=torch.float64)
+    torch.testing.assert_close(DEFORM(x, rois, off, 1.0, 4, 4, 2, 0.5),
+                               DEFORM(x, moved, None, 1.0, 4, 4, 2, 0.5))
+    off[:, 0], off[:, 1] = 0.0, -0.25  # y: a quarter of the height up, at gamma 1
+    moved = rois - torch.tensor([0, 0, 2.0, 0, 2.0], dtype=torch.float64)
+    torch.testing.assert_close(DEFORM(x, rois, off, 1.0, 4, 4, 0, 1.0),
+                               DEFORM(x, moved, None, 1.0, 4, 4, 0, 1.0))
+
+
+def test_deform_roi_pool_offset_gradient_at_the_edges():
+    """Samples clamped to the edge pixels (or outside the map) do not move
+    with the offset: its gradient is exactly zero there, and elsewhere it is
+    the reference's (autograd through the float64 formula)."""
+    x = _features((1, 2, 6, 7), dtype=torch.float64)
+    rois = torch.tensor([[0, 5.0, 4.0, 9.0, 8.0], [0, -3.0, -3.0, 2.0, 1.0]], dtype=torch.float64)
+    off = torch.zeros(2, 2, 2, 2, dtype=torch.float64)
+    g = torch.ones(2, 2, 2, 2, dtype=torch.float64)
+    _, goff = _deform_grads(x, rois, off, 1.0, 2, 2, 1, 0.1, g)
+    # Box 0's right column of bins samples x = 7.5 (past the last pixel) and
+    # its bottom row y = 6.5: clamped (or outside) along that axis.
+    assert torch.equal(goff[0, 0, :, 1], torch.zeros(2, dtype=torch.float64))
+    assert torch.equal(goff[0, 1, 1, :], torch.zeros(2, dtype=torch.float64))
+    assert goff[0, 0, 0, 0] != 0 and goff[0, 1, 0, 0] != 0
+    offr = off.clone().requires_grad_()
+    ref = torchops.references.deform_roi_pool(x, rois, offr, 1.0, 2, 2, 1, 0.1)
+    (want,) = torch.autograd.grad(ref, offr, g)
+    torch.testing.assert_close(goff, want)
+
+
+def test_deform_roi_pool_cpu_backward_is_thread_count_independent():
+    x, rois, scale = _problem(c=16, k=60, device="cpu")
+    off = _features((60, 2, 4, 3), "cpu", seed=3) * 0.5
+    g = _features((60, 16, 4, 3), "cpu", seed=1)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            results.append(_deform_grads(x, rois, off, scale, 4, 3, 0, 0.2, g))
+    finally:
+        torch.set_num_threads(threads)
+    for gx, goff in results[1:]:
+        assert torch.equal(gx, results[0][0]) and torch.equal(goff, results[0][1])
+
+
+@pytest.mark.parametrize("device,dtype", [
+    ("cpu", torch.bfloat16),
+    pytest.param("cuda", torch.float16, marks=pytest.mark.cuda),
+])
+def test_deform_roi_pool_autocast(device, dtype):
+    x, rois, scale = _problem(k=10, device=device)
+    off = _features((10, 2, 3, 3), device, seed=2)
+    xl, offl = x.to(dtype), off.to(dtype)
+    want = DEFORM(xl.float(), rois, offl.float(), scale, 3, 3, 2, 0.1).to(dtype)
+    with torch.autocast(device, dtype=dtype):
+        got = DEFORM(xl, rois, offl, scale, 3, 3, 2, 0.1)
+        got_none = DEFORM(xl, rois, None, scale, 3, 3, 2, 0.1)
+    assert got.dtype == dtype and got_none.dtype == dtype
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    xg, og = xl.detach().requires_grad_(), offl.detach().requires_grad_()
+    with torch.autocast(device, dtype=dtype):
+        DEFORM(xg, rois, og, scale, 3, 3, 2, 0.1).float().sum().backward()
+    assert xg.grad.dtype == dtype and og.grad.dtype == dtype
+
+
+def test_deform_roi_pool_wrapper_compiles_fullgraph():
+    torch._dynamo.reset()
+    x, rois, scale = _problem(k=10)
+    per_image = [rois[rois[:, 0] == i, 1:] for i in range(x.shape[0])]
+    off = _features((10, 2, 3, 2), seed=4)
+
+    def f(x, boxes, off):
+        return torchops.deform_roi_pool(x, boxes, off, (3, 2), scale, 2, 0.2)
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=True)
+    torch.testing.assert_close(compiled(x, per_image, off), f(x, per_image, off))
+    torch._dynamo.reset()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("sampling_ratio", [2, 0])
+def test_cuda_deform_roi_pool_deterministic_backward(dtype, sampling_ratio):
+    x, rois, scale = _detection_problem(dtype)
+    rois[::17, 0] = 7  # invalid batch index: no output, no gradient
+    k = rois.shape[0]
+    off = _features((k, 2, 7, 7), "cuda", dtype, seed=4) * 0.5
+    g = _features((k, x.shape[1], 7, 7), "cuda", dtype, seed=3)
+    args = (rois, off, scale, 7, 7, sampling_ratio, 0.1)
+    atomic = _deform_grads(x, *args, g)
+    # grad_offset never uses atomics: the same bits on every run.
+    assert torch.equal(_deform_grads(x, *args, g)[1], atomic[1])
+    with _deterministic():
+        first = _deform_grads(x, *args, g)
+        second = _deform_grads(x, *args, g)
+    tol = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 2e-3,
+           torch.bfloat16: 2e-2}[dtype]
+    valid = (rois[:, 0] < x.shape[0]).cpu()
+    cpu = _deform_grads(x.cpu(), rois.cpu()[valid], off.cpu()[valid], *args[2:], g.cpu()[valid])
+    for f, s in zip(first, second):
+        assert f.dtype == dtype and torch.equal(f, s)
+    v = valid.cuda()
+    assert torch.equal(first[1][~v], torch.zeros_like(first[1][~v]))
+    for got, want in ((first[0], atomic[0]), (first[1], atomic[1]), (first[0].cpu(), cpu[0]),
+                      (first[1][v].cpu(), cpu[1])):
+        scale_ = max(1.0, want.abs().max().item())
+        torch.testing.assert_close(got, want, atol=tol * scale_, rtol=tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "sliced"])
+def test_cuda_deform_roi_pool_matches_cpu(dtype, layout):
+    x, rois, scale = _problem(c=6, k=30, device="cuda", dtype=dtype)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif layout == "sliced":
+        x = torch.cat([x, x], dim=1)[:, 1::2]
+    off = _features((30, 2, 4, 5), "cuda", dtype, seed=6).transpose(2, 3)  # strided
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype in (torch.float32, torch.float64) else \
+        dict(atol=2e-2, rtol=2e-2)
+    for sr, o in ((2, off), (0, off), (2, None)):
+        args = (rois, o, scale, 5, 4, sr, 0.2)
+        out = DEFORM(x, *args)
+        cpu_args = (rois.cpu(), None if o is None else o.cpu(), *args[2:])
+        torch.testing.assert_close(out.cpu(), DEFORM(x.cpu(), *cpu_args), **tol)
+        g = torch.randn_like(out)
+        for got, want in zip(_deform_grads(x, *args, g), _deform_grads(x.cpu(), *cpu_args, g.cpu())):
+            if want is None:
+                assert got is None
+            else:
+                torch.testing.assert_close(got.cpu(), want, **tol)
+
+
+@pytest.mark.cuda
+def test_cuda_deform_roi_pool_invalid_batch_index_is_empty():
+    x, rois, scale = _problem(k=8, device="cuda")
+    rois[2, 0] = 5
+    rois[5, 0] = float("nan")
+    off = _features((8, 2, 2, 2), "cuda", seed=1)
+    out = DEFORM(x, rois, off, scale, 2, 2, 2, 0.1)
+    bad = torch.tensor([2, 5], device="cuda")
+    assert torch.equal(out[bad], torch.zeros_like(out[bad]))
+    good = torch.tensor([0, 1, 3, 4, 6, 7], device="cuda")
+    torch.testing.assert_close(out[good].cpu(),
+                               DEFORM(x.cpu(), rois[good].cpu(), off[good].cpu(), scale, 2, 2, 2, 0.1))

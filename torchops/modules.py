@@ -10,6 +10,8 @@ One section per family; each adds its names to ``__all__``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -57,3 +59,234 @@ class RoIPool(nn.Module):
 
     def extra_repr(self) -> str:
         return f"output_size={self.output_size}, spatial_scale={self.spatial_scale}"
+
+
+# --- deformable convolution and RoI pooling ------------------------------------------
+
+__all__ += ["DeformConv2d", "ModulatedDeformConv2dPack", "DeformRoIPool", "DeformRoIPoolPack",
+            "ModulatedDeformRoIPoolPack"]
+
+
+def _pair(v) -> tuple[int, int]:
+    return (v[0], v[1]) if isinstance(v, (list, tuple)) else (v, v)
+
+
+class DeformConv2d(nn.Module):
+    """:func:`torchops.deform_conv2d` as a module, like
+    ``torchvision.ops.DeformConv2d``: ``DeformConv2d(in_channels,
+    out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
+    bias=True)``, called as ``module(input, offset, mask=None)`` with the
+    offsets (and DCNv2 modulation mask) computed by the caller.  Parameters
+    ``weight`` ``(out, in / groups, kh, kw)`` and ``bias`` are initialised as
+    torchvision (and ``nn.Conv2d``) do: Kaiming-uniform with ``a = sqrt(5)``,
+    bias uniform in ``+-1 / sqrt(fan_in)``."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int | tuple[int, int],
+                 stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0,
+                 dilation: int | tuple[int, int] = 1, groups: int = 1, bias: bool = True) -> None:
+        super().__init__()
+        if in_channels % groups != 0:
+            raise ValueError("torchops.DeformConv2d: 'in_channels' must be divisible by 'groups'")
+        if out_channels % groups != 0:
+            raise ValueError("torchops.DeformConv2d: 'out_channels' must be divisible by 'groups'")
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = _pair(kernel_size)
+        self.stride = _pair(stride)
+        self.padding = _pair(padding)
+        self.dilation = _pair(dilation)
+        self.groups = groups
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups,
+                                               *self.kernel_size))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_channels))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in, _ = nn.init._calculate_fan_in_and_fan_out(self.weight)
+            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input: Tensor, offset: Tensor, mask: Tensor | None = None) -> Tensor:
+        return ops.deform_conv2d(input, offset, self.weight, self.bias, stride=self.stride,
+                                 padding=self.padding, dilation=self.dilation, mask=mask)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, "
+                f"groups={self.groups}, bias={self.bias is not None}")
+
+
+class ModulatedDeformConv2dPack(nn.Module):
+    """DCNv2 that acts as a plain convolution, like mmcv's
+    ``ModulatedDeformConv2dPack``: ``(in_channels, out_channels, kernel_size,
+    stride=1, padding=0, dilation=1, groups=1, deform_groups=1, bias=True)``,
+    called as ``module(x)``.  A convolution ``conv_offset`` (same kernel,
+    stride, padding and dilation) predicts ``3 * deform_groups * kh * kw``
+    channels from ``x``: split in three, the first two thirds are the
+    offsets and the last, through a sigmoid, the mask of
+    :func:`torchops.deform_conv2d`.  As in mmcv, ``conv_offset`` starts at
+    zero (so at initialisation the module is ``0.5 * conv(x) + bias``),
+    ``weight`` is uniform in ``+-1 / sqrt(in_channels * kh * kw)`` and
+    ``bias`` zero."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int | tuple[int, int],
+                 stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0,
+                 dilation: int | tuple[int, int] = 1, groups: int = 1, deform_groups: int = 1,
+                 bias: bool = True) -> None:
+        super().__init__()
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = _pair(kernel_size)
+        self.stride = _pair(stride)
+        self.padding = _pair(padding)
+        self.dilation = _pair(dilation)
+        self.groups = groups
+        self.deform_groups = deform_groups
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups,
+                                               *self.kernel_size))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_channels))
+        else:
+            self.register_parameter("bias", None)
+        self.conv_offset = nn.Conv2d(
+            in_channels, deform_groups * 3 * self.kernel_size[0] * self.kernel_size[1],
+            kernel_size=self.kernel_size, stride=self.stride, padding=self.padding,
+            dilation=self.dilation, bias=True)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        n = self.in_channels * self.kernel_size[0] * self.kernel_size[1]
+        stdv = 1.0 / math.sqrt(n) if n > 0 else 0.0
+        with torch.no_grad():
+            self.weight.uniform_(-stdv, stdv)
+            if self.bias is not None:
+                self.bias.zero_()
+            self.conv_offset.weight.zero_()
+            self.conv_offset.bias.zero_()
+
+    def forward(self, x: Tensor) -> Tensor:
+        o1, o2, mask = torch.chunk(self.conv_offset(x), 3, dim=1)
+        offset = torch.cat((o1, o2), dim=1)
+        return ops.deform_conv2d(x, offset, self.weight, self.bias, stride=self.stride,
+                                 padding=self.padding, dilation=self.dilation,
+                                 mask=torch.sigmoid(mask))
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, "
+                f"groups={self.groups}, deform_groups={self.deform_groups}, "
+                f"bias={self.bias is not None}")
+
+
+class DeformRoIPool(nn.Module):
+    """:func:`torchops.deform_roi_pool` as a module, like mmcv's
+    ``DeformRoIPool``: ``DeformRoIPool(output_size, spatial_scale=1.0,
+    sampling_ratio=0, gamma=0.1)``, called as ``module(input, rois,
+    offset=None)``."""
+
+    def __init__(self, output_size: int | tuple[int, int], spatial_scale: float = 1.0,
+                 sampling_ratio: int = 0, gamma: float = 0.1) -> None:
+        super().__init__()
+        self.output_size = _pair(output_size)
+        self.spatial_scale = float(spatial_scale)
+        self.sampling_ratio = int(sampling_ratio)
+        self.gamma = float(gamma)
+
+    def _pool(self, input: Tensor, rois: Tensor | list[Tensor],
+              offset: Tensor | None) -> Tensor:
+        return ops.deform_roi_pool(input, rois, offset, self.output_size, self.spatial_scale,
+                                   self.sampling_ratio, self.gamma)
+
+    def forward(self, input: Tensor, rois: Tensor | list[Tensor],
+                offset: Tensor | None = None) -> Tensor:
+        return self._pool(input, rois, offset)
+
+    def extra_repr(self) -> str:
+        return (f"output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
+                f"sampling_ratio={self.sampling_ratio}, gamma={self.gamma}")
+
+
+def _fc_head(in_features: int, hidden: int, out_features: int, layers: int) -> nn.Sequential:
+    """mmcv's heads: `layers` Linear layers with ReLUs between them."""
+    mods: list[nn.Module] = []
+    for i in range(layers):
+        mods.append(nn.Linear(in_features if i == 0 else hidden,
+                              out_features if i == layers - 1 else hidden))
+        if i < layers - 1:
+            mods.append(nn.ReLU(inplace=True))
+    return nn.Sequential(*mods)
+
+
+class DeformRoIPoolPack(DeformRoIPool):
+    """Deformable RoI pooling that predicts its own offsets, like mmcv's
+    ``DeformRoIPoolPack``: ``(output_size, output_channels,
+    deform_fc_channels=1024, spatial_scale=1.0, sampling_ratio=0,
+    gamma=0.1)``, called as ``module(input, rois)`` with ``input``'s channels
+    ``output_channels``.  The RoIs are first pooled without offsets; a head
+    ``offset_fc`` (three Linear layers, ``ph * pw * C -> fc -> fc -> ph * pw
+    * 2``, ReLUs between) maps each RoI's pooled features to its offsets,
+    with which the RoIs are pooled again.  The last layer starts at zero (as
+    in mmcv), so at initialisation the module is ``roi_align`` with
+    ``aligned=True``."""
+
+    def __init__(self, output_size: int | tuple[int, int], output_channels: int,
+                 deform_fc_channels: int = 1024, spatial_scale: float = 1.0,
+                 sampling_ratio: int = 0, gamma: float = 0.1) -> None:
+        super().__init__(output_size, spatial_scale, sampling_ratio, gamma)
+        self.output_channels = output_channels
+        self.deform_fc_channels = deform_fc_channels
+        bins = self.output_size[0] * self.output_size[1]
+        self.offset_fc = _fc_head(bins * output_channels, deform_fc_channels, bins * 2, 3)
+        with torch.no_grad():
+            self.offset_fc[-1].weight.zero_()
+            self.offset_fc[-1].bias.zero_()
+
+    def _check_channels(self, input: Tensor) -> None:
+        if input.shape[1] != self.output_channels:
+            raise ValueError(f"torchops.{type(self).__name__}: expected 'input' to have "
+                             f"output_channels = {self.output_channels} channels")
+
+    def forward(self, input: Tensor, rois: Tensor | list[Tensor]) -> Tensor:  # type: ignore[override]
+        self._check_channels(input)
+        rows = ops._roi_rows("deform_roi_pool", rois, "rois")
+        x = self._pool(input, rows, None).flatten(1)
+        offset = self.offset_fc(x).view(-1, 2, *self.output_size)
+        return self._pool(input, rows, offset)
+
+    def extra_repr(self) -> str:
+        return (f"{super().extra_repr()}, output_channels={self.output_channels}, "
+                f"deform_fc_channels={self.deform_fc_channels}")
+
+
+class ModulatedDeformRoIPoolPack(DeformRoIPoolPack):
+    """:class:`DeformRoIPoolPack` with a modulation mask, like mmcv's
+    ``ModulatedDeformRoIPoolPack`` (same arguments): a second head
+    ``mask_fc`` (``ph * pw * C -> fc -> ph * pw``, then a sigmoid) scales
+    each bin of the deformed pooling.  Its last Linear layer starts at zero
+    (as in mmcv), so at initialisation the module is ``0.5 * roi_align``
+    with ``aligned=True``."""
+
+    def __init__(self, output_size: int | tuple[int, int], output_channels: int,
+                 deform_fc_channels: int = 1024, spatial_scale: float = 1.0,
+                 sampling_ratio: int = 0, gamma: float = 0.1) -> None:
+        super().__init__(output_size, output_channels, deform_fc_channels, spatial_scale,
+                         sampling_ratio, gamma)
+        bins = self.output_size[0] * self.output_size[1]
+        self.mask_fc = nn.Sequential(*_fc_head(bins * output_channels, deform_fc_channels,
+                                               bins, 2), nn.Sigmoid())
+        with torch.no_grad():
+            self.mask_fc[2].weight.zero_()
+            self.mask_fc[2].bias.zero_()
+
+    def forward(self, input: Tensor, rois: Tensor | list[Tensor]) -> Tensor:  # type: ignore[override]
+        self._check_channels(input)
+        rows = ops._roi_rows("deform_roi_pool", rois, "rois")
+        x = self._pool(input, rows, None).flatten(1)
+        offset = self.offset_fc(x).view(-1, 2, *self.output_size)
+        mask = self.mask_fc(x).view(-1, 1, *self.output_size)
+        return self._pool(input, rows, offset) * mask

@@ -266,26 +266,26 @@ def _box_iou_backward_fake(grad: Tensor, boxes1: Tensor, boxes2: Tensor) -> tupl
 __all__ += ["roi_align", "roi_pool"]
 
 
-def _roi_rows(op: str, boxes) -> Tensor:
+def _roi_rows(op: str, boxes, name: str = "boxes") -> Tensor:
     """torchvision's two box formats -> one (K, 5) tensor of rows
-    (batch_index, x1, y1, x2, y2)."""
+    (batch_index, x1, y1, x2, y2); `name`: the argument's name in messages."""
     # Plain checks, not torch._check: dynamo traces these wrappers, and a
     # torch._check message may only close over constants (not even sizes,
     # which are symbolic under dynamic=True).  The column count is a
     # constant of the format, so guarding on it costs no recompile.
     if isinstance(boxes, Tensor):
         if boxes.dim() != 2 or boxes.shape[1] != 5:
-            raise RuntimeError(f"torchops.{op}: expected 'boxes' to be a (K, 5) tensor, "
+            raise RuntimeError(f"torchops.{op}: expected '{name}' to be a (K, 5) tensor, "
                                f"got shape {tuple(boxes.shape)}")
         return boxes
     if not isinstance(boxes, (list, tuple)) or not all(isinstance(b, Tensor) for b in boxes):
-        raise TypeError(f"torchops.{op}: expected 'boxes' to be a (K, 5) tensor or a list of "
+        raise TypeError(f"torchops.{op}: expected '{name}' to be a (K, 5) tensor or a list of "
                         f"(L, 4) tensors, one per image, got {type(boxes).__name__}")
     if not boxes:
-        raise ValueError(f"torchops.{op}: 'boxes' is an empty list (one (L, 4) tensor per image)")
+        raise ValueError(f"torchops.{op}: '{name}' is an empty list (one (L, 4) tensor per image)")
     for b in boxes:
         if b.dim() != 2 or b.shape[1] != 4:
-            raise RuntimeError(f"torchops.{op}: expected each tensor in 'boxes' to have shape "
+            raise RuntimeError(f"torchops.{op}: expected each tensor in '{name}' to have shape "
                                f"(L, 4), got {tuple(b.shape)}")
     cat = torch.cat(list(boxes), dim=0)
     index = torch.cat([torch.full((b.shape[0], 1), i, dtype=cat.dtype, device=cat.device)
@@ -470,6 +470,256 @@ def _roi_pool_backward_fake(grad: Tensor, rois: Tensor, argmax: Tensor, spatial_
     return grad.new_empty((batch_size, channels, height, width))
 
 
+
+
+# --- detection: deformable RoI pooling --------------------------------------------------------
+
+__all__ += ["deform_roi_pool"]
+
+
+def deform_roi_pool(input: Tensor, rois: Tensor | list[Tensor], offset: Tensor | None,
+                    output_size: int | tuple[int, int], spatial_scale: float = 1.0,
+                    sampling_ratio: int = 0, gamma: float = 0.1) -> Tensor:
+    """Deformable RoI pooling (Deformable ConvNets; mmcv's
+    ``mmcv.ops.deform_roi_pool``, same arguments and semantics): RoI Align
+    with ``aligned=True`` whose bins each move by an offset.
+
+    Args:
+        input: features ``(N, C, H, W)``, float32/float64/float16/bfloat16,
+            any strides (CPU copies non-contiguous inputs; CUDA reads them in
+            place).
+        rois: ``(K, 5)`` rows ``(batch_index, x1, y1, x2, y2)``, or a list of
+            ``(L_i, 4)`` tensors, one per image; in ``input``'s dtype.
+        offset: ``(K, 2, pooled_height, pooled_width)`` of ``input``'s dtype,
+            or None.  Bin ``(ph, pw)`` of RoI ``k`` moves by
+            ``gamma * roi_width * offset[k, 0, ph, pw]`` along x and
+            ``gamma * roi_height * offset[k, 1, ph, pw]`` along y (roi size in
+            feature-map pixels).
+        output_size: ``(pooled_height, pooled_width)`` or one int for both.
+        spatial_scale: maps RoI coordinates to ``input``'s pixels.
+        sampling_ratio: samples per bin along each axis, at most 64; ``<= 0``
+            adaptive (``ceil(bin size)``, capped as in :func:`roi_align`).
+        gamma: the offset's scale.
+
+    Box corners are scaled by ``spatial_scale`` and shifted by -0.5 pixel
+    (pixel-centre alignment); each bin averages bilinear samples on a regular
+    grid, as :func:`roi_align` with ``aligned=True``, which this equals when
+    ``offset`` is None.  Returns ``(K, C, pooled_height, pooled_width)`` in
+    ``input``'s dtype (half types compute in float32).  Differentiable with
+    respect to ``input`` and ``offset``; the offset's gradient is the exact
+    derivative of the forward (zero along an axis where a sample is clamped
+    to the edge pixels; mmcv's differs there).  The CUDA backward adds into
+    ``input``'s gradient with atomics; under
+    ``torch.use_deterministic_algorithms(True)`` it is bitwise deterministic
+    (sort-and-gather, as roi_align's); the offset's gradient is always
+    deterministic.  Autocast and invalid batch indices behave as in
+    :func:`roi_align`.  Raises RuntimeError naming the argument for bad
+    shapes (``offset`` not ``(K, 2, pooled_height, pooled_width)``, ``rois``
+    not ``(K, 5)``), dtypes or devices.
+    """
+    ph, pw = _pair("deform_roi_pool", output_size)
+    rows = _roi_rows("deform_roi_pool", rois, "rois")
+    return torch.ops.torchops.deform_roi_pool.default(input, rows, offset, spatial_scale, ph, pw,
+                                                      sampling_ratio, gamma)
+
+
+def _check_deform_roi_pool_args(op: str, input: Tensor, rois: Tensor, offset: Tensor | None,
+                                pooled_height, pooled_width, sampling_ratio: int) -> None:
+    """csrc/common/deform_roi_pool.h check_deform_roi_pool, in its order."""
+    _check_roi_args(op, input, rois, pooled_height, pooled_width)
+    _check_sampling_ratio(op, sampling_ratio)
+    if offset is not None:
+        _check_same_device(op, input=input, offset=offset)
+        _check_same_dtype(op, input=input, offset=offset)
+        shape = tuple(offset.shape)
+        torch._check(offset.dim() == 4 and offset.shape[0] == rois.shape[0]
+                     and offset.shape[1] == 2 and offset.shape[2] == pooled_height
+                     and offset.shape[3] == pooled_width,
+                     lambda: f"torchops.{op}: expected 'offset' to have shape (K, 2, "
+                     f"pooled_height, pooled_width), but got {shape}")
+
+
+@torch.library.register_fake("torchops::deform_roi_pool")
+def _deform_roi_pool_fake(input: Tensor, rois: Tensor, offset: Tensor | None,
+                          spatial_scale: float, pooled_height, pooled_width,
+                          sampling_ratio: int, gamma: float) -> Tensor:
+    _check_deform_roi_pool_args("deform_roi_pool", input, rois, offset, pooled_height,
+                                pooled_width, sampling_ratio)
+    shape = (rois.shape[0], input.shape[1], pooled_height, pooled_width)
+    _check_output_size("deform_roi_pool", shape, input.dtype)
+    return input.new_empty(shape)
+
+
+@torch.library.register_fake("torchops::_deform_roi_pool_backward")
+def _deform_roi_pool_backward_fake(grad: Tensor, input: Tensor, rois: Tensor,
+                                   offset: Tensor | None, spatial_scale: float, pooled_height,
+                                   pooled_width, sampling_ratio: int,
+                                   gamma: float) -> tuple[Tensor, Tensor]:
+    op = "_deform_roi_pool_backward"
+    _check_deform_roi_pool_args(op, input, rois, offset, pooled_height, pooled_width,
+                                sampling_ratio)
+    _check_same_device(op, input=input, grad=grad)
+    _check_same_dtype(op, input=input, grad=grad)
+    grad_shape = tuple(grad.shape)
+    torch._check(grad.dim() == 4 and grad.shape[0] == rois.shape[0]
+                 and grad.shape[1] == input.shape[1] and grad.shape[2] == pooled_height
+                 and grad.shape[3] == pooled_width,
+                 lambda: f"torchops.{op}: expected 'grad' to have shape (K, C, pooled_height, "
+                 f"pooled_width), but got {grad_shape}")
+    return (input.new_empty(input.shape),
+            grad.new_empty((rois.shape[0], 2, pooled_height, pooled_width)))
+
+
+# --- detection: deformable convolution ------------------------------------------------------
+
+__all__ += ["deform_conv2d"]
+
+
+def _deform_pair(name: str, v) -> tuple:
+    if isinstance(v, (list, tuple)):
+        if len(v) != 2:
+            raise ValueError(f"torchops.deform_conv2d: expected '{name}' to be an int or a pair, "
+                             f"got {v!r}")
+        return v[0], v[1]
+    return v, v
+
+
+def deform_conv2d(input: Tensor, offset: Tensor, weight: Tensor, bias: Tensor | None = None,
+                  stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0,
+                  dilation: int | tuple[int, int] = 1, mask: Tensor | None = None) -> Tensor:
+    """Deformable convolution: DCNv1 (``mask=None``) or DCNv2 (modulated,
+    with ``mask``).  A drop-in for ``torchvision.ops.deform_conv2d``: same
+    arguments, same inference of the groups, same results (within float
+    rounding).
+
+    Args:
+        input: ``(N, C, H, W)``, float32/float64/float16/bfloat16 (the half
+            types compute in float32), any strides.
+        offset: ``(N, 2 * offset_groups * kh * kw, out_h, out_w)``: for
+            offset group ``g`` and kernel tap ``k = i * kw + j``, channel
+            ``2 * (g * kh * kw + k)`` shifts the sample along y and the next
+            one along x.  ``offset_groups`` is inferred from its channels.
+        weight: ``(O, C / groups, kh, kw)``; ``groups = C // weight.shape[1]``.
+        bias: ``(O,)`` or None (zeros).
+        stride, padding, dilation: ints or ``(h, w)`` pairs.
+        mask: ``(N, offset_groups * kh * kw, out_h, out_w)`` modulation
+            scalars, or None.
+
+    Samples are bilinear; one with ``y <= -1``, ``y >= H``, ``x <= -1`` or
+    ``x >= W`` reads 0, and inside that range each of its four corners
+    outside the image reads 0 (torchvision's rule).  Returns
+    ``(N, O, out_h, out_w)`` in ``input``'s dtype, differentiable with
+    respect to input, offset, mask, weight and bias.  The CPU backward is
+    deterministic.  Under ``torch.autocast`` it computes in float32 and
+    returns the input's dtype.  Raises RuntimeError naming the argument for
+    shapes that do not fit (offset or mask channels, groups that do not
+    divide the channels, ...).
+    """
+    stride_h, stride_w = _deform_pair("stride", stride)
+    pad_h, pad_w = _deform_pair("padding", padding)
+    dil_h, dil_w = _deform_pair("dilation", dilation)
+    kh, kw = weight.shape[-2], weight.shape[-1]
+    offset_groups = offset.shape[1] // (2 * kh * kw)
+    if offset_groups == 0:
+        raise RuntimeError(f"torchops.deform_conv2d: expected 'offset' to have a multiple of "
+                           f"2 * kh * kw = {2 * kh * kw} channels, but got {offset.shape[1]}")
+    # torchvision divides by weight.shape[1]; with no input channels any
+    # group count fits, so take 1.
+    groups = input.shape[1] // weight.shape[1] if weight.shape[1] != 0 else 1
+    use_mask = mask is not None
+    if mask is None:
+        mask = input.new_zeros((input.shape[0], 1))
+    if bias is None:
+        bias = input.new_zeros((weight.shape[0],))
+    return torch.ops.torchops.deform_conv2d.default(
+        input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+        groups, offset_groups, use_mask)
+
+
+def _check_deform_args(op: str, input: Tensor, weight: Tensor, offset: Tensor, mask: Tensor,
+                       bias: Tensor, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
+                       groups, offset_groups, use_mask: bool) -> tuple:
+    """csrc/common/deform_conv2d.h check_deform_conv2d, in its order and
+    with its messages; returns the output shape."""
+    _check_same_device(op, input=input, weight=weight, offset=offset, mask=mask, bias=bias)
+    _check_floating(op, "input", input)
+    _check_same_dtype(op, input=input, weight=weight)
+    _check_same_dtype(op, input=input, offset=offset)
+    _check_same_dtype(op, input=input, mask=mask)
+    _check_same_dtype(op, input=input, bias=bias)
+    for name, t, nd in (("input", input, 4), ("weight", weight, 4), ("offset", offset, 4),
+                        ("bias", bias, 1)):
+        d = t.dim()
+        torch._check(d == nd, lambda: f"torchops.{op}: expected '{name}' to have {nd} "
+                     f"dimensions, but got {d}")
+    torch._check(stride_h > 0 and stride_w > 0,
+                 lambda: f"torchops.{op}: expected 'stride_h' and 'stride_w' to be positive")
+    torch._check(pad_h >= 0 and pad_w >= 0,
+                 lambda: f"torchops.{op}: expected 'pad_h' and 'pad_w' to be non-negative")
+    torch._check(dilation_h > 0 and dilation_w > 0,
+                 lambda: f"torchops.{op}: expected 'dilation_h' and 'dilation_w' to be positive")
+    torch._check(groups > 0, lambda: f"torchops.{op}: expected 'groups' to be positive")
+    torch._check(offset_groups > 0,
+                 lambda: f"torchops.{op}: expected 'offset_groups' to be positive")
+    n, c, h, w = input.shape
+    o, cg, kh, kw = weight.shape
+    torch._check(kh > 0 and kw > 0,
+                 lambda: f"torchops.{op}: expected 'weight' to have a non-empty kernel")
+    torch._check(c % groups == 0,
+                 lambda: f"torchops.{op}: 'groups' does not divide the input channels")
+    torch._check(o % groups == 0,
+                 lambda: f"torchops.{op}: 'groups' does not divide the output channels")
+    torch._check(cg * groups == c, lambda: f"torchops.{op}: expected 'weight' to have input "
+                 f"channels / groups in dimension 1")
+    torch._check(c % offset_groups == 0,
+                 lambda: f"torchops.{op}: 'offset_groups' does not divide the input channels")
+    out_h = (h + 2 * pad_h - (dilation_h * (kh - 1) + 1)) // stride_h + 1
+    out_w = (w + 2 * pad_w - (dilation_w * (kw - 1) + 1)) // stride_w + 1
+    torch._check(out_h > 0 and out_w > 0, lambda: f"torchops.{op}: 'input' is too small for "
+                 f"the dilated kernel")
+    taps = offset_groups * kh * kw
+    torch._check(offset.shape[0] == n and offset.shape[1] == 2 * taps
+                 and offset.shape[2] == out_h and offset.shape[3] == out_w,
+                 lambda: f"torchops.{op}: expected 'offset' to have shape (batch, "
+                 f"2 * offset_groups * kh * kw, out_h, out_w)")
+    if use_mask:
+        d = mask.dim()
+        torch._check(d == 4, lambda: f"torchops.{op}: expected 'mask' to have 4 dimensions, "
+                     f"but got {d}")
+        torch._check(mask.shape[0] == n and mask.shape[1] == taps
+                     and mask.shape[2] == out_h and mask.shape[3] == out_w,
+                     lambda: f"torchops.{op}: expected 'mask' to have shape (batch, "
+                     f"offset_groups * kh * kw, out_h, out_w)")
+    torch._check(bias.shape[0] == o,
+                 lambda: f"torchops.{op}: expected 'bias' to have shape (out_channels,)")
+    return (n, o, out_h, out_w)
+
+
+@torch.library.register_fake("torchops::deform_conv2d")
+def _deform_conv2d_fake(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
+                        dilation_h, dilation_w, groups, offset_groups, use_mask):
+    shape = _check_deform_args("deform_conv2d", input, weight, offset, mask, bias, stride_h,
+                               stride_w, pad_h, pad_w, dilation_h, dilation_w, groups,
+                               offset_groups, use_mask)
+    _check_output_size("deform_conv2d", shape, input.dtype)
+    return input.new_empty(shape)
+
+
+@torch.library.register_fake("torchops::_deform_conv2d_backward")
+def _deform_conv2d_backward_fake(grad, input, weight, offset, mask, bias, stride_h, stride_w,
+                                 pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups,
+                                 use_mask):
+    op = "_deform_conv2d_backward"
+    shape = _check_deform_args(op, input, weight, offset, mask, bias, stride_h, stride_w, pad_h,
+                               pad_w, dilation_h, dilation_w, groups, offset_groups, use_mask)
+    _check_same_device(op, input=input, grad=grad)
+    _check_same_dtype(op, input=input, grad=grad)
+    torch._check(grad.dim() == 4 and all(grad.shape[i] == shape[i] for i in range(4)),
+                 lambda: f"torchops.{op}: expected 'grad' to have shape (batch, out_channels, "
+                 f"out_h, out_w)")
+    return (input.new_empty(input.shape), input.new_empty(weight.shape),
+            input.new_empty(offset.shape), input.new_empty(mask.shape),
+            input.new_empty(bias.shape))
 
 # --- losses -----------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["matmul", "d_sigmoid", "nms", "batched_nms", "box_iou", "roi_align", "roi_pool",
-           "sigmoid_focal_loss"]
+           "sigmoid_focal_loss", "deform_conv2d"]
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -231,6 +231,83 @@ def roi_pool(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: i
     return out, argmax
 
 
+def _bin_samples(input: Tensor, batch: Tensor, ys: Tensor, xs: Tensor) -> Tensor:
+    """Averages of bilinear samples per bin, bins of any positions: sample
+    (i, j) of bin (k, ph, pw) lies at (ys[k, ph, pw, i], xs[k, ph, pw, j]),
+    with roi_align's edge rules (_bilinear_axis).  Returns (K, C, PH, PW)."""
+    n, c, h, w = input.shape
+    vy, yl, yh, wyl, wyh = _bilinear_axis(ys, h)
+    vx, xl, xh, wxl, wxh = _bilinear_axis(xs, w)
+    flat = input.permute(0, 2, 3, 1).reshape(n * h * w, c)
+    base = (batch * (h * w))[:, None, None, None, None]
+    valid = (vy[..., :, None] & vx[..., None, :]).to(input.dtype)
+    acc = 0
+    for yi, wy in ((yl, wyl), (yh, wyh)):
+        for xi, wx in ((xl, wxl), (xh, wxh)):
+            idx = base + yi[..., :, None] * w + xi[..., None, :]       # (K, PH, PW, GY, GX)
+            weight = wy[..., :, None] * wx[..., None, :] * valid
+            acc = acc + flat[idx] * weight[..., None]                  # (..., C)
+    return acc.mean(dim=(3, 4)).permute(0, 3, 1, 2)
+
+
+def deform_roi_pool(input: Tensor, rois: Tensor, offset: Tensor | None, spatial_scale: float,
+                    pooled_height: int, pooled_width: int, sampling_ratio: int,
+                    gamma: float) -> Tensor:
+    """Deformable RoI pooling with mmcv's semantics: :func:`roi_align` with
+    ``aligned=True`` (corners * spatial_scale - 0.5, bins of a grid of
+    ``sampling_ratio`` or, when ``<= 0``, ``ceil(bin size)`` samples per axis,
+    uncapped here), except that bin ``(ph, pw)`` of RoI ``k`` moves by
+    ``gamma * roi_width * offset[k, 0, ph, pw]`` along x and
+    ``gamma * roi_height * offset[k, 1, ph, pw]`` along y.  Differentiable
+    with respect to ``input`` and ``offset`` (autograd through the gathers
+    and the clamps of _bilinear_axis: zero slope where a sample is clamped).
+    """
+    n, c, h, w = input.shape
+    k = rois.shape[0]
+    dev, dt = input.device, input.dtype
+
+    def zeros() -> Tensor:  # depends on input and offset, like the kernels' result
+        z = input.new_zeros((k, c, pooled_height, pooled_width)) + input[..., :0].sum()
+        return z if offset is None else z + offset[..., :0].sum()
+
+    if input.numel() == 0 or k == 0:
+        return zeros()
+    batch = rois[:, 0].long()
+    x1 = rois[:, 1] * spatial_scale - 0.5
+    y1 = rois[:, 2] * spatial_scale - 0.5
+    roi_w = rois[:, 3] * spatial_scale - 0.5 - x1
+    roi_h = rois[:, 4] * spatial_scale - 0.5 - y1
+    bin_h, bin_w = roi_h / pooled_height, roi_w / pooled_width
+    # Each bin's top-left corner, (K, PH, PW).
+    start_y = (y1[:, None, None] + torch.arange(pooled_height, device=dev, dtype=dt)[None, :, None]
+               * bin_h[:, None, None]).expand(k, pooled_height, pooled_width)
+    start_x = (x1[:, None, None] + torch.arange(pooled_width, device=dev, dtype=dt)[None, None, :]
+               * bin_w[:, None, None]).expand(k, pooled_height, pooled_width)
+    if offset is not None:
+        start_y = start_y + gamma * roi_h[:, None, None] * offset[:, 1]
+        start_x = start_x + gamma * roi_w[:, None, None] * offset[:, 0]
+
+    def pooled(rows: Tensor, grid_h: int, grid_w: int) -> Tensor:
+        i = (torch.arange(grid_h, device=dev, dtype=dt) + 0.5) / grid_h
+        j = (torch.arange(grid_w, device=dev, dtype=dt) + 0.5) / grid_w
+        ys = start_y[rows][..., None] + i * bin_h[rows][:, None, None, None]
+        xs = start_x[rows][..., None] + j * bin_w[rows][:, None, None, None]
+        return _bin_samples(input, batch[rows], ys, xs)
+
+    if sampling_ratio > 0:
+        every = torch.arange(k, device=dev)
+        return pooled(every, sampling_ratio, sampling_ratio).contiguous()
+    grids = torch.stack([torch.ceil(bin_h), torch.ceil(bin_w)], 1)
+    grids = torch.nan_to_num(grids, nan=0.0).long()
+    out = zeros()
+    for grid_h, grid_w in torch.unique(grids, dim=0).tolist():
+        if grid_h <= 0 or grid_w <= 0:
+            continue
+        rows = torch.nonzero((grids[:, 0] == grid_h) & (grids[:, 1] == grid_w)).flatten()
+        out = out.index_copy(0, rows, pooled(rows, grid_h, grid_w))
+    return out
+
+
 def sigmoid_focal_loss(inputs: Tensor, targets: Tensor, alpha: float = 0.25, gamma: float = 2.0,
                        reduction: str = "none") -> Tensor:
     """The focal loss of Lin et al. (2017) as torchvision.ops.sigmoid_focal_loss
@@ -251,3 +328,57 @@ def sigmoid_focal_loss(inputs: Tensor, targets: Tensor, alpha: float = 0.25, gam
     if reduction == "sum":
         return loss.sum()
     return loss
+
+
+def deform_conv2d(input: Tensor, weight: Tensor, offset: Tensor, mask: Tensor, bias: Tensor,
+                  stride_h: int, stride_w: int, pad_h: int, pad_w: int, dilation_h: int,
+                  dilation_w: int, groups: int, offset_groups: int, use_mask: bool) -> Tensor:
+    """Deformable convolution (DCNv1; DCNv2 with ``use_mask``) with
+    torchvision's semantics: kernel tap ``k = i * kw + j`` of output pixel
+    ``(oy, ox)`` reads ``input`` by bilinear interpolation at
+    ``(oy * stride_h - pad_h + i * dilation_h + offset[:, g, 2k],
+    ox * stride_w - pad_w + j * dilation_w + offset[:, g, 2k + 1])`` for the
+    offset group ``g`` of its channel, times ``mask[:, g, k]`` when
+    ``use_mask``.  A sample with ``y <= -1``, ``y >= H``, ``x <= -1`` or
+    ``x >= W`` is 0; inside, each corner outside the image reads 0.  The
+    samples form im2col columns, which a grouped matrix product with
+    ``weight`` ``(O, C / groups, kh, kw)`` turns into the output, plus
+    ``bias``.  Gathers and an einsum: autograd gives all five gradients."""
+    n, c, h, w = input.shape
+    o, _, kh, kw = weight.shape
+    out_h = (h + 2 * pad_h - (dilation_h * (kh - 1) + 1)) // stride_h + 1
+    out_w = (w + 2 * pad_w - (dilation_w * (kw - 1) + 1)) // stride_w + 1
+    k, og, p = kh * kw, offset_groups, out_h * out_w
+    dev, dt = input.device, input.dtype
+    ar = lambda size: torch.arange(size, device=dev, dtype=dt)  # noqa: E731
+    base_y = (ar(out_h) * stride_h - pad_h)[None, :, None] + \
+        (ar(kh) * dilation_h).repeat_interleave(kw)[:, None, None]      # (K, OH, 1)
+    base_x = (ar(out_w) * stride_w - pad_w)[None, None, :] + \
+        (ar(kw) * dilation_w).repeat(kh)[:, None, None]                 # (K, 1, OW)
+    off = offset.reshape(n, og, k, 2, out_h, out_w)
+    y = base_y + off[:, :, :, 0]                                        # (N, G, K, OH, OW)
+    x = base_x + off[:, :, :, 1]
+    cpg = c // og
+    if c == 0 or h * w == 0 or n == 0:
+        cols = input.new_zeros((n, og, cpg, k * p)) + input.sum() * 0
+    else:
+        valid = (y > -1) & (y < h) & (x > -1) & (x < w)
+        y0, x0 = torch.floor(y), torch.floor(x)
+        ly, lx = y - y0, x - x0
+        feats = input.reshape(n, og, cpg, h * w)
+        cols = 0
+        for dy, wy in ((0, 1 - ly), (1, ly)):
+            for dx, wx in ((0, 1 - lx), (1, lx)):
+                yi, xi = y0 + dy, x0 + dx
+                ok = valid & (yi >= 0) & (yi <= h - 1) & (xi >= 0) & (xi <= w - 1)
+                idx = (yi.clamp(0, h - 1) * w + xi.clamp(0, w - 1)).long()
+                idx = torch.where(ok, idx, torch.zeros_like(idx)).reshape(n, og, 1, k * p)
+                got = torch.gather(feats, 3, idx.expand(n, og, cpg, k * p))
+                got = torch.where(ok.reshape(n, og, 1, k * p), got, torch.zeros_like(got))
+                cols = cols + got * (wy * wx).reshape(n, og, 1, k * p)
+    if use_mask:
+        cols = cols * mask.reshape(n, og, 1, k * p)
+    cols = cols.reshape(n, groups, (c // groups) * k, p)
+    wgt = weight.reshape(groups, o // groups, (c // groups) * k)
+    out = torch.einsum("goq,ngqp->ngop", wgt, cols).reshape(n, o, out_h, out_w)
+    return (out + bias[None, :, None, None]).contiguous()

@@ -91,6 +91,15 @@ C10_HOST_DEVICE inline bool roi_align_axis(T v, int64_t size, int64_t& lo,
   return true;
 }
 
+// d w_hi / d v of a sample at v along an axis of `size` pixels (d w_lo / d v
+// is its negative): 1 where roi_align_axis interpolates, 0 where it clamps
+// (v <= 0, or v at or past the last pixel: the value does not move with v).
+// For ops whose sampling positions are differentiable (deform_roi_pool).
+template <typename T>
+C10_HOST_DEVICE inline T roi_align_slope(T v, int64_t size) {
+  return (v > T(0) && v < static_cast<T>(size - 1)) ? T(1) : T(0);
+}
+
 // The two pixels, and their weights, that one sample reads along an axis.
 template <typename T>
 struct AxisTap {

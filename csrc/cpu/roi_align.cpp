@@ -28,56 +28,10 @@
 #include "common/roi_align.h"
 #include "cpu/common/parallel.h"
 #include "cpu/common/roi_loops.h"
+#include "cpu/common/roi_taps.h"
 
 namespace torchops::cpu {
 namespace {
-
-// The input indices along one axis that each output index p reads, with
-// their summed weights: entries [offsets[p], offsets[p + 1]), ascending.
-template <typename T>
-struct AxisTaps {
-  std::vector<int64_t> offsets;
-  std::vector<int64_t> index;
-  std::vector<T> weight;
-  int64_t first = 0, last = -1;  // smallest and largest index used
-
-  // `scratch` holds `size` zeros on entry and on exit.
-  void build(T start, T bin, int64_t grid, int64_t size, int64_t pooled,
-             T scale, std::vector<T>& scratch) {
-    offsets.assign(1, 0);
-    index.clear();
-    weight.clear();
-    first = size;
-    last = -1;
-    for (int64_t p = 0; p < pooled; ++p) {
-      int64_t lo_p = size, hi_p = -1;
-      for (int64_t i = 0; i < grid; ++i) {
-        AxisTap<T> tap;
-        if (!roi_align_tap(start, bin, p, i, grid, size, tap)) {
-          continue;
-        }
-        scratch[tap.lo] += tap.w_lo * scale;
-        scratch[tap.hi] += tap.w_hi * scale;
-        lo_p = std::min(lo_p, tap.lo);
-        hi_p = std::max(hi_p, tap.hi);
-      }
-      for (int64_t j = lo_p; j <= hi_p; ++j) {
-        if (scratch[j] != T(0)) {
-          index.push_back(j);
-          weight.push_back(scratch[j]);
-          scratch[j] = T(0);
-          first = std::min(first, j);
-          last = std::max(last, j);
-        }
-      }
-      offsets.push_back(static_cast<int64_t>(index.size()));
-    }
-  }
-
-  int64_t taps() const { return offsets.back(); }
-  int64_t begin(int64_t p) const { return offsets[p]; }
-  int64_t end(int64_t p) const { return offsets[p + 1]; }
-};
 
 // How pool_plane / scatter_plane walk one RoI's taps (chosen per RoI by an
 // operation count, in build_taps).
@@ -450,15 +404,6 @@ void scatter_plane(const scalar_t* __restrict__ grad, const RoiTaps<T>& t,
       }
     }
   }
-}
-
-template <typename T>
-std::vector<int64_t> images_of(const std::vector<RoiTaps<T>>& taps) {
-  std::vector<int64_t> out(taps.size());
-  for (size_t i = 0; i < taps.size(); ++i) {
-    out[i] = taps[i].batch;
-  }
-  return out;
 }
 
 // Scratch row of `width` values, one per thread.

@@ -11,7 +11,7 @@ Layout: ``core.py`` holds the records (OpInfo, Sample, ErrorInput, Tol, Skip)
 and the tensor helpers (make, make_transposed, convert, hyp_tensor,
 hyp_size); one module per family holds its entries: ``basic.py`` (matmul,
 d_sigmoid), ``boxes.py`` (nms, batched_nms, box_iou), ``roi.py`` (roi_align,
-roi_pool), ``losses.py`` (sigmoid_focal_loss).  Sample makers that the
+roi_pool, deform_roi_pool), ``losses.py`` (sigmoid_focal_loss), ``deform.py`` (deform_conv2d).  Sample makers that the
 op-specific tests share are public names of their family module, re-exported
 here (make_boxes, make_scores, random_rois).
 
@@ -81,15 +81,17 @@ from .boxes import BATCHED_NMS, BOX_IOU, BOX_OPS, NMS, make_boxes, make_scores
 from .core import (DEFAULT_TOLS, DEVICE_TYPES, ENTRY_DTYPES, FLOAT_DTYPES, GENERIC_TESTS,
                    HALF_DTYPES, OPCHECK_UTILS, ErrorInput, OpInfo, Sample, Skip, Tol, convert,
                    devices, full_profile, hyp_size, hyp_tensor, make, make_transposed)
+from .deform import DEFORM_CONV2D, DEFORM_OPS
 from .losses import LOSS_OPS, SIGMOID_FOCAL_LOSS
-from .roi import ROI_ALIGN, ROI_OPS, ROI_POOL, random_rois
+from .roi import DEFORM_ROI_POOL, ROI_ALIGN, ROI_OPS, ROI_POOL, random_rois
 
-OP_DB: list[OpInfo] = [*BASIC_OPS, *BOX_OPS, *ROI_OPS, *LOSS_OPS]
+OP_DB: list[OpInfo] = [*BASIC_OPS, *BOX_OPS, *ROI_OPS, *LOSS_OPS, *DEFORM_OPS]
 
 __all__ = [
-    "OP_DB", "BASIC_OPS", "BOX_OPS", "ROI_OPS", "LOSS_OPS",
+    "OP_DB", "BASIC_OPS", "BOX_OPS", "ROI_OPS", "LOSS_OPS", "DEFORM_OPS",
     "MATMUL", "D_SIGMOID", "NMS", "BATCHED_NMS", "BOX_IOU", "ROI_ALIGN", "ROI_POOL",
-    "SIGMOID_FOCAL_LOSS",
+    "SIGMOID_FOCAL_LOSS", "DEFORM_CONV2D",
+    "DEFORM_ROI_POOL",
     "OpInfo", "Sample", "ErrorInput", "Tol", "Skip", "DEFAULT_TOLS", "FLOAT_DTYPES",
     "HALF_DTYPES", "DEVICE_TYPES", "GENERIC_TESTS", "ENTRY_DTYPES", "OPCHECK_UTILS",
     "make", "make_transposed", "convert", "hyp_tensor", "hyp_size", "full_profile", "devices",

@@ -281,4 +281,142 @@ ROI_POOL = OpInfo(
 )
 
 
-ROI_OPS: list[OpInfo] = [ROI_ALIGN, ROI_POOL]
+# --- deform_roi_pool -------------------------------------------------------------------
+# Op arguments: (input, rois, offset, spatial_scale, ph, pw, sampling_ratio, gamma).
+
+def _deform_offset(k, ph, pw, device, dtype, requires_grad, transposed=False, scale=1.0):
+    """Offsets in [-scale, scale]: with gamma 0.1 to 0.3 they move bins by up
+    to a third of the RoI, so samples leave the RoI and the map."""
+    shape = (k, 2, pw, ph) if transposed else (k, 2, ph, pw)
+    t = make(shape, device, dtype, low=-scale, high=scale)
+    t = t.transpose(2, 3) if transposed else t
+    return t.detach().requires_grad_(requires_grad)
+
+
+def _deform_roi_pool_samples(device, dtype, requires_grad=False):
+    for seed, (name, shape, k, scale, (ph, pw), layout) in enumerate(_ROI_CASES):
+        rois = random_rois(shape[0], k, shape[2], shape[3], scale, dtype, device, seed, (ph, pw))
+        x = _roi_features(shape, layout, device, dtype, requires_grad)
+        off = _deform_offset(k, ph, pw, device, dtype, requires_grad,
+                             transposed=layout != "contiguous")
+        yield Sample((x, rois, off, scale, ph, pw, 2, 0.1), name=name)
+        if name in ("basic", "odd", "channels_last"):
+            yield Sample((x, rois, off, scale, ph, pw, 0, 0.3), name=f"{name}_adaptive")
+        if name in ("basic", "scaled", "no_rois"):
+            yield Sample((x, rois, None, scale, ph, pw, 2, 0.1), name=f"{name}_no_offset")
+        if name == "odd":
+            yield Sample((x, rois, None, scale, ph, pw, -1, 0.1), name="odd_no_offset_adaptive")
+    # An empty batch (and so no RoIs).
+    yield Sample((make((0, 3, 6, 5), device, dtype, requires_grad),
+                  torch.zeros(0, 5, device=device, dtype=dtype),
+                  _deform_offset(0, 2, 2, device, dtype, requires_grad), 1.0, 2, 2, 2, 0.1),
+                 name="empty_batch")
+    # One offset for every RoI (stride 0); gradcheck cannot perturb such an
+    # input, so only without gradients.
+    if not requires_grad:
+        x = make((2, 3, 9, 8), device, dtype)
+        rois = random_rois(2, 4, 9, 8, 1.0, dtype, device, 50, (2, 3))
+        off = make((1, 2, 2, 3), device, dtype, low=-1, high=1).expand(4, 2, 2, 3)
+        yield Sample((x, rois, off, 1.0, 2, 3, 2, 0.2), name="expanded_offset")
+    # Reversed and degenerate boxes (negative and zero sizes: the offset's
+    # gain is negative or zero), and offsets large enough to push samples
+    # off the map and onto its edges, where they clamp.
+    x = make((1, 2, 6, 7), device, dtype, requires_grad)
+    rois = torch.tensor([[0, 4.0, 4.5, 1.0, 2.0], [0, 3.0, 3.0, 3.0, 3.0],
+                         [0, -1.0, -1.0, 7.5, 6.5]], dtype=dtype, device=device)
+    for sr in (2, 0):
+        off = _deform_offset(3, 2, 3, device, dtype, requires_grad, scale=4.0)
+        yield Sample((x, rois, off, 1.0, 2, 3, sr, 0.5), name=f"reversed_far_s{sr}")
+
+
+def _deform_roi_pool_compile_samples(device, dtype, requires_grad=False):
+    for seed, (shape, k) in enumerate([((2, 3, 10, 12), 6), ((3, 4, 13, 9), 5),
+                                        ((2, 5, 8, 15), 9)]):
+        x = make(shape, device, dtype, requires_grad)
+        rois = random_rois(shape[0], k, shape[2], shape[3], 1.0, dtype, device, 100 + seed, (3, 2))
+        off = _deform_offset(k, 3, 2, device, dtype, requires_grad)
+        yield Sample((x, rois, off, 1.0, 3, 2, 2, 0.1), name=f"compile{shape}x{k}")
+
+
+def _deform_roi_pool_errors(device):
+    f32 = dict(device=device, dtype=torch.float32)
+    x = make((1, 2, 6, 6), device, torch.float32)
+    rois = torch.tensor([[0, 1.0, 1.0, 4.0, 4.0]], device=device)
+    off = torch.zeros(1, 2, 2, 2, **f32)
+    name = r"torchops\.deform_roi_pool"
+
+    def call(x=x, rois=rois, off=off, ph=2, pw=2, sr=2):
+        return Sample((x, rois, off, 1.0, ph, pw, sr, 0.1))
+
+    def error(sample, match, **kw):
+        return ErrorInput(sample, rf"{name}.*{match}", **kw)
+
+    yield error(call(x=make((2, 6, 6), device, torch.float32)), "'input'.*4")
+    yield error(call(x=x.long(), rois=rois.long(), off=off.long()), "'input'.*floating")
+    yield error(call(rois=rois[:, :4]), r"'rois'.*\(K, 5\)")
+    yield error(call(rois=rois.double()), "'rois'.*dtype")
+    yield error(call(ph=0, off=off[:, :, :0]), "'pooled_height'")
+    yield error(call(sr=65), "'sampling_ratio'.*at most 64")
+    yield error(call(off=torch.zeros(1, 2, 3, 2, **f32)), r"'offset'.*\(K, 2, pooled_height")
+    yield error(call(off=torch.zeros(1, 3, 2, 2, **f32)), "'offset'.*shape")
+    yield error(call(off=torch.zeros(2, 2, 2, 2, **f32)), "'offset'.*shape")
+    yield error(call(off=torch.zeros(2, 2, 2, **f32)), "'offset'.*shape")
+    yield error(call(off=off.double()), "'offset'.*same dtype as 'input'")
+    yield error(Sample((x, rois, None, 1.0, 10**10, 10**10, 2, 0.1)), "output of shape .* too large")
+    if device == "cpu":
+        bad = rois.clone()
+        bad[0, 0] = 1
+        yield error(call(rois=bad), "'rois'.*batch index",
+                    kernel_only="the batch index is a value in 'rois', which a fake never reads")
+    else:
+        yield error(call(rois=rois.cpu()), "'rois'")
+        yield error(call(off=off.cpu()), "'offset'")
+    # The wrapper: (input, rois, offset, output_size, ...).
+    for boxes, size, err, what in [
+            (rois[:, 1:], 2, RuntimeError, "'rois'"),
+            ([rois], 2, RuntimeError, "'rois'"),
+            ([], 2, ValueError, "'rois'"),
+            ("rois", 2, TypeError, "'rois'"),
+            (rois, (2, 2, 2), ValueError, "'output_size'")]:
+        yield error(Sample((x, boxes, off, size)), what, error=err, via_wrapper=True)
+    # The backward operator: (grad, input, rois, offset, scale, ph, pw, sr, gamma).
+    backward = torch.ops.torchops._deform_roi_pool_backward.default
+    bname = r"torchops\._deform_roi_pool_backward"
+    grad = make((1, 2, 2, 2), device, torch.float32)
+
+    def bcall(grad=grad, x=x, off=off):
+        return Sample((grad, x, rois, off, 1.0, 2, 2, 2, 0.1))
+
+    for sample, match in [(bcall(grad=grad[:, :1]), "'grad'.*shape"),
+                          (bcall(grad=grad.double()), "'grad'.*dtype"),
+                          (bcall(off=off[:, :1]), "'offset'.*shape"),
+                          (bcall(x=x[0]), "'input'.*4")]:
+        yield ErrorInput(sample, rf"{bname}.*{match}", op=backward)
+
+
+def _deform_roi_pool_wrapper_sample(s: Sample) -> Sample:
+    """The op's arguments as torchops.deform_roi_pool's (mmcv's order)."""
+    x, rois, off, scale, ph, pw, sr, gamma = s.args
+    return Sample((x, rois, off, (ph, pw), scale, sr, gamma), dict(s.kwargs), s.name)
+
+
+DEFORM_ROI_POOL = OpInfo(
+    name="deform_roi_pool",
+    op=torch.ops.torchops.deform_roi_pool.default,
+    wrapper=torchops.deform_roi_pool,
+    reference=references.deform_roi_pool,
+    sample_inputs=_deform_roi_pool_samples,
+    sample_inputs_compile=_deform_roi_pool_compile_samples,
+    error_inputs=_deform_roi_pool_errors,
+    internal_ops=("_deform_roi_pool_backward",),
+    autocast=True,
+    wrapper_sample=_deform_roi_pool_wrapper_sample,
+    # The CUDA backward adds into grad_input with atomics (unless
+    # deterministic algorithms are on).
+    gradcheck_kwargs={"nondet_tol": 1e-12},
+    # Coordinates in float32 for the float and half types, as roi_align's.
+    tols={torch.float32: Tol(1e-4, 1e-4), torch.float16: Tol(2e-3, 2e-3)},
+)
+
+
+ROI_OPS: list[OpInfo] = [ROI_ALIGN, ROI_POOL, DEFORM_ROI_POOL]

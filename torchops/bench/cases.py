@@ -146,6 +146,27 @@ ROI_ALIGN = dict(op="roi_align", inputs=inputs.roi_align_args, reference=referen
 ROI_POOL = dict(op="roi_pool", inputs=inputs.roi_pool_args, peer=_torchvision(
     "roi_pool", adapt=lambda f: lambda x, rois, scale, ph, pw: f(x, rois, (ph, pw), scale)))
 
+def _deform_roi_bytes(args, backward=False) -> float:
+    """Features, RoIs and offsets read, pooled output written; backward: the
+    output's gradient and the features read, the features' and offsets'
+    gradients written."""
+    x, rois, off, _, ph, pw = args[:6]
+    out = rois.shape[0] * x.shape[1] * ph * pw * x.element_size()
+    fwd = _nbytes(x, rois, off) + out
+    return fwd + (out + 2 * _nbytes(x) + _nbytes(off) if backward else 0)
+
+
+# deform_roi_pool's peer: our own roi_align with aligned=True on the same
+# features and RoIs (the bins deform_roi_pool moves; with the benchmark's zero
+# offsets, the same samples).
+DEFORM_ROI_POOL = dict(
+    op="deform_roi_pool", inputs=inputs.deform_roi_pool_args,
+    reference=references.deform_roi_pool, reference_name="gather formula",
+    peer=Peer("torchops.roi_align (aligned=True)", lambda: lambda x, rois, off, scale, ph, pw, sr,
+              gamma: torch.ops.torchops.roi_align.default(x, rois, scale, ph, pw, sr, True)))
+DEFORM_ROI_NOTE = ("7x7 bins, sampling_ratio 2, gamma 0.1, spatial_scale 1/8, zero offsets. "
+                   "Peer: torchops.roi_align (aligned=True), the target (within 1.2x).")
+
 CASES: list[Case] = [
     # The sizes of issue 10's targets.  torch.compile of torch.matmul is the
     # same cuBLAS/BLAS call: not timed.
@@ -218,6 +239,18 @@ CASES: list[Case] = [
     Case(name="roi_pool fwd+bwd", **ROI_POOL, backward=True,
          sizes={"cuda": ROI_CUDA[:1], "cpu": ROI_CPU_BWD},
          bytes=lambda a: _roi_fwd_bytes(a, True) + 2 * _argmax_bytes(a)),
+    Case(name="deform_roi_pool", **DEFORM_ROI_POOL, sizes={"cuda": ROI_CUDA, "cpu": ROI_CPU},
+         bytes=_deform_roi_bytes, note=DEFORM_ROI_NOTE),
+    # The backward computes the offsets' gradient too (the op always does
+    # when given offsets), though only the features' is asked for here.
+    Case(name="deform_roi_pool fwd+bwd", **DEFORM_ROI_POOL, backward=True,
+         sizes={"cuda": ROI_CUDA, "cpu": ROI_CPU_BWD},
+         bytes=lambda a: _deform_roi_bytes(a, True), note=DEFORM_ROI_NOTE),
+    Case(name="deform_roi_pool fwd+bwd deterministic", **{**DEFORM_ROI_POOL, "reference": None},
+         backward=True,
+         deterministic=True, sizes={"cuda": ROI_CUDA[:1]},
+         bytes=lambda a: _deform_roi_bytes(a, True),
+         note=DEFORM_ROI_NOTE + " Under torch.use_deterministic_algorithms(True), the peer too."),
     # Forward reads logits and targets; backward reads both again, writes the gradient.
     Case(name="sigmoid_focal_loss fwd+bwd", op="sigmoid_focal_loss", inputs=inputs.focal_loss_args,
          backward=True, sizes={

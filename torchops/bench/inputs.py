@@ -89,6 +89,14 @@ def roi_pool_args(p: P) -> tuple:
     return (*_features_and_rois(p), 7, 7)
 
 
+def deform_roi_pool_args(p: P) -> tuple:
+    """roi_align_args' features and RoIs, all-zero offsets (a DeformRoIPoolPack
+    at initialisation: the samples of roi_align with aligned=True, so the
+    two ops read the same pixels), 7x7 bins, sampling_ratio 2, gamma 0.1."""
+    feats, rois, scale = _features_and_rois(p)
+    return feats, rois, torch.zeros(rois.shape[0], 2, 7, 7), scale, 7, 7, 2, 0.1
+
+
 def focal_loss_args(p: P) -> tuple:
     """Logits ``(N, C)`` and one-hot float targets (a quarter of the rows are
     background: all zeros), alpha 0.25, gamma 2, mean."""

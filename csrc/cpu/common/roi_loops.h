@@ -25,6 +25,16 @@ inline std::vector<std::vector<int64_t>> rois_by_image(
   return out;
 }
 
+// The image of each RoI, from per-RoI records with a `batch` member.
+template <typename Roi>
+std::vector<int64_t> images_of(const std::vector<Roi>& rois) {
+  std::vector<int64_t> out(rois.size());
+  for (size_t i = 0; i < rois.size(); ++i) {
+    out[i] = rois[i].batch;
+  }
+  return out;
+}
+
 // Pairs per parallel chunk, for pairs costing `cost` elementary steps.
 inline int64_t roi_grain(int64_t cost) {
   return std::max<int64_t>(1, 4096 / std::max<int64_t>(1, cost));

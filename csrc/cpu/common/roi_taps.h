@@ -1,0 +1,94 @@
+// Per-axis sampling patterns of the RoI-Align-style CPU kernels (roi_align,
+// deform_roi_pool).
+//
+// Bilinear sampling is separable: a bin's value is
+// sum_r wy[r] * sum_q wx[q] * in[r, q] over the distinct rows r and columns q
+// its samples touch, each with its samples' weights summed.  Samples closer
+// than a pixel share taps, so a small bin reads each pixel once instead of up
+// to four times per sample.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "common/roi_align.h"
+
+namespace torchops::cpu {
+
+// Groups of (input index, summed weight) along one axis, one group per bin
+// (or per output row/column): group g is [offsets[g], offsets[g + 1]),
+// indices ascending.
+template <typename T>
+struct AxisTaps {
+  std::vector<int64_t> offsets;
+  std::vector<int64_t> index;
+  std::vector<T> weight;
+  // d weight / d shift, when the group's samples all move together (the
+  // bins of deform_roi_pool); filled by add_bin only when given `dscratch`.
+  std::vector<T> slope;
+  int64_t first = 0, last = -1;  // smallest and largest index used
+
+  void clear(int64_t size) {
+    offsets.assign(1, 0);
+    index.clear();
+    weight.clear();
+    slope.clear();
+    first = size;
+    last = -1;
+  }
+
+  // Appends a group: the samples i < grid of bin p (roi_align_sample), their
+  // weights times `scale`.  `scratch` (and `dscratch`, when slopes are
+  // wanted) hold `size` zeros on entry and on exit.
+  void add_bin(T start, T bin, int64_t p, int64_t grid, int64_t size, T scale,
+               std::vector<T>& scratch, T* dscratch = nullptr) {
+    int64_t lo_p = size, hi_p = -1;
+    for (int64_t i = 0; i < grid; ++i) {
+      const T v = roi_align_sample(start, bin, p, i, grid);
+      AxisTap<T> tap;
+      if (!roi_align_axis(v, size, tap.lo, tap.hi, tap.w_lo, tap.w_hi)) {
+        continue;
+      }
+      scratch[tap.lo] += tap.w_lo * scale;
+      scratch[tap.hi] += tap.w_hi * scale;
+      if (dscratch != nullptr) {
+        const T s = roi_align_slope(v, size) * scale;
+        dscratch[tap.lo] -= s;
+        dscratch[tap.hi] += s;
+      }
+      lo_p = std::min(lo_p, tap.lo);
+      hi_p = std::max(hi_p, tap.hi);
+    }
+    for (int64_t j = lo_p; j <= hi_p; ++j) {
+      // A tap of weight 0 can still have a slope (a sample on a pixel).
+      if (scratch[j] != T(0) || (dscratch != nullptr && dscratch[j] != T(0))) {
+        index.push_back(j);
+        weight.push_back(scratch[j]);
+        scratch[j] = T(0);
+        if (dscratch != nullptr) {
+          slope.push_back(dscratch[j]);
+          dscratch[j] = T(0);
+        }
+        first = std::min(first, j);
+        last = std::max(last, j);
+      }
+    }
+    offsets.push_back(static_cast<int64_t>(index.size()));
+  }
+
+  // One group per output index p < pooled, all starting at `start`.
+  void build(T start, T bin, int64_t grid, int64_t size, int64_t pooled,
+             T scale, std::vector<T>& scratch) {
+    clear(size);
+    for (int64_t p = 0; p < pooled; ++p) {
+      add_bin(start, bin, p, grid, size, scale, scratch);
+    }
+  }
+
+  int64_t taps() const { return offsets.back(); }
+  int64_t begin(int64_t p) const { return offsets[p]; }
+  int64_t end(int64_t p) const { return offsets[p + 1]; }
+};
+
+}  // namespace torchops::cpu

@@ -1,0 +1,292 @@
+// CPU kernels of torchops.deform_roi_pool and its backward.
+//
+// Each RoI's sampling pattern is built once for all channels as separable
+// taps (cpu/common/roi_taps.h), one group of rows and one of columns per
+// bin: the offset moves every bin on its own, so a row of bins no longer
+// shares its rows as in roi_align.  With an offset in the backward, the taps
+// also carry their slopes (d weight / d shift) for the offset's gradient.
+//
+// The forward and grad_input run plane-major (cpu/common/roi_loops.h), so
+// grad_input is deterministic and independent of the number of threads;
+// grad_offset is summed by one thread per RoI, channel after channel, so it
+// is too.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "common/deform_roi_pool.h"
+#include "cpu/common/roi_loops.h"
+#include "cpu/common/roi_taps.h"
+
+namespace torchops::cpu {
+namespace {
+
+struct Params {
+  double spatial_scale, gamma;
+  int64_t pooled_height, pooled_width, sampling_ratio;
+};
+
+// One RoI's taps: group b = ph * pooled_width + pw of `rows` and `cols` is
+// bin (ph, pw).
+template <typename T>
+struct BinTaps {
+  int64_t batch = 0;
+  T gain_h = T(0), gain_w = T(0);
+  AxisTaps<T> rows, cols;
+};
+
+// `offset`: contiguous (K, 2, PH, PW), or null.
+template <typename scalar_t, typename T>
+std::vector<BinTaps<T>> build_bin_taps(const scalar_t* rois,
+                                       const scalar_t* offset, int64_t k,
+                                       int64_t height, int64_t width,
+                                       const Params& p, bool slopes) {
+  std::vector<BinTaps<T>> taps(static_cast<size_t>(k));
+  const int64_t bins = p.pooled_height * p.pooled_width;
+  at::parallel_for(0, k, 16, [&](int64_t begin, int64_t end) {
+    const size_t n = static_cast<size_t>(std::max(height, width));
+    std::vector<T> scratch(n, T(0)), dscratch(n, T(0));
+    T* ds = slopes ? dscratch.data() : nullptr;
+    for (int64_t i = begin; i < end; ++i) {
+      const DeformRoiBox<T> d = deform_roi_box<T>(
+          rois + i * 5, static_cast<T>(p.spatial_scale),
+          static_cast<T>(p.gamma), p.pooled_height, p.pooled_width,
+          p.sampling_ratio, height, width);
+      BinTaps<T>& t = taps[static_cast<size_t>(i)];
+      t.batch = d.box.batch;
+      t.gain_h = d.gain_h;
+      t.gain_w = d.gain_w;
+      t.rows.clear(height);
+      t.cols.clear(width);
+      for (int64_t ph = 0; ph < p.pooled_height; ++ph) {
+        for (int64_t pw = 0; pw < p.pooled_width; ++pw) {
+          RoiAlignBox<T> b = d.box;
+          if (offset != nullptr) {
+            const scalar_t* o = offset + i * 2 * bins + ph * p.pooled_width + pw;
+            b = shifted_box(d, static_cast<T>(o[bins]), static_cast<T>(o[0]));
+          }
+          t.rows.add_bin(b.start_h, b.bin_h, ph, b.grid_h, height, b.inv_count,
+                         scratch, ds);
+          t.cols.add_bin(b.start_w, b.bin_w, pw, b.grid_w, width, T(1), scratch,
+                         ds);
+        }
+      }
+    }
+  });
+  return taps;
+}
+
+// One (RoI, channel): out[b] = sum_r wy * sum_q wx * plane[r, q].
+template <typename scalar_t, typename T>
+void pool_bins(const scalar_t* __restrict__ plane, int64_t width,
+               const BinTaps<T>& t, int64_t bins, scalar_t* __restrict__ out) {
+  const int64_t* ri = t.rows.index.data();
+  const T* rw = t.rows.weight.data();
+  const int64_t* ci = t.cols.index.data();
+  const T* cw = t.cols.weight.data();
+  for (int64_t b = 0; b < bins; ++b) {
+    const int64_t q0 = t.cols.begin(b), q1 = t.cols.end(b);
+    T acc = T(0);
+    for (int64_t r = t.rows.begin(b); r < t.rows.end(b); ++r) {
+      const scalar_t* row = plane + ri[r] * width;
+      T s = T(0);
+      for (int64_t q = q0; q < q1; ++q) {
+        s += cw[q] * static_cast<T>(row[ci[q]]);
+      }
+      acc += rw[r] * s;
+    }
+    out[b] = static_cast<scalar_t>(acc);
+  }
+}
+
+// The transpose of pool_bins: plane[r, q] += grad[b] * wy * wx.
+template <typename scalar_t, typename T>
+void scatter_bins(const scalar_t* __restrict__ grad, const BinTaps<T>& t,
+                  int64_t bins, int64_t width, T* __restrict__ plane) {
+  const int64_t* ri = t.rows.index.data();
+  const T* rw = t.rows.weight.data();
+  const int64_t* ci = t.cols.index.data();
+  const T* cw = t.cols.weight.data();
+  for (int64_t b = 0; b < bins; ++b) {
+    const int64_t q0 = t.cols.begin(b), q1 = t.cols.end(b);
+    const T gv = static_cast<T>(grad[b]);
+    for (int64_t r = t.rows.begin(b); r < t.rows.end(b); ++r) {
+      T* row = plane + ri[r] * width;
+      const T gr = gv * rw[r];
+      for (int64_t q = q0; q < q1; ++q) {
+        row[ci[q]] += gr * cw[q];
+      }
+    }
+  }
+}
+
+// acc[b] += grad[b] * d out[b] / d shift_x and acc[bins + b] likewise for
+// shift_y, for one (RoI, channel).
+template <typename scalar_t, typename T>
+void shift_grad_bins(const scalar_t* __restrict__ plane,
+                     const scalar_t* __restrict__ grad, const BinTaps<T>& t,
+                     int64_t bins, int64_t width, T* __restrict__ acc) {
+  const int64_t* ri = t.rows.index.data();
+  const T* rw = t.rows.weight.data();
+  const T* rs = t.rows.slope.data();
+  const int64_t* ci = t.cols.index.data();
+  const T* cw = t.cols.weight.data();
+  const T* cs = t.cols.slope.data();
+  for (int64_t b = 0; b < bins; ++b) {
+    const int64_t q0 = t.cols.begin(b), q1 = t.cols.end(b);
+    T dx = T(0), dy = T(0);
+    for (int64_t r = t.rows.begin(b); r < t.rows.end(b); ++r) {
+      const scalar_t* row = plane + ri[r] * width;
+      T vw = T(0), vs = T(0);
+      for (int64_t q = q0; q < q1; ++q) {
+        const T v = static_cast<T>(row[ci[q]]);
+        vw += cw[q] * v;
+        vs += cs[q] * v;
+      }
+      dx += rw[r] * vs;
+      dy += rs[r] * vw;
+    }
+    const T g = static_cast<T>(grad[b]);
+    acc[b] += g * dx;
+    acc[bins + b] += g * dy;
+  }
+}
+
+at::Tensor deform_roi_pool(const at::Tensor& input_in, const at::Tensor& rois_in,
+                           const std::optional<at::Tensor>& offset_in,
+                           double spatial_scale, int64_t pooled_height,
+                           int64_t pooled_width, int64_t sampling_ratio,
+                           double gamma) {
+  const char* op = "deform_roi_pool";
+  check_deform_roi_pool(op, input_in, rois_in, offset_in, pooled_height,
+                        pooled_width, sampling_ratio, c10::DeviceType::CPU);
+  const at::Tensor input = input_in.contiguous();
+  const at::Tensor rois = rois_in.contiguous();
+  const at::Tensor offset =
+      offset_in.has_value() ? offset_in->contiguous() : at::Tensor();
+  const int64_t k = rois.size(0), channels = input.size(1);
+  const int64_t height = input.size(2), width = input.size(3);
+  at::Tensor out = new_output(op, {k, channels, pooled_height, pooled_width},
+                              input.options());
+  const Params p{spatial_scale, gamma, pooled_height, pooled_width,
+                 sampling_ratio};
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, input.scalar_type(), "torchops.deform_roi_pool",
+      [&] {
+        using T = at::opmath_type<scalar_t>;
+        const scalar_t* rp = rois.const_data_ptr<scalar_t>();
+        check_roi_batch_indices<scalar_t, T>(op, rp, k, input.size(0));
+        if (out.numel() == 0) {
+          return;
+        }
+        const std::vector<BinTaps<T>> taps = build_bin_taps<scalar_t, T>(
+            rp, offset.defined() ? offset.const_data_ptr<scalar_t>() : nullptr,
+            k, height, width, p, /*slopes=*/false);
+        const scalar_t* in = input.const_data_ptr<scalar_t>();
+        scalar_t* o = out.mutable_data_ptr<scalar_t>();
+        const int64_t bins = pooled_height * pooled_width;
+        const int64_t plane = height * width;
+        parallel_over_roi_channels(
+            images_of(taps), input.size(0), channels, bins * 4,
+            [&](int64_t i, int64_t c) {
+              const BinTaps<T>& t = taps[static_cast<size_t>(i)];
+              pool_bins(in + (t.batch * channels + c) * plane, width, t, bins,
+                        o + (i * channels + c) * bins);
+            });
+      });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
+    const at::Tensor& grad_in, const at::Tensor& input_in,
+    const at::Tensor& rois_in, const std::optional<at::Tensor>& offset_in,
+    double spatial_scale, int64_t pooled_height, int64_t pooled_width,
+    int64_t sampling_ratio, double gamma) {
+  const char* op = "_deform_roi_pool_backward";
+  check_deform_roi_pool_backward(op, grad_in, input_in, rois_in, offset_in,
+                                 pooled_height, pooled_width, sampling_ratio,
+                                 c10::DeviceType::CPU);
+  const bool with_offset = offset_in.has_value();
+  const at::Tensor grad = grad_in.contiguous();
+  const at::Tensor rois = rois_in.contiguous();
+  // The input's values only matter for the offset's gradient.
+  const at::Tensor input = with_offset ? input_in.contiguous() : input_in;
+  const at::Tensor offset = with_offset ? offset_in->contiguous() : at::Tensor();
+  const int64_t k = rois.size(0), batch_size = input.size(0);
+  const int64_t channels = input.size(1);
+  const int64_t height = input.size(2), width = input.size(3);
+  const at::ScalarType dtype = grad.scalar_type();
+  // Half types accumulate in a float32 buffer, rounded once at the end.
+  const at::ScalarType acc_type = dtype == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor grad_input =
+      new_output(op, {batch_size, channels, height, width},
+                 grad.options().dtype(acc_type), /*zero=*/true);
+  at::Tensor grad_offset = new_output(op, {k, 2, pooled_height, pooled_width},
+                                      grad.options(), /*zero=*/true);
+  const Params p{spatial_scale, gamma, pooled_height, pooled_width,
+                 sampling_ratio};
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, dtype, "torchops._deform_roi_pool_backward",
+      [&] {
+        using T = at::opmath_type<scalar_t>;
+        const scalar_t* rp = rois.const_data_ptr<scalar_t>();
+        check_roi_batch_indices<scalar_t, T>(op, rp, k, batch_size);
+        if (k == 0 || grad_input.numel() == 0) {
+          return;
+        }
+        const std::vector<BinTaps<T>> taps = build_bin_taps<scalar_t, T>(
+            rp, with_offset ? offset.const_data_ptr<scalar_t>() : nullptr, k,
+            height, width, p, /*slopes=*/with_offset);
+        const scalar_t* gp = grad.const_data_ptr<scalar_t>();
+        const int64_t bins = pooled_height * pooled_width;
+        const int64_t plane = height * width;
+        T* gi = grad_input.mutable_data_ptr<T>();
+        parallel_over_planes(
+            images_of(taps), batch_size, channels, bins * 4,
+            [&](int64_t i, int64_t c) {
+              const BinTaps<T>& t = taps[static_cast<size_t>(i)];
+              scatter_bins(gp + (i * channels + c) * bins, t, bins, width,
+                           gi + (t.batch * channels + c) * plane);
+            });
+        if (!with_offset) {
+          return;
+        }
+        const scalar_t* in = input.const_data_ptr<scalar_t>();
+        scalar_t* go = grad_offset.mutable_data_ptr<scalar_t>();
+        at::parallel_for(0, k, roi_grain(channels * bins * 4),
+                         [&](int64_t begin, int64_t end) {
+          std::vector<T> acc(static_cast<size_t>(2 * bins));
+          for (int64_t i = begin; i < end; ++i) {
+            const BinTaps<T>& t = taps[static_cast<size_t>(i)];
+            std::fill(acc.begin(), acc.end(), T(0));
+            for (int64_t c = 0; c < channels; ++c) {
+              shift_grad_bins(in + (t.batch * channels + c) * plane,
+                              gp + (i * channels + c) * bins, t, bins, width,
+                              acc.data());
+            }
+            for (int64_t b = 0; b < bins; ++b) {
+              go[i * 2 * bins + b] = static_cast<scalar_t>(t.gain_w * acc[b]);
+              go[i * 2 * bins + bins + b] =
+                  static_cast<scalar_t>(t.gain_h * acc[bins + b]);
+            }
+          }
+        });
+      });
+  return {grad_input.to(dtype), grad_offset};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(torchops, CPU, m) {
+  m.impl("deform_roi_pool", &deform_roi_pool);
+  m.impl("_deform_roi_pool_backward", &deform_roi_pool_backward);
+}
+
+}  // namespace torchops::cpu
