@@ -21,6 +21,7 @@ from torch import Tensor
 
 __all__ = ["matmul", "d_sigmoid", "nms", "batched_nms", "box_iou", "roi_align", "roi_pool",
            "sigmoid_focal_loss"]
+__all__ += ["masked_conv2d"]
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -251,3 +252,13 @@ def sigmoid_focal_loss(inputs: Tensor, targets: Tensor, alpha: float = 0.25, gam
     if reduction == "sum":
         return loss.sum()
     return loss
+
+
+def masked_conv2d(input: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | None = None,
+                  padding=(0, 0), stride=(1, 1), dilation=(1, 1), groups: int = 1) -> Tensor:
+    """``conv2d`` where ``mask > 0`` and exactly 0 elsewhere: the dense
+    convolution, then ``torch.where``.  ``mask`` is ``(N or 1, H_out,
+    W_out)``, bool or floating; the gradient flows to input, weight and bias
+    through the selected positions only."""
+    out = F.conv2d(input, weight, bias, stride, padding, dilation, groups)
+    return torch.where((mask > 0).unsqueeze(1), out, out.new_zeros(()))
