@@ -41,12 +41,25 @@ struct MaskedConvGeometry {
   int64_t out_h, out_w;
   bool mask_broadcast;  // mask is (1, H_out, W_out), shared by the batch
 
-  int64_t in_per_group() const { return in_channels / groups; }
-  int64_t out_per_group() const { return out_channels / groups; }
+  C10_HOST_DEVICE int64_t in_per_group() const { return in_channels / groups; }
+  C10_HOST_DEVICE int64_t out_per_group() const { return out_channels / groups; }
   // Rows of one group's columns: K.
-  int64_t col_rows() const { return in_per_group() * kernel_h * kernel_w; }
+  C10_HOST_DEVICE int64_t col_rows() const { return in_per_group() * kernel_h * kernel_w; }
   // Every output position of the batch: the most the mask can select.
-  int64_t all_positions() const { return batch * out_h * out_w; }
+  C10_HOST_DEVICE int64_t all_positions() const { return batch * out_h * out_w; }
+};
+
+// A position's (n, oh, ow) from its flat index n * H_out * W_out + oh * W_out + ow.
+template <typename index_t>
+struct MaskedConvPosition {
+  index_t n, oh, ow;
+  C10_HOST_DEVICE MaskedConvPosition(index_t flat, index_t out_h, index_t out_w) {
+    const index_t plane = out_h * out_w;
+    n = flat / plane;
+    const index_t r = flat - n * plane;
+    oh = r / out_w;
+    ow = r - oh * out_w;
+  }
 };
 
 // The input coordinate that output coordinate o reads through tap k.

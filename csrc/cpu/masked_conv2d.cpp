@@ -30,17 +30,7 @@ struct Strides4 {
       : n(t.stride(0)), c(t.stride(1)), h(t.stride(2)), w(t.stride(3)) {}
 };
 
-// A position's (n, oh, ow) from its flat index.
-struct Position {
-  int64_t n, oh, ow;
-  Position(int64_t flat, const MaskedConvGeometry& g) {
-    const int64_t plane = g.out_h * g.out_w;
-    n = flat / plane;
-    const int64_t r = flat - n * plane;
-    oh = r / g.out_w;
-    ow = r - oh * g.out_w;
-  }
-};
+using Position = MaskedConvPosition<int64_t>;
 
 struct CpuKernels {
   // One pass in order: ranks come out ascending (the mask is small beside
@@ -88,7 +78,7 @@ struct CpuKernels {
                            [&](int64_t begin, int64_t end) {
             for (int64_t gp = begin; gp < end; ++gp) {
               const int64_t grp = gp / p;
-              const Position q(positions[gp - grp * p], g);
+              const Position q(positions[gp - grp * p], g.out_h, g.out_w);
               scalar_t* row = out + gp * k;
               const scalar_t* base = in + q.n * s.n + grp * cpg * s.c;
               for (int64_t c = 0; c < cpg; ++c) {
@@ -153,7 +143,7 @@ struct CpuKernels {
                            [&](int64_t begin, int64_t end) {
             for (int64_t co = begin; co < end; ++co) {
               for (int64_t j = 0; j < p; ++j) {
-                const Position q(positions[j], g);
+                const Position q(positions[j], g.out_h, g.out_w);
                 out[co * p + j] = gr[q.n * s.n + co * s.c + q.oh * s.h + q.ow * s.w];
               }
             }

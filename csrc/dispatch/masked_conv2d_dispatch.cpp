@@ -61,6 +61,7 @@ class MaskedConv2d : public torch::autograd::Function<MaskedConv2d> {
     ctx->saved_data["stride"] = stride.vec();
     ctx->saved_data["dilation"] = dilation.vec();
     ctx->saved_data["groups"] = groups;
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
     at::AutoDispatchBelowADInplaceOrView guard;
     return ops::masked_conv2d(input, mask, weight, bias, padding, stride, dilation, groups);
   }
@@ -68,9 +69,11 @@ class MaskedConv2d : public torch::autograd::Function<MaskedConv2d> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto& d = ctx->saved_data;
-    // Inputs in order: input, mask, weight, bias (an optional counts too).
-    const std::array<bool, 3> wanted = {ctx->needs_input_grad(0), ctx->needs_input_grad(2),
-                                        ctx->needs_input_grad(3)};
+    // The graph's inputs: input, mask, weight and, when given, bias (an
+    // absent optional is no input at all).
+    const std::array<bool, 3> wanted = {
+        ctx->needs_input_grad(0), ctx->needs_input_grad(2),
+        d.at("has_bias").toBool() && ctx->needs_input_grad(3)};
     auto [grad_input, grad_weight, grad_bias] = ops::masked_conv2d_backward(
         grads[0], saved[0], saved[1], saved[2], d.at("padding").toIntVector(),
         d.at("stride").toIntVector(), d.at("dilation").toIntVector(), d.at("groups").toInt(),
