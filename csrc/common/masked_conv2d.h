@@ -16,8 +16,9 @@
 //              rank is >= 0, else 0: one pass writes every output element.
 //
 // The backward reuses the same positions: grad_cols = weight^T @ grad at the
-// positions, and each input pixel gathers its kh * kw taps through the index
-// map (no scatter, no atomics: deterministic on every device).
+// positions, folded back onto the input without atomics (CUDA: each input
+// pixel gathers its kh * kw taps through the index map; CPU: each input plane
+// belongs to one task), so it is deterministic on every device.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -6,7 +6,9 @@
 // float32 follows torch's matmul precision like torchops.matmul).
 //
 //   Kernels::positions(mask, g)                  -> MaskedPositions
-//   Kernels::gather_cols(input, pos, g, cols)      cols (G, P, K)
+//   Kernels::gather_cols(input, pos, g) -> cols     (G, P, K), in the memory
+//                                                  order the device's GEMM
+//                                                  reads best
 //   Kernels::write_output(out_cols, bias, pos, g, out)
 //   Kernels::gather_grad(grad, pos, g, grad_cols)  grad_cols (C_out, P)
 //   Kernels::col2im(grad_cols, pos, g, grad_input) grad_cols (G, K, P)
@@ -65,10 +67,8 @@ at::Tensor masked_conv2d_forward(const at::Tensor& input, const at::Tensor& mask
     return out;
   }
   const MaskedPositions pos = Kernels::positions(mask, g);
-  at::Tensor cols = new_output(op, {g.groups, pos.count(), g.col_rows()}, input.options());
-  Kernels::gather_cols(input, pos, g, cols);
-  // (G, C_out / G, K) @ (G, K, P): cols is read transposed, K-contiguous,
-  // the layout tensor-core GEMMs load without a copy.
+  const at::Tensor cols = Kernels::gather_cols(input, pos, g);
+  // (G, C_out / G, K) @ (G, K, P)
   const at::Tensor out_cols = masked_conv_steps::matmul(
       weight.reshape({g.groups, g.out_per_group(), g.col_rows()}), cols.transpose(1, 2));
   Kernels::write_output(out_cols.view({g.out_channels, pos.count()}), bias, pos, g, out);
@@ -118,10 +118,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> masked_conv2d_backward(
     grad_bias = at::sum(grad_cols, {1}, /*keepdim=*/false, acc).to(grad.scalar_type());
   }
   if (output_mask[1]) {
-    at::Tensor cols = new_output(op, {g.groups, p, g.col_rows()}, input.options());
-    Kernels::gather_cols(input, pos, g, cols);
     // (G, C_out / G, P) @ (G, P, K)
-    grad_weight = masked_conv_steps::matmul(grad_groups, cols).view(weight.sizes());
+    grad_weight = masked_conv_steps::matmul(grad_groups, Kernels::gather_cols(input, pos, g))
+                      .view(weight.sizes());
   }
   if (output_mask[0]) {
     // (G, K, C_out / G) @ (G, C_out / G, P): the columns' gradients, then

@@ -3,8 +3,9 @@
 //
 // Inputs are read through their strides (a copy would cost more than the
 // few taps each element gets at a sparse mask).  Each parallel task writes
-// its own part of the result, and col2im gathers instead of scattering, so
-// every result is independent of the number of threads.
+// its own part of the result -- in col2im a whole (n, c) plane, which sums
+// its image's taps in position order -- so every result is deterministic
+// and independent of the number of threads.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
@@ -15,6 +16,8 @@
 #include <array>
 #include <optional>
 #include <tuple>
+#include <type_traits>
+#include <vector>
 
 #include "common/masked_conv2d.h"
 #include "common/masked_conv2d_steps.h"
@@ -65,32 +68,41 @@ struct CpuKernels {
     return {positions, index_map};
   }
 
-  static void gather_cols(const at::Tensor& input, const MaskedPositions& pos,
-                          const MaskedConvGeometry& g, at::Tensor& cols) {
-    const int64_t p = pos.count(), k = g.col_rows(), cpg = g.in_per_group();
+  // Stored (G, K, P), the layout the CPU GEMM reads without a copy: each
+  // task fills rows of one input channel, reading one plane (which stays in
+  // cache) and writing whole rows.
+  static at::Tensor gather_cols(const at::Tensor& input, const MaskedPositions& pos,
+                                const MaskedConvGeometry& g) {
+    const int64_t p = pos.count(), k = g.col_rows(), taps = g.kernel_h * g.kernel_w;
+    at::Tensor cols = new_output("masked_conv2d", {g.groups, k, p}, input.options());
     const int64_t* positions = pos.positions.const_data_ptr<int64_t>();
+    // Each position's image and top-left input corner, decoded once.
+    std::vector<int64_t> image(static_cast<size_t>(p)), top(image.size()), left(image.size());
+    for (int64_t r = 0; r < p; ++r) {
+      const Position q(positions[r], g.out_h, g.out_w);
+      image[r] = q.n;
+      top[r] = masked_conv_in_coord(q.oh, 0, g.stride_h, g.pad_h, g.dil_h);
+      left[r] = masked_conv_in_coord(q.ow, 0, g.stride_w, g.pad_w, g.dil_w);
+    }
     const Strides4 s(input);
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, input.scalar_type(), "torchops.masked_conv2d", [&] {
           const scalar_t* in = input.const_data_ptr<scalar_t>();
           scalar_t* out = cols.mutable_data_ptr<scalar_t>();
-          at::parallel_for(0, g.groups * p, std::max<int64_t>(1, 4096 / (k + 1)),
+          // Rows k of every group are rows of one (G * K, P) matrix; input
+          // channel c = row / taps in both.
+          at::parallel_for(0, g.in_channels, std::max<int64_t>(1, 16384 / (taps * p + 1)),
                            [&](int64_t begin, int64_t end) {
-            for (int64_t gp = begin; gp < end; ++gp) {
-              const int64_t grp = gp / p;
-              const Position q(positions[gp - grp * p], g.out_h, g.out_w);
-              scalar_t* row = out + gp * k;
-              const scalar_t* base = in + q.n * s.n + grp * cpg * s.c;
-              for (int64_t c = 0; c < cpg; ++c) {
-                for (int64_t i = 0; i < g.kernel_h; ++i) {
-                  const int64_t ih =
-                      masked_conv_in_coord(q.oh, i, g.stride_h, g.pad_h, g.dil_h);
-                  const bool row_in = ih >= 0 && ih < g.height;
-                  for (int64_t j = 0; j < g.kernel_w; ++j) {
-                    const int64_t iw =
-                        masked_conv_in_coord(q.ow, j, g.stride_w, g.pad_w, g.dil_w);
-                    *row++ = row_in && iw >= 0 && iw < g.width
-                                 ? base[c * s.c + ih * s.h + iw * s.w]
+            for (int64_t c = begin; c < end; ++c) {
+              const scalar_t* plane = in + c * s.c;
+              for (int64_t i = 0; i < g.kernel_h; ++i) {
+                for (int64_t j = 0; j < g.kernel_w; ++j) {
+                  scalar_t* row = out + (c * taps + i * g.kernel_w + j) * p;
+                  const int64_t di = i * g.dil_h, dj = j * g.dil_w;
+                  for (int64_t r = 0; r < p; ++r) {
+                    const int64_t ih = top[r] + di, iw = left[r] + dj;
+                    row[r] = ih >= 0 && ih < g.height && iw >= 0 && iw < g.width
+                                 ? plane[image[r] * s.n + ih * s.h + iw * s.w]
                                  : scalar_t(0);
                   }
                 }
@@ -98,6 +110,7 @@ struct CpuKernels {
             }
           });
         });
+    return cols.transpose(1, 2);
   }
 
   static void write_output(const at::Tensor& out_cols, const std::optional<at::Tensor>& bias,
@@ -135,6 +148,12 @@ struct CpuKernels {
     const int64_t p = pos.count();
     const int64_t* positions = pos.positions.const_data_ptr<int64_t>();
     const Strides4 s(grad);
+    // Each position's offset in a channel plane of 'grad', decoded once.
+    std::vector<int64_t> offset(static_cast<size_t>(p));
+    for (int64_t j = 0; j < p; ++j) {
+      const Position q(positions[j], g.out_h, g.out_w);
+      offset[j] = q.n * s.n + q.oh * s.h + q.ow * s.w;
+    }
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, grad.scalar_type(), "torchops._masked_conv2d_backward", [&] {
           const scalar_t* gr = grad.const_data_ptr<scalar_t>();
@@ -142,53 +161,65 @@ struct CpuKernels {
           at::parallel_for(0, g.out_channels, std::max<int64_t>(1, 16384 / (p + 1)),
                            [&](int64_t begin, int64_t end) {
             for (int64_t co = begin; co < end; ++co) {
+              const scalar_t* plane = gr + co * s.c;
               for (int64_t j = 0; j < p; ++j) {
-                const Position q(positions[j], g.out_h, g.out_w);
-                out[co * p + j] = gr[q.n * s.n + co * s.c + q.oh * s.h + q.ow * s.w];
+                out[co * p + j] = plane[offset[j]];
               }
             }
           });
         });
   }
 
+  // One task per (n, c) plane of grad_input: it adds the taps of image n's
+  // positions (a contiguous run of the sorted list) in list order, so the
+  // work follows the mask and the sums do not depend on the threads.
   static void col2im(const at::Tensor& input_cols, const MaskedPositions& pos,
                      const MaskedConvGeometry& g, at::Tensor& grad_input) {
     const int64_t p = pos.count(), k = g.col_rows(), cpg = g.in_per_group();
-    const int64_t plane = g.height * g.width;
-    const int64_t* map = pos.index_map.const_data_ptr<int64_t>();
+    const int64_t plane = g.height * g.width, taps = g.kernel_h * g.kernel_w;
+    const int64_t* positions = pos.positions.const_data_ptr<int64_t>();
+    std::vector<int64_t> first(static_cast<size_t>(g.batch + 1));
+    for (int64_t n = 0; n <= g.batch; ++n) {
+      first[n] = std::lower_bound(positions, positions + p, n * g.out_h * g.out_w) - positions;
+    }
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, grad_input.scalar_type(), "torchops._masked_conv2d_backward",
         [&] {
           using T = at::opmath_type<scalar_t>;
           const scalar_t* cols = input_cols.const_data_ptr<scalar_t>();
           scalar_t* gi = grad_input.mutable_data_ptr<scalar_t>();
-          at::parallel_for(0, g.batch * g.in_channels, std::max<int64_t>(1, 4096 / (plane + 1)),
+          const int64_t work = std::max<int64_t>(1, p / std::max<int64_t>(1, g.batch)) * taps;
+          at::parallel_for(0, g.batch * g.in_channels, std::max<int64_t>(1, 16384 / (work + plane)),
                            [&](int64_t begin, int64_t end) {
+            // Half types accumulate in a float plane, rounded once.
+            std::vector<T> acc(static_cast<size_t>(std::is_same_v<T, scalar_t> ? 0 : plane));
             for (int64_t nc = begin; nc < end; ++nc) {
               const int64_t n = nc / g.in_channels, c = nc - n * g.in_channels;
               const int64_t grp = c / cpg, cl = c - grp * cpg;
-              const scalar_t* rows = cols + (grp * k + cl * g.kernel_h * g.kernel_w) * p;
-              const int64_t* m = map + n * g.out_h * g.out_w;
-              scalar_t* dst = gi + nc * plane;
-              for (int64_t ih = 0; ih < g.height; ++ih) {
-                for (int64_t iw = 0; iw < g.width; ++iw) {
-                  T acc = T(0);
-                  for (int64_t i = 0; i < g.kernel_h; ++i) {
-                    const int64_t oh =
-                        masked_conv_out_coord(ih, i, g.stride_h, g.pad_h, g.dil_h, g.out_h);
-                    if (oh < 0) {
-                      continue;
-                    }
-                    for (int64_t j = 0; j < g.kernel_w; ++j) {
-                      const int64_t ow =
-                          masked_conv_out_coord(iw, j, g.stride_w, g.pad_w, g.dil_w, g.out_w);
-                      const int64_t r = ow < 0 ? -1 : m[oh * g.out_w + ow];
-                      if (r >= 0) {
-                        acc += static_cast<T>(rows[(i * g.kernel_w + j) * p + r]);
-                      }
+              const scalar_t* rows = cols + (grp * k + cl * taps) * p;
+              T* dst = std::is_same_v<T, scalar_t> ? reinterpret_cast<T*>(gi + nc * plane)
+                                                   : acc.data();
+              std::fill(dst, dst + plane, T(0));
+              for (int64_t r = first[n]; r < first[n + 1]; ++r) {
+                const Position q(positions[r], g.out_h, g.out_w);
+                for (int64_t i = 0; i < g.kernel_h; ++i) {
+                  const int64_t ih = masked_conv_in_coord(q.oh, i, g.stride_h, g.pad_h, g.dil_h);
+                  if (ih < 0 || ih >= g.height) {
+                    continue;
+                  }
+                  for (int64_t j = 0; j < g.kernel_w; ++j) {
+                    const int64_t iw =
+                        masked_conv_in_coord(q.ow, j, g.stride_w, g.pad_w, g.dil_w);
+                    if (iw >= 0 && iw < g.width) {
+                      dst[ih * g.width + iw] += static_cast<T>(rows[(i * g.kernel_w + j) * p + r]);
                     }
                   }
-                  dst[ih * g.width + iw] = static_cast<scalar_t>(acc);
+                }
+              }
+              if constexpr (!std::is_same_v<T, scalar_t>) {
+                scalar_t* out = gi + nc * plane;
+                for (int64_t e = 0; e < plane; ++e) {
+                  out[e] = static_cast<scalar_t>(dst[e]);
                 }
               }
             }

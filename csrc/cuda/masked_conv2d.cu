@@ -216,11 +216,14 @@ struct CudaKernels {
     return {positions, index_map};
   }
 
-  static void gather_cols(const at::Tensor& input, const MaskedPositions& pos,
-                          const MaskedConvGeometry& g, at::Tensor& cols) {
+  // Stored (G, P, K): read transposed as the forward GEMM's (K, P) operand,
+  // it is K-contiguous, the layout tensor-core GEMMs load without a copy.
+  static at::Tensor gather_cols(const at::Tensor& input, const MaskedPositions& pos,
+                                const MaskedConvGeometry& g) {
     const int64_t p = pos.count();
+    at::Tensor cols = new_output("masked_conv2d", {g.groups, p, g.col_rows()}, input.options());
     if (cols.numel() == 0) {
-      return;
+      return cols;
     }
     const c10::cuda::CUDAGuard guard(input.device());
     const int64_t tiles = g.groups * ceil_div(p, kTile) * ceil_div(g.col_rows(), kTile);
@@ -233,6 +236,7 @@ struct CudaKernels {
               pos.positions.const_data_ptr<int64_t>(), p, g, cols.mutable_data_ptr<scalar_t>());
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         });
+    return cols;
   }
 
   static void write_output(const at::Tensor& out_cols, const std::optional<at::Tensor>& bias,
