@@ -177,6 +177,10 @@ MASKED_CONV2D = OpInfo(
     error_inputs=_errors,
     internal_ops=("_masked_conv2d_backward",),
     autocast=True,
+    # A convolution sums K = C_in / groups * kh * kw products (288 in the
+    # large samples, of magnitude up to 9): rounding errors grow with that
+    # sum, not with the result, which cancellation can make small.
+    tols={torch.float32: Tol(1e-4, 1e-4)},
 )
 
 
