@@ -89,4 +89,15 @@ TORCH_LIBRARY(torchops, m) {
   m.def(
       "_sigmoid_focal_loss_backward(Tensor grad, Tensor inputs, Tensor targets, "
       "float alpha, float gamma, str reduction) -> Tensor", pt2);
+
+  // --- convolution: masked -------------------------------------------------------------
+  // conv2d at the positions where mask > 0, zeros elsewhere; mask is
+  // (N or 1, H_out, W_out), bool or floating.  The backward returns
+  // (grad_input, grad_weight, grad_bias), each a (0,)-shaped placeholder
+  // where output_mask says it is not wanted.
+  m.def("masked_conv2d(Tensor input, Tensor mask, Tensor weight, Tensor? bias=None, "
+        "int[2] padding=0, int[2] stride=1, int[2] dilation=1, int groups=1) -> Tensor", pt2);
+  m.def("_masked_conv2d_backward(Tensor grad, Tensor input, Tensor mask, Tensor weight, "
+        "int[2] padding, int[2] stride, int[2] dilation, int groups, bool[3] output_mask) "
+        "-> (Tensor, Tensor, Tensor)", pt2);
 }

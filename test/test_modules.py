@@ -10,7 +10,7 @@ import torch
 import torchops
 from torchops import modules
 
-from opdb import random_rois
+from opdb import random_mask, random_rois
 
 
 def test_every_module_is_public_and_documented():
@@ -160,3 +160,32 @@ def test_deform_modules_compile_fullgraph():
         got = torch.compile(m, fullgraph=True)(*args)
         torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
     torch._dynamo.reset()
+# --- MaskedConv2d ------------------------------------------------------------------------------
+
+def test_masked_conv2d_module_equals_op_and_conv2d_without_mask():
+    torch.manual_seed(0)
+    m = torchops.MaskedConv2d(4, 6, 3, stride=(2, 1), padding=1, dilation=(1, 2), groups=2)
+    assert isinstance(m, torch.nn.Conv2d)
+    x = torch.randn(2, 4, 9, 10)
+    plain = m(x)
+    torch.testing.assert_close(plain, torch.nn.functional.conv2d(
+        x, m.weight, m.bias, m.stride, m.padding, m.dilation, m.groups), rtol=0, atol=0)
+    mask = random_mask((2, *plain.shape[2:]), "cpu", seed=3)
+    expect = torchops.masked_conv2d(x, mask, m.weight, m.bias, 1, (2, 1), (1, 2), 2)
+    torch.testing.assert_close(m(x, mask), expect, rtol=0, atol=0)
+    torch.testing.assert_close(m(x, mask), torch.where(mask[:, None], plain, 0.0))
+    torch.testing.assert_close(torch.compile(m, fullgraph=True)(x, mask), expect)
+
+
+def test_masked_conv2d_module_string_padding():
+    torch.manual_seed(1)
+    x = torch.randn(1, 3, 7, 8)
+    mask = torch.ones(1, 7, 8, dtype=torch.bool)
+    same = torchops.MaskedConv2d(3, 2, (3, 5), padding="same", bias=False)
+    torch.testing.assert_close(same(x, mask), same(x))
+    valid = torchops.MaskedConv2d(3, 2, 3, padding="valid")
+    torch.testing.assert_close(valid(x, torch.ones(1, 5, 6, dtype=torch.bool)), valid(x))
+    with pytest.raises(ValueError, match=r"MaskedConv2d.*'same'"):
+        torchops.MaskedConv2d(3, 2, 2, padding="same")(x, mask)
+    with pytest.raises(ValueError, match=r"MaskedConv2d.*padding_mode"):
+        torchops.MaskedConv2d(3, 2, 3, padding=1, padding_mode="reflect")(x, mask)

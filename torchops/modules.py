@@ -290,3 +290,37 @@ class ModulatedDeformRoIPoolPack(DeformRoIPoolPack):
         offset = self.offset_fc(x).view(-1, 2, *self.output_size)
         mask = self.mask_fc(x).view(-1, 1, *self.output_size)
         return self._pool(input, rows, offset) * mask
+# --- convolution: masked ------------------------------------------------------
+
+__all__ += ["MaskedConv2d"]
+
+
+class MaskedConv2d(nn.Conv2d):
+    """:func:`torchops.masked_conv2d` as a module, like mmcv's ``MaskedConv2d``:
+    an ``nn.Conv2d`` (same constructor, parameters and ``state_dict``) whose
+    ``forward(input, mask=None)`` computes the convolution only where
+    ``mask > 0`` (``(N or 1, H_out, W_out)``, bool or floating) and returns 0
+    elsewhere; with ``mask=None`` it is the plain ``nn.Conv2d``.  The masked
+    path needs ``padding_mode="zeros"``; ``padding="same"`` works where the
+    padding comes out symmetric (odd dilated kernels)."""
+
+    def _masked_padding(self) -> tuple[int, int]:
+        if self.padding_mode != "zeros":
+            raise ValueError(f"torchops.MaskedConv2d: the masked path pads with zeros only, "
+                             f"got padding_mode={self.padding_mode!r}")
+        if self.padding == "valid":
+            return (0, 0)
+        if self.padding == "same":
+            total = [d * (k - 1) for d, k in zip(self.dilation, self.kernel_size)]
+            if any(t % 2 for t in total):
+                raise ValueError("torchops.MaskedConv2d: padding='same' with an even dilated "
+                                 f"kernel {tuple(self.kernel_size)} pads asymmetrically, which "
+                                 "the masked path does not support")
+            return (total[0] // 2, total[1] // 2)
+        return tuple(self.padding)
+
+    def forward(self, input: Tensor, mask: Tensor | None = None) -> Tensor:
+        if mask is None:
+            return super().forward(input)
+        return ops.masked_conv2d(input, mask, self.weight, self.bias, self._masked_padding(),
+                                 self.stride, self.dilation, self.groups)

@@ -810,3 +810,167 @@ def _sigmoid_focal_loss_backward_fake(grad: Tensor, inputs: Tensor, targets: Ten
                      lambda: f"torchops._sigmoid_focal_loss_backward: expected 'grad' to be a "
                      f"0-dim tensor for reduction '{reduction}', but got shape {grad_shape}")
     return torch.empty(inputs.shape, dtype=inputs.dtype, device=inputs.device)
+
+
+# --- convolution: masked ------------------------------------------------------------------
+
+__all__ += ["masked_conv2d"]
+
+
+def _conv_pair(op: str, name: str, value) -> list[int]:
+    """An int or a pair of ints -> [height, width] (a plain raise: dynamo
+    traces the wrapper, and these are constants there)."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise ValueError(f"torchops.{op}: expected '{name}' to be an int or a pair of ints, "
+                             f"got {value!r}")
+        return [value[0], value[1]]
+    return [value, value]
+
+
+def masked_conv2d(input: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | None = None,
+                  padding: int | tuple[int, int] = 0, stride: int | tuple[int, int] = 1,
+                  dilation: int | tuple[int, int] = 1, groups: int = 1) -> Tensor:
+    """2-D convolution computed only where ``mask > 0`` (mmcv's
+    ``masked_conv2d``, with stride, dilation, groups, batches and a backward).
+
+    Returns ``torch.where(mask > 0, conv2d(input, weight, bias, stride,
+    padding, dilation, groups), 0)``: the convolution at the selected output
+    positions and exactly 0 elsewhere (no bias there, and nothing computed
+    there: an inf or NaN input only reaches the positions that read it).
+
+    Args:
+        input: ``(N, C_in, H, W)``, float32/float64/float16/bfloat16, any
+            strides.
+        mask: ``(N, H_out, W_out)``, or ``(1, H_out, W_out)`` shared by the
+            batch; bool or floating (a position is selected where ``mask >
+            0``; NaN selects nothing).  Not differentiated.
+        weight: ``(C_out, C_in / groups, kh, kw)``, ``input``'s dtype.
+        bias: ``(C_out,)`` or None.
+        padding, stride, dilation: an int or ``(height, width)``; zero
+            padding.
+        groups: divides ``C_in`` and ``C_out``.
+
+    The work is proportional to the selected positions: their im2col columns
+    are gathered, multiplied by the weight in one GEMM per group
+    (:func:`torchops.matmul`'s kernels; float32 follows
+    ``torch.set_float32_matmul_precision`` like it: exact by default, TF32
+    tensor cores with ``"high"``; the half types accumulate in float32), and
+    the products written to the output, whose other positions get 0.
+    Differentiable with respect to ``input``, ``weight`` and ``bias``; the
+    backward is deterministic on CPU and CUDA alike (every input pixel
+    gathers its taps; no atomics), so it needs nothing under
+    ``torch.use_deterministic_algorithms(True)``.  Under ``torch.autocast``
+    it runs like ``conv2d``: in the autocast dtype.
+
+    On CUDA, counting the selected positions is one device-to-host sync per
+    call (forward, and again in the backward).  Inside CUDA graph capture,
+    where a sync is not allowed, the op sizes its work for every position
+    instead (the cost of a dense convolution), so captured graphs stay
+    correct for any mask they are replayed with.
+
+    Raises RuntimeError naming the argument for a mask of the wrong shape or
+    dtype, channels that ``groups`` does not divide, a weight that does not
+    match the input's channels, a kernel larger than the padded input, and
+    tensors on different devices or of different dtypes; ValueError for a
+    ``padding``/``stride``/``dilation`` that is neither an int nor a pair.
+    """
+    op = "masked_conv2d"
+    return torch.ops.torchops.masked_conv2d.default(
+        input, mask, weight, bias, _conv_pair(op, "padding", padding),
+        _conv_pair(op, "stride", stride), _conv_pair(op, "dilation", dilation), groups)
+
+
+def _check_conv_list(op: str, name: str, value, low: int) -> None:
+    torch._check(len(value) == 2, lambda: f"torchops.{op}: expected '{name}' to have 2 values "
+                 "(height, width)")
+    v0, v1 = value[0], value[1]
+    what = "non-negative" if low == 0 else "positive"
+    torch._check(v0 >= low and v1 >= low,
+                 lambda: f"torchops.{op}: expected '{name}' to be {what}, but got {[v0, v1]}")
+    torch._check(v0 <= 2**31 - 1 and v1 <= 2**31 - 1,
+                 lambda: f"torchops.{op}: expected 'padding', 'stride' and 'dilation' to fit "
+                 "in int32")
+
+
+def _check_masked_conv2d(op: str, input: Tensor, mask: Tensor, weight: Tensor,
+                         bias: Tensor | None, padding, stride, dilation, groups):
+    """The kernels' check_masked_conv2d (csrc/common/masked_conv2d.h), in its
+    order; returns the output's (N, C_out, H_out, W_out)."""
+    if bias is None:
+        _check_same_device(op, input=input, mask=mask, weight=weight)
+    else:
+        _check_same_device(op, input=input, mask=mask, weight=weight, bias=bias)
+    _check_floating(op, "input", input)
+    _check_same_dtype(op, input=input, weight=weight)
+    if bias is not None:
+        _check_same_dtype(op, input=input, bias=bias)
+    mdtype = mask.dtype
+    torch._check(mdtype == torch.bool or mdtype in _FLOATING,
+                 lambda: f"torchops.{op}: expected 'mask' to be a bool or floating-point "
+                 f"tensor, but got {mdtype}")
+    for name, t, dim in (("input", input, 4), ("weight", weight, 4), ("mask", mask, 3)):
+        ndim, shape = t.dim(), tuple(t.shape)
+        torch._check(ndim == dim, lambda: f"torchops.{op}: expected '{name}' to have {dim} "
+                     f"dimensions, but got {ndim} (shape {shape})")
+    _check_conv_list(op, "padding", padding, 0)
+    _check_conv_list(op, "stride", stride, 1)
+    _check_conv_list(op, "dilation", dilation, 1)
+    torch._check(groups > 0, lambda: f"torchops.{op}: expected 'groups' to be positive, but got "
+                 f"{groups}")
+    n, c_in, h, w = input.shape
+    c_out, kh, kw = weight.shape[0], weight.shape[2], weight.shape[3]
+    w_shape = tuple(weight.shape)
+    torch._check(c_in % groups == 0 and weight.shape[1] * groups == c_in,
+                 lambda: f"torchops.{op}: expected 'weight' to have input channels / groups in "
+                 f"dim 1 (and 'groups' to divide the channels of 'input'), but got 'weight' of "
+                 f"shape {w_shape}")
+    torch._check(c_out % groups == 0, lambda: f"torchops.{op}: expected 'groups' ({groups}) to "
+                 "divide the output channels of 'weight'")
+    torch._check(kh > 0 and kw > 0, lambda: f"torchops.{op}: expected 'weight' to have a "
+                 f"non-empty kernel, but got shape {w_shape}")
+    if bias is not None:
+        b_shape = tuple(bias.shape)
+        torch._check(bias.dim() == 1 and bias.shape[0] == c_out,
+                     lambda: f"torchops.{op}: expected 'bias' to have shape (C_out,), but got "
+                     f"{b_shape}")
+    span_h = dilation[0] * (kh - 1) + 1
+    span_w = dilation[1] * (kw - 1) + 1
+    torch._check(h + 2 * padding[0] >= span_h and w + 2 * padding[1] >= span_w,
+                 lambda: f"torchops.{op}: the dilated kernel of 'weight' is larger than the "
+                 "padded 'input'")
+    out_h = (h + 2 * padding[0] - span_h) // stride[0] + 1
+    out_w = (w + 2 * padding[1] - span_w) // stride[1] + 1
+    m_shape = tuple(mask.shape)
+    torch._check((mask.shape[0] == 1 or mask.shape[0] == n) and mask.shape[1] == out_h
+                 and mask.shape[2] == out_w,
+                 lambda: f"torchops.{op}: expected 'mask' to have shape (N or 1, H_out, W_out) "
+                 f"(batch, output height, output width), but got {m_shape}")
+    return n, c_out, out_h, out_w
+
+
+@torch.library.register_fake("torchops::masked_conv2d")
+def _masked_conv2d_fake(input: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | None = None,
+                        padding=(0, 0), stride=(1, 1), dilation=(1, 1), groups: int = 1) -> Tensor:
+    shape = _check_masked_conv2d("masked_conv2d", input, mask, weight, bias, padding, stride,
+                                 dilation, groups)
+    _check_output_size("masked_conv2d", shape, input.dtype)
+    return input.new_empty(shape)
+
+
+@torch.library.register_fake("torchops::_masked_conv2d_backward")
+def _masked_conv2d_backward_fake(grad: Tensor, input: Tensor, mask: Tensor, weight: Tensor,
+                                 padding, stride, dilation, groups: int,
+                                 output_mask) -> tuple[Tensor, Tensor, Tensor]:
+    op = "_masked_conv2d_backward"
+    shape = _check_masked_conv2d(op, input, mask, weight, None, padding, stride, dilation, groups)
+    _check_same_device(op, input=input, grad=grad)
+    _check_same_dtype(op, input=input, grad=grad)
+    g_shape = tuple(grad.shape)
+    torch._check(grad.dim() == 4 and all(a == b for a, b in zip(grad.shape, shape)),
+                 lambda: f"torchops.{op}: expected 'grad' to have the output's shape, but got "
+                 f"{g_shape}")
+    none = input.new_empty((0,))
+    return (input.new_empty(input.shape) if output_mask[0] else none,
+            weight.new_empty(weight.shape) if output_mask[1] else none,
+            weight.new_empty((weight.shape[0],)) if output_mask[2] else none)

@@ -21,6 +21,7 @@ from torch import Tensor
 
 __all__ = ["matmul", "d_sigmoid", "nms", "batched_nms", "box_iou", "roi_align", "roi_pool",
            "sigmoid_focal_loss", "deform_conv2d"]
+__all__ += ["masked_conv2d"]
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -382,3 +383,11 @@ def deform_conv2d(input: Tensor, weight: Tensor, offset: Tensor, mask: Tensor, b
     wgt = weight.reshape(groups, o // groups, (c // groups) * k)
     out = torch.einsum("goq,ngqp->ngop", wgt, cols).reshape(n, o, out_h, out_w)
     return (out + bias[None, :, None, None]).contiguous()
+def masked_conv2d(input: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | None = None,
+                  padding=(0, 0), stride=(1, 1), dilation=(1, 1), groups: int = 1) -> Tensor:
+    """``conv2d`` where ``mask > 0`` and exactly 0 elsewhere: the dense
+    convolution, then ``torch.where``.  ``mask`` is ``(N or 1, H_out,
+    W_out)``, bool or floating; the gradient flows to input, weight and bias
+    through the selected positions only."""
+    out = F.conv2d(input, weight, bias, stride, padding, dilation, groups)
+    return torch.where((mask > 0).unsqueeze(1), out, out.new_zeros(()))

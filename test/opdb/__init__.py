@@ -84,8 +84,9 @@ from .core import (DEFAULT_TOLS, DEVICE_TYPES, ENTRY_DTYPES, FLOAT_DTYPES, GENER
 from .deform import DEFORM_CONV2D, DEFORM_OPS
 from .losses import LOSS_OPS, SIGMOID_FOCAL_LOSS
 from .roi import DEFORM_ROI_POOL, ROI_ALIGN, ROI_OPS, ROI_POOL, random_rois
+from .masked_conv import MASKED_CONV2D, MASKED_CONV_OPS, random_mask
 
-OP_DB: list[OpInfo] = [*BASIC_OPS, *BOX_OPS, *ROI_OPS, *LOSS_OPS, *DEFORM_OPS]
+OP_DB: list[OpInfo] = [*BASIC_OPS, *BOX_OPS, *ROI_OPS, *LOSS_OPS, *DEFORM_OPS, *MASKED_CONV_OPS]
 
 __all__ = [
     "OP_DB", "BASIC_OPS", "BOX_OPS", "ROI_OPS", "LOSS_OPS", "DEFORM_OPS",
@@ -97,3 +98,5 @@ __all__ = [
     "make", "make_transposed", "convert", "hyp_tensor", "hyp_size", "full_profile", "devices",
     "make_boxes", "make_scores", "random_rois",
 ]
+__all__ += ["MASKED_CONV_OPS", "MASKED_CONV2D", "random_mask"]
+__all__ += ["MASKED_CONV_OPS", "MASKED_CONV2D", "random_mask"]

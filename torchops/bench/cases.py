@@ -264,6 +264,52 @@ CASES: list[Case] = [
 ]
 
 
+# --- masked_conv2d: issue 12's guided-anchoring head, 256 -> 256, 3x3, pad 1 ------------------
+
+def _masked(density: float, dtype=torch.float32, quick=False, threads=None, train=False):
+    """N=2, 256 -> 256 channels at 100x152, `density` of the positions
+    selected.  CUDA float32 rows run with TF32 allowed ("high"): cuDNN's
+    conv2d, the peer, uses TF32 by default, and torchops's GEMM follows
+    torch's matmul precision."""
+    cuda_fp32 = threads is None and dtype == torch.float32   # threads: CPU rows only
+    label = f"2x256x100x152 3x3, {density:.0%}" + (" TF32" if cuda_fp32 else "")
+    return Size(label, {"n": 2, "c": 256, "h": 100, "w": 152, "density": density,
+                        "weight_grad": train}, dtype, quick, threads or ("all",),
+                fp32_precision="high" if cuda_fp32 else None)
+
+
+def _masked_flops(args, backward=False) -> float:
+    """Useful FLOPs: the selected positions' convolution (forward; the
+    backward's two GEMMs double it when the weight is trained, one when not)."""
+    x, mask, weight = args[:3]
+    selected = int((mask > 0).sum()) * (x.shape[0] if mask.shape[0] == 1 else 1)
+    fwd = 2.0 * weight.numel() * selected
+    if not backward:
+        return fwd
+    return fwd * (3 if weight.requires_grad else 2)
+
+
+MASKED_CONV = dict(op="masked_conv2d", inputs=inputs.masked_conv_args,
+                   reference=references.masked_conv2d,
+                   reference_name="F.conv2d + torch.where (cuDNN / oneDNN)")
+MASKED_CPU_THREADS = (2, 16)
+CASES += [
+    Case(name="masked_conv2d", **MASKED_CONV, sizes={
+        "cuda": [_masked(0.05, quick=True), _masked(0.25), _masked(1.0),
+                 _masked(0.05, bf16)],
+        "cpu": [_masked(d, threads=MASKED_CPU_THREADS, quick=d == 0.05)
+                for d in (0.05, 0.25, 1.0)]},
+         flops=_masked_flops,
+         note="Targets (issue 12): at 5% >= 3x faster than conv2d + where, at 100% within "
+              "1.5x. FLOPs count the selected positions only."),
+    Case(name="masked_conv2d fwd+bwd", **MASKED_CONV, backward=True, sizes={
+        "cuda": [_masked(0.05, quick=True, train=True)],
+        "cpu": [_masked(0.05, threads=MASKED_CPU_THREADS, quick=True, train=True)]},
+         flops=lambda a: _masked_flops(a, backward=True),
+         note="Gradients of input, weight and bias."),
+]
+
+
 def select(names: list[str] | None) -> list[Case]:
     """Cases whose case name or operator name is in `names` (all when None)."""
     known = {c.name for c in CASES} | {c.op for c in CASES}

@@ -105,3 +105,20 @@ def focal_loss_args(p: P) -> tuple:
     fg = torch.rand(n) >= 0.25
     targets[fg, torch.randint(0, c, (n,))[fg]] = 1.0
     return logits, targets, 0.25, 2.0, "mean"
+
+
+def masked_conv_args(p: P) -> tuple:
+    """A guided-anchoring head's masked 3x3 convolution: features ``(N, C,
+    H, W)``, a bool mask ``(N, H, W)`` selecting ``density`` of the
+    positions (uniformly at random), weight ``(C_out, C, 3, 3)`` (scaled
+    like a trained layer's), bias, padding 1.  With ``weight_grad`` the
+    weight and bias require gradients too (a training step's backward)."""
+    n, c, h, w, c_out = p["n"], p["c"], p["h"], p["w"], p.get("c_out", p["c"])
+    x = torch.randn(n, c, h, w)
+    mask = torch.rand(n, h, w) < p["density"]
+    weight = torch.randn(c_out, c, 3, 3) / math.sqrt(c * 9)
+    bias = torch.randn(c_out)
+    if p.get("weight_grad"):
+        weight.requires_grad_()
+        bias.requires_grad_()
+    return x, mask, weight, bias, [1, 1], [1, 1], [1, 1], 1

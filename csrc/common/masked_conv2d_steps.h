@@ -1,0 +1,135 @@
+// The steps of torchops.masked_conv2d and its backward, written once for
+// both devices: each device supplies the five data-parallel kernels (a
+// `Kernels` type with the static functions below), the GEMMs are
+// torchops::matmul, called through the dispatcher (its own kernels on each
+// device: deterministic, no cuBLAS workspace configuration needed, and
+// float32 follows torch's matmul precision like torchops.matmul).
+//
+//   Kernels::positions(mask, g)                  -> MaskedPositions
+//   Kernels::gather_cols(input, pos, g) -> cols     (G, P, K), in the memory
+//                                                  order the device's GEMM
+//                                                  reads best
+//   Kernels::write_output(out_cols, bias, pos, g, out)
+//   Kernels::gather_grad(grad, pos, g, grad_cols)  grad_cols (C_out, P)
+//   Kernels::col2im(grad_cols, pos, g, grad_input) grad_cols (G, K, P)
+//
+// Header-only, like the rest of csrc/common: the CPU and CUDA libraries
+// each compile their own copy.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/sum.h>
+
+#include <array>
+#include <optional>
+#include <tuple>
+
+#include "common/masked_conv2d.h"
+#include "dispatch/handle.h"
+
+namespace torchops {
+
+// The masked positions of one call.  `positions` has P entries, the flat
+// indices n * H_out * W_out + oh * W_out + ow of the selected positions in
+// ascending order; where P had to be fixed before the mask was read (CUDA
+// graph capture), P is every position of the batch and the entries past
+// the selected ones are -1.  `index_map` (N * H_out * W_out) holds each
+// position's rank in `positions`, or -1.  Both are int64.
+struct MaskedPositions {
+  at::Tensor positions;
+  at::Tensor index_map;
+
+  int64_t count() const { return positions.size(0); }
+};
+
+namespace masked_conv_steps {
+
+inline at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
+  static const auto op = dispatch::typed_handle<at::Tensor(const at::Tensor&, const at::Tensor&)>(
+      "torchops::matmul");
+  return op.call(a, b);
+}
+
+}  // namespace masked_conv_steps
+
+template <typename Kernels>
+at::Tensor masked_conv2d_forward(const at::Tensor& input, const at::Tensor& mask,
+                                 const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                                 c10::IntArrayRef padding, c10::IntArrayRef stride,
+                                 c10::IntArrayRef dilation, int64_t groups,
+                                 c10::DeviceType device) {
+  const char* op = "masked_conv2d";
+  const MaskedConvGeometry g = check_masked_conv2d(op, input, mask, weight, bias, padding,
+                                                   stride, dilation, groups, device);
+  at::Tensor out = new_output(op, {g.batch, g.out_channels, g.out_h, g.out_w}, input.options());
+  if (out.numel() == 0) {
+    return out;
+  }
+  const MaskedPositions pos = Kernels::positions(mask, g);
+  const at::Tensor cols = Kernels::gather_cols(input, pos, g);
+  // (G, C_out / G, K) @ (G, K, P)
+  const at::Tensor out_cols = masked_conv_steps::matmul(
+      weight.reshape({g.groups, g.out_per_group(), g.col_rows()}), cols.transpose(1, 2));
+  Kernels::write_output(out_cols.view({g.out_channels, pos.count()}), bias, pos, g, out);
+  return out;
+}
+
+template <typename Kernels>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> masked_conv2d_backward(
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& mask,
+    const at::Tensor& weight, c10::IntArrayRef padding, c10::IntArrayRef stride,
+    c10::IntArrayRef dilation, int64_t groups, std::array<bool, 3> output_mask,
+    c10::DeviceType device) {
+  const char* op = "_masked_conv2d_backward";
+  const MaskedConvGeometry g = check_masked_conv2d(op, input, mask, weight, std::nullopt,
+                                                   padding, stride, dilation, groups, device);
+  check_masked_conv2d_grad(op, grad, input, g);
+  // Gradients not asked for are (0,)-shaped placeholders.
+  const at::Tensor none = at::empty({0}, input.options());
+  at::Tensor grad_input = none, grad_weight = none, grad_bias = none;
+  if (g.all_positions() == 0 || g.out_channels == 0) {
+    // No output position: zero gradients.
+    if (output_mask[0]) {
+      grad_input = new_output(op, input.sizes(), input.options(), /*zero=*/true);
+    }
+    if (output_mask[1]) {
+      grad_weight = new_output(op, weight.sizes(), weight.options(), /*zero=*/true);
+    }
+    if (output_mask[2]) {
+      grad_bias = new_output(op, {g.out_channels}, weight.options(), /*zero=*/true);
+    }
+    return {grad_input, grad_weight, grad_bias};
+  }
+  if (!(output_mask[0] || output_mask[1] || output_mask[2])) {
+    return {grad_input, grad_weight, grad_bias};
+  }
+  if (output_mask[0]) {
+    grad_input = new_output(op, input.sizes(), input.options());
+  }
+  const MaskedPositions pos = Kernels::positions(mask, g);
+  const int64_t p = pos.count();
+  at::Tensor grad_cols = new_output(op, {g.out_channels, p}, grad.options());
+  Kernels::gather_grad(grad, pos, g, grad_cols);
+  const at::Tensor grad_groups = grad_cols.view({g.groups, g.out_per_group(), p});
+  if (output_mask[2]) {
+    const at::ScalarType acc =
+        grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    grad_bias = at::sum(grad_cols, {1}, /*keepdim=*/false, acc).to(grad.scalar_type());
+  }
+  if (output_mask[1]) {
+    // (G, C_out / G, P) @ (G, P, K)
+    grad_weight = masked_conv_steps::matmul(grad_groups, Kernels::gather_cols(input, pos, g))
+                      .view(weight.sizes());
+  }
+  if (output_mask[0]) {
+    // (G, K, C_out / G) @ (G, C_out / G, P): the columns' gradients, then
+    // each input pixel gathers its taps.
+    const at::Tensor w = weight.reshape({g.groups, g.out_per_group(), g.col_rows()});
+    const at::Tensor input_cols = masked_conv_steps::matmul(w.transpose(1, 2), grad_groups);
+    Kernels::col2im(input_cols, pos, g, grad_input);
+  }
+  return {grad_input, grad_weight, grad_bias};
+}
+
+}  // namespace torchops

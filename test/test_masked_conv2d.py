@@ -1,0 +1,131 @@
+"""torchops.masked_conv2d beyond the op database's generic tests: what the
+mask means (only selected positions are computed, a shared mask equals its
+expansion), the gradients a frozen input or weight leaves, determinism
+(bitwise equal runs; on CPU, equal for any thread count), and CUDA graph
+capture, where the op sizes its work for every position and must then stay
+right for any mask it is replayed with."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchops
+from torchops import references
+
+from opdb import make, random_mask
+
+cuda = pytest.mark.cuda
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+
+
+def _args(device, dtype=torch.float64, n=2, c=4, c_out=6, h=9, w=11, density=0.4, seed=0,
+          requires_grad=True):
+    x = make((n, c, h, w), device, dtype, requires_grad)
+    weight = make((c_out, c, 3, 3), device, dtype, requires_grad)
+    bias = make((c_out,), device, dtype, requires_grad)
+    mask = random_mask((n, h, w), device, density=density, seed=seed)
+    return x, mask, weight, bias
+
+
+def test_unselected_positions_are_not_computed():
+    """A NaN the selected positions never read leaves every output finite
+    (conv2d + where would compute it and then drop it)."""
+    x, _, weight, bias = _args("cpu", requires_grad=False)
+    x = x.clone()
+    x[:, :, :3, :3] = float("nan")
+    mask = torch.zeros(2, 9, 11, dtype=torch.bool)
+    mask[:, 5:, 5:] = True
+    out = torchops.masked_conv2d(x, mask, weight, bias, padding=1)
+    assert torch.isfinite(out).all()
+    assert (out[:, :, :5] == 0).all() and (out[:, :, :, :5] == 0).all()
+    clean = x.nan_to_num(0.0)
+    torch.testing.assert_close(out, references.masked_conv2d(clean, mask, weight, bias, [1, 1]))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[cuda, needs_cuda])])
+def test_shared_mask_equals_its_expansion(device):
+    x, _, weight, bias = _args(device, requires_grad=False)
+    shared = random_mask((1, 9, 11), device, torch.float32, seed=4)
+    a = torchops.masked_conv2d(x, shared, weight, bias, padding=1)
+    b = torchops.masked_conv2d(x, shared.expand(2, 9, 11).contiguous(), weight, bias, padding=1)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[cuda, needs_cuda])])
+@pytest.mark.parametrize("wanted", ["input", "weight", "bias", "weight_no_bias"])
+def test_partial_gradients(device, wanted):
+    """Only the gradients asked for are computed (the backward is told which),
+    and those equal the reference's."""
+    x, mask, weight, bias = _args(device)
+    x.requires_grad_(wanted == "input")
+    weight.requires_grad_(wanted.startswith("weight"))
+    bias.requires_grad_(wanted == "bias")
+    b = None if wanted == "weight_no_bias" else bias
+    mask = random_mask((2, 9, 6), device, seed=5)  # the output of stride (1, 2)
+    leaf = {"input": x, "bias": bias}.get(wanted, weight)
+    out = torchops.masked_conv2d(x, mask, weight, b, padding=1, stride=(1, 2))
+    ref = references.masked_conv2d(x, mask, weight, b, [1, 1], [1, 2])
+    go = torch.randn_like(out)
+    (got,) = torch.autograd.grad(out, leaf, go)
+    (want,) = torch.autograd.grad(ref, leaf, go)
+    torch.testing.assert_close(got, want)
+
+
+def test_cpu_result_is_independent_of_threads():
+    x, mask, weight, bias = _args("cpu", torch.float32, n=3, c=8, c_out=16, h=20, w=24,
+                                  density=0.3)
+    prev = torch.get_num_threads()
+
+    def run(threads):
+        torch.set_num_threads(threads)
+        out = torchops.masked_conv2d(x, mask, weight, bias, padding=(1, 2), dilation=(1, 2))
+        return (out, *torch.autograd.grad(out, (x, weight, bias), torch.ones_like(out)))
+
+    try:
+        one, two = run(1), run(max(prev, 2))
+    finally:
+        torch.set_num_threads(prev)
+    for a, b in zip(one, two):
+        assert torch.equal(a, b)
+
+
+@cuda
+@needs_cuda
+def test_cuda_backward_is_deterministic():
+    """Under torch.use_deterministic_algorithms(True) nothing raises and two
+    runs agree bitwise (the backward has no atomics at all)."""
+    x, mask, weight, bias = _args("cuda", torch.float32, n=2, c=32, c_out=32, h=40, w=48,
+                                  density=0.3)
+    prev = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        runs = []
+        for _ in range(2):
+            out = torchops.masked_conv2d(x, mask, weight, bias, padding=1)
+            runs.append((out, *torch.autograd.grad(out, (x, weight, bias),
+                                                   torch.ones_like(out))))
+    finally:
+        torch.use_deterministic_algorithms(prev)
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+@cuda
+@needs_cuda
+def test_cuda_graph_replays_any_mask():
+    """Captured, the op cannot count the selected positions (that is a sync):
+    it takes all of them, so a replay with another mask is still right."""
+    x, mask, weight, bias = _args("cuda", torch.float32, requires_grad=False)
+    mask = mask.float()
+    torchops.masked_conv2d(x, mask, weight, bias, padding=1)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torchops.masked_conv2d(x, mask, weight, bias, padding=1)
+    for seed, density in ((1, 0.1), (2, 0.9), (3, 0.0)):
+        mask.copy_(random_mask(mask.shape, "cuda", seed=seed, density=density))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = torchops.masked_conv2d(x, mask, weight, bias, padding=1)
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
