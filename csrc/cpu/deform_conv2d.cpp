@@ -179,7 +179,7 @@ deform_conv2d_backward(const at::Tensor& grad, const at::Tensor& input,
   at::Tensor grad_offset = new_output(op, offset.sizes(), opts, true);
   at::Tensor grad_mask = new_output(op, mask.sizes(), opts, true);
   const at::Tensor go = up(grad, ct).view({N, O, P});
-  at::Tensor grad_bias = go.sum({0, 2});
+  at::Tensor grad_bias = go.sum(at::IntArrayRef{0, 2});
   if (N > 0 && C > 0 && O > 0) {
     const at::Tensor in = up(input, ct), w = up(weight, ct),
                      off = up(offset, ct);
