@@ -42,8 +42,10 @@ def extensions():
         try:
             _build.CUDA.assert_compatible()
             libs.append(_build.CUDA)
-            if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
-                os.environ["TORCH_CUDA_ARCH_LIST"] = _build.cuda_arch_list()
+            # Always through cuda_arch_list: it keeps a user's list but turns
+            # its 9.0 into 9.0a (a plain sm_90 build would run the matmul's
+            # Hopper kernel as a trap).
+            os.environ["TORCH_CUDA_ARCH_LIST"] = _build.cuda_arch_list()
         except RuntimeError as e:
             if want_cuda == "1":
                 raise
