@@ -272,6 +272,6 @@ def carafe(features: Tensor, masks: Tensor, kernel_size: int, group_size: int,
         return (features.new_zeros((n, c, h * s, w * s)) + features[..., :0].sum()
                 + masks[..., :0].sum())
     cols = F.unfold(features, k, padding=(k - 1) // 2).view(n, g, c // g, k * k, h, w)
-    m = masks.view(n, g, k * k, h, s, w, s)
+    m = masks.reshape(n, g, k * k, h, s, w, s)
     out = torch.einsum("ngckhw,ngkhiwj->ngchiwj", cols, m)
     return out.reshape(n, c, h * s, w * s)

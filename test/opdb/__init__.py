@@ -83,8 +83,10 @@ from .core import (DEFAULT_TOLS, DEVICE_TYPES, ENTRY_DTYPES, FLOAT_DTYPES, GENER
                    devices, full_profile, hyp_size, hyp_tensor, make, make_transposed)
 from .losses import LOSS_OPS, SIGMOID_FOCAL_LOSS
 from .roi import ROI_ALIGN, ROI_OPS, ROI_POOL, random_rois
+from .upsample import CARAFE, UPSAMPLE_OPS, carafe_inputs
 
 OP_DB: list[OpInfo] = [*BASIC_OPS, *BOX_OPS, *ROI_OPS, *LOSS_OPS]
+OP_DB += UPSAMPLE_OPS
 
 __all__ = [
     "OP_DB", "BASIC_OPS", "BOX_OPS", "ROI_OPS", "LOSS_OPS",
@@ -95,3 +97,4 @@ __all__ = [
     "make", "make_transposed", "convert", "hyp_tensor", "hyp_size", "full_profile", "devices",
     "make_boxes", "make_scores", "random_rois",
 ]
+__all__ += ["UPSAMPLE_OPS", "CARAFE", "carafe_inputs"]
