@@ -289,12 +289,14 @@ class TestAPISnapshot(expecttest.TestCase):
     def test_schema_snapshot(self):
         self.assertExpectedInline(schema_snapshot(), """\
 torchops::_box_iou_backward(Tensor grad, Tensor boxes1, Tensor boxes2) -> (Tensor, Tensor)  [pt2_compliant_tag]
+torchops::_carafe_backward(Tensor grad, Tensor features, Tensor masks, int kernel_size, int group_size, int scale_factor) -> (Tensor, Tensor)  [pt2_compliant_tag]
 torchops::_d_sigmoid_backward(Tensor grad, Tensor z) -> Tensor  [pt2_compliant_tag]
 torchops::_roi_align_backward(Tensor grad, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width, SymInt batch_size, SymInt channels, SymInt height, SymInt width, int sampling_ratio, bool aligned) -> Tensor  [pt2_compliant_tag]
 torchops::_roi_pool_backward(Tensor grad, Tensor rois, Tensor argmax, float spatial_scale, SymInt pooled_height, SymInt pooled_width, SymInt batch_size, SymInt channels, SymInt height, SymInt width) -> Tensor  [pt2_compliant_tag]
 torchops::_sigmoid_focal_loss_backward(Tensor grad, Tensor inputs, Tensor targets, float alpha, float gamma, str reduction) -> Tensor  [pt2_compliant_tag]
 torchops::batched_nms(Tensor boxes, Tensor scores, Tensor idxs, float iou_threshold) -> Tensor  [pt2_compliant_tag]
 torchops::box_iou(Tensor boxes1, Tensor boxes2) -> Tensor  [pt2_compliant_tag]
+torchops::carafe(Tensor features, Tensor masks, int kernel_size, int group_size, int scale_factor) -> Tensor  [pt2_compliant_tag]
 torchops::d_sigmoid(Tensor z) -> Tensor  [pt2_compliant_tag]
 torchops::matmul(Tensor a, Tensor b) -> Tensor  [pt2_compliant_tag]
 torchops::nms(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor  [pt2_compliant_tag]

@@ -97,3 +97,14 @@ def focal_loss_args(p: P) -> tuple:
     fg = torch.rand(n) >= 0.25
     targets[fg, torch.randint(0, c, (n,))[fg]] = 1.0
     return logits, targets, 0.25, 2.0, "mean"
+
+
+def carafe_args(p: P) -> tuple:
+    """CARAFE at an FPN level: features ``(N, C, H, W)`` and kernels
+    softmax-normalised over each group's taps, as CARAFEPack makes them;
+    params n, c, h, w, k, g, s.  With ``train``, the masks require their
+    gradient too (CARAFEPack learns them)."""
+    n, c, h, w, k, g, s = (p[key] for key in ("n", "c", "h", "w", "k", "g", "s"))
+    logits = torch.randn(n, g, k * k, h * s, w * s)
+    masks = torch.softmax(logits, dim=2).view(n, g * k * k, h * s, w * s)
+    return torch.randn(n, c, h, w), masks.requires_grad_(bool(p.get("train"))), k, g, s
