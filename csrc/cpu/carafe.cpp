@@ -1,28 +1,32 @@
 // CPU kernels of torchops.carafe and its backward.
 //
-// A task is one source row y of one (image, group), for a span of at most
-// kColumns output columns: the s output rows y s .. y s + s - 1.  Its masks
-// (s k^2 rows of the span) stay in cache while every channel of the group
-// streams past them.  Per channel, the k source rows around y are expanded
-// once into "window" rows in output coordinates: window[ky][t] is the
-// feature pixel (y + ky - r, (x0 + t) / s - r), zero in the padding, so the
-// tap (ky, kx) of output column x0 + j reads window[ky][j + kx s] -- every
-// tap is a contiguous, vectorisable multiply-add over the span.
+// Output column ow = s q + phase reads source columns q + kx - r: for one
+// phase, the output columns of a row are a contiguous run of source
+// columns.  So the forward runs per phase: with the features zero-padded by
+// r once (a padded copy, in the compute type), the tap (ky, kx) of a run of
+// output columns reads a contiguous run of a padded row, and its weights --
+// the masks of those columns, split by phase once per task -- are
+// contiguous too: every tap is a vectorisable multiply-add.  A task is one
+// source row y of one (image, group) and a span of kSpan source columns; its
+// phase-split masks (s^2 k^2 rows of the span) stay in cache while every
+// channel of the group streams past them; results are interleaved back into
+// the s output rows on the store.
 //
 // The backward is a gather too, so it needs no atomics and its result does
 // not depend on the number of threads:
-//  * grad_masks: the forward's tasks, accumulating grad * window over the
-//    group's channels, in channel order;
+//  * grad_masks: the forward's tasks, accumulating grad (split by phase) *
+//    padded feature rows over the group's channels, in channel order;
 //  * grad_features: per (image, group, source row y) and channel, the output
 //    rows whose neighbourhoods contain row y are multiplied by their masks
-//    and added into a row in window coordinates (the transpose of the
-//    forward's expansion), then each feature pixel sums its s columns.
+//    and added, shifted by tap, into a row in output coordinates, then each
+//    feature pixel sums its s columns.
 // Half types compute in float: features, masks and grads are converted once
 // into float rows.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -37,31 +41,52 @@
 namespace torchops::cpu {
 namespace {
 
-// Output columns per forward / grad_masks task.
-constexpr int64_t kColumns = 128;
+// Source columns per forward / grad_masks task.
+constexpr int64_t kSpan = 64;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// acc[j] = sum_t p[t][j] * m[t][j] for j < n, taps in order (so the result
-// does not depend on how j is blocked).
+// 32 bytes of T, loaded and stored unaligned (GCC/Clang vector extension:
+// explicit vectors keep the accumulators of taps_dot in registers, which
+// the auto-vectoriser did not; the baseline build splits them in halves).
+template <typename T>
+struct Vec {
+  typedef T type __attribute__((vector_size(32), aligned(sizeof(T))));
+  static constexpr int64_t kLanes = 32 / sizeof(T);
+};
+
+// acc[j] = sum_t p[t][j] * m[t][j] for j < n, taps in order.  Four
+// accumulators in flight hide the FMA latency.
 template <typename T>
 inline __attribute__((always_inline)) void taps_dot_impl(
     const T* const* p, const T* const* m, int64_t taps, int64_t n,
     T* __restrict__ acc) {
-  constexpr int64_t kBlock = 16;
+  using V = typename Vec<T>::type;
+  constexpr int64_t kLanes = Vec<T>::kLanes;
   int64_t j = 0;
-  for (; j + kBlock <= n; j += kBlock) {
-    T a[kBlock] = {};
+  for (; j + 4 * kLanes <= n; j += 4 * kLanes) {
+    V a0 = {}, a1 = {}, a2 = {}, a3 = {};
     for (int64_t t = 0; t < taps; ++t) {
-      const T* __restrict__ pt = p[t] + j;
-      const T* __restrict__ mt = m[t] + j;
-      for (int64_t q = 0; q < kBlock; ++q) {
-        a[q] += pt[q] * mt[q];
-      }
+      const V* pv = reinterpret_cast<const V*>(p[t] + j);
+      const V* mv = reinterpret_cast<const V*>(m[t] + j);
+      a0 += pv[0] * mv[0];
+      a1 += pv[1] * mv[1];
+      a2 += pv[2] * mv[2];
+      a3 += pv[3] * mv[3];
     }
-    for (int64_t q = 0; q < kBlock; ++q) {
-      acc[j + q] = a[q];
+    V* out = reinterpret_cast<V*>(acc + j);
+    out[0] = a0;
+    out[1] = a1;
+    out[2] = a2;
+    out[3] = a3;
+  }
+  for (; j + kLanes <= n; j += kLanes) {
+    V a = {};
+    for (int64_t t = 0; t < taps; ++t) {
+      a += *reinterpret_cast<const V*>(p[t] + j) *
+           *reinterpret_cast<const V*>(m[t] + j);
     }
+    *reinterpret_cast<V*>(acc + j) = a;
   }
   for (; j < n; ++j) {
     T a = T(0);
@@ -117,20 +142,12 @@ const T* as_opmath(const scalar_t* src, int64_t n, std::vector<T>& buf,
   }
 }
 
-template <typename T, typename scalar_t>
-void store_row(const T* src, int64_t n, scalar_t* dst) {
-  for (int64_t j = 0; j < n; ++j) {
-    dst[j] = static_cast<scalar_t>(src[j]);
-  }
-}
-
-// Task index -> (image, group, source row, column span).
+// Task index -> (image, group, source row, span of source columns).
 struct Task {
-  int64_t n, grp, y, x0, len;
+  int64_t n, grp, y, q0, len;
 };
 
-Task task_of(const CarafeShape& p, int64_t task, int64_t spans,
-             int64_t span_width) {
+Task task_of(const CarafeShape& p, int64_t task, int64_t spans) {
   Task t;
   const int64_t span = task % spans;
   int64_t rest = task / spans;
@@ -138,83 +155,95 @@ Task task_of(const CarafeShape& p, int64_t task, int64_t spans,
   rest /= p.h;
   t.grp = rest % p.g;
   t.n = rest / p.g;
-  t.x0 = span * span_width;
-  t.len = std::min(span_width, p.wo - t.x0);
+  t.q0 = span * kSpan;
+  t.len = std::min(kSpan, p.w - t.q0);
   return t;
 }
 
-// The k window rows of channel plane `f` around source row y for output
-// columns [x0, x0 + len): row ky holds len + 2 r s values, from output
-// column x0 - r s on.
+// Phase-split rows of a task: row (i, phase, tap) holds, for the task's
+// source columns q0 + q, the value at output row y s + i, column
+// s (q0 + q) + phase of map `tap` (maps `oplane` apart).
+struct PhaseRows {
+  int64_t len, taps, s;
+  int64_t index(int64_t i, int64_t phase, int64_t tap) const {
+    return ((i * s + phase) * taps + tap) * kSpan;
+  }
+};
+
 template <typename scalar_t, typename T>
-void build_window(const CarafeShape& p, const scalar_t* f, int64_t y,
-                  int64_t x0, int64_t len, T* window) {
-  const int64_t r = p.radius(), s = p.s;
-  const int64_t width = len + 2 * r * s;
-  for (int64_t ky = 0; ky < p.k; ++ky) {
-    T* row = window + ky * width;
-    const int64_t yy = y + ky - r;
-    if (yy < 0 || yy >= p.h) {
-      std::fill(row, row + width, T(0));
-      continue;
-    }
-    const scalar_t* src = f + yy * p.w;
-    // Window column t is output column x0 + t - r s, whose source column
-    // floor((x0 + t - r s) / s) is written (x0 + t) / s - r: C's division
-    // truncates, and x0 + t is never negative.
-    for (int64_t t = 0; t < width; ++t) {
-      const int64_t x = (x0 + t) / s - r;
-      row[t] = (x >= 0 && x < p.w) ? static_cast<T>(src[x]) : T(0);
+void split_phases(const CarafeShape& p, const Task& t, const scalar_t* maps,
+                  int64_t taps, T* dst) {
+  const PhaseRows rows{t.len, taps, p.s};
+  const int64_t oplane = p.ho * p.wo;
+  for (int64_t tap = 0; tap < taps; ++tap) {
+    for (int64_t i = 0; i < p.s; ++i) {
+      const scalar_t* src =
+          maps + tap * oplane + (t.y * p.s + i) * p.wo + t.q0 * p.s;
+      for (int64_t phase = 0; phase < p.s; ++phase) {
+        T* d = dst + rows.index(i, phase, tap);
+        for (int64_t q = 0; q < t.len; ++q) {
+          d[q] = static_cast<T>(src[q * p.s + phase]);
+        }
+      }
     }
   }
 }
 
-// Per-thread scratch rows of the three kernels.
+// The features of every (image, channel) in T, zero-padded by r on each
+// side: rows of w + 2 r.
+at::Tensor padded_features(const at::Tensor& features, int64_t r) {
+  const at::ScalarType t = at::toOpMathType(features.scalar_type());
+  return at::constant_pad_nd(features.to(t), {r, r, r, r}, 0).contiguous();
+}
+
+// Tap pointers into the padded plane for the task: tap (ky, kx) reads
+// padded row y + ky from column q0 + kx.
 template <typename T>
-struct Scratch {
-  std::vector<T> window, masks, acc, row;
-  std::vector<const T*> p, m;
-  std::vector<T*> out;
-};
+void tap_rows(const CarafeShape& p, const Task& t, const T* plane,
+              const T** taps) {
+  const int64_t pw = p.w + 2 * p.radius();
+  for (int64_t ky = 0; ky < p.k; ++ky) {
+    for (int64_t kx = 0; kx < p.k; ++kx) {
+      taps[ky * p.k + kx] = plane + (t.y + ky) * pw + t.q0 + kx;
+    }
+  }
+}
 
 template <typename scalar_t>
-void forward_kernel(const CarafeShape& p, const scalar_t* features,
+void forward_kernel(const CarafeShape& p, const at::Tensor& padded,
                     const scalar_t* masks, scalar_t* out) {
   using T = at::opmath_type<scalar_t>;
   const int64_t k2 = p.taps(), s = p.s, cg = p.group_channels();
-  const int64_t spans = ceil_div(p.wo, kColumns);
-  const int64_t span_width = std::min(kColumns, p.wo);
-  const int64_t win = span_width + 2 * p.radius() * s;
-  const int64_t plane = p.h * p.w, oplane = p.ho * p.wo;
+  const int64_t spans = ceil_div(p.w, kSpan);
+  const int64_t pplane = (p.h + 2 * p.radius()) * (p.w + 2 * p.radius());
+  const int64_t oplane = p.ho * p.wo;
+  const T* fp = padded.const_data_ptr<T>();
   at::parallel_for(0, p.n * p.g * p.h * spans, 1, [&](int64_t b, int64_t e) {
-    Scratch<T> sc;
-    sc.window.resize(p.k * win);
-    sc.masks.resize(std::is_same_v<T, scalar_t> ? 0 : s * k2 * span_width);
-    sc.acc.resize(span_width);
-    sc.p.resize(k2);
-    sc.m.resize(s * k2);
+    std::vector<T> mrows(s * s * k2 * kSpan), acc(s * kSpan);
+    std::vector<const T*> taps(k2);
     for (int64_t task = b; task < e; ++task) {
-      const Task t = task_of(p, task, spans, span_width);
-      const int64_t w = t.len + 2 * p.radius() * s;
-      for (int64_t i = 0; i < s; ++i) {
-        for (int64_t kk = 0; kk < k2; ++kk) {
-          const scalar_t* src =
-              masks + ((t.n * p.g + t.grp) * k2 + kk) * oplane +
-              (t.y * s + i) * p.wo + t.x0;
-          sc.m[i * k2 + kk] =
-              as_opmath<T>(src, t.len, sc.masks, (i * k2 + kk) * span_width);
-        }
-      }
-      for (int64_t kk = 0; kk < k2; ++kk) {
-        sc.p[kk] = sc.window.data() + (kk / p.k) * w + (kk % p.k) * s;
-      }
+      const Task t = task_of(p, task, spans);
+      const PhaseRows rows{t.len, k2, s};
+      split_phases(p, t, masks + (t.n * p.g + t.grp) * k2 * oplane, k2,
+                   mrows.data());
+      std::vector<const T*> m(k2);
       for (int64_t c = t.grp * cg; c < (t.grp + 1) * cg; ++c) {
-        build_window(p, features + (t.n * p.c + c) * plane, t.y, t.x0, t.len,
-                     sc.window.data());
+        tap_rows(p, t, fp + (t.n * p.c + c) * pplane, taps.data());
         for (int64_t i = 0; i < s; ++i) {
-          taps_dot(sc.p.data(), sc.m.data() + i * k2, k2, t.len, sc.acc.data());
-          store_row(sc.acc.data(), t.len,
-                    out + (t.n * p.c + c) * oplane + (t.y * s + i) * p.wo + t.x0);
+          for (int64_t phase = 0; phase < s; ++phase) {
+            for (int64_t tap = 0; tap < k2; ++tap) {
+              m[tap] = mrows.data() + rows.index(i, phase, tap);
+            }
+            taps_dot(taps.data(), m.data(), k2, t.len,
+                     acc.data() + phase * kSpan);
+          }
+          scalar_t* o = out + (t.n * p.c + c) * oplane + (t.y * s + i) * p.wo +
+                        t.q0 * s;
+          for (int64_t q = 0; q < t.len; ++q) {
+            for (int64_t phase = 0; phase < s; ++phase) {
+              o[q * s + phase] = static_cast<scalar_t>(acc[phase * kSpan + q]);
+            }
+          }
         }
       }
     }
@@ -223,45 +252,45 @@ void forward_kernel(const CarafeShape& p, const scalar_t* features,
 
 template <typename scalar_t>
 void grad_masks_kernel(const CarafeShape& p, const scalar_t* grad,
-                       const scalar_t* features, scalar_t* grad_masks) {
+                       const at::Tensor& padded, scalar_t* grad_masks) {
   using T = at::opmath_type<scalar_t>;
   const int64_t k2 = p.taps(), s = p.s, cg = p.group_channels();
-  const int64_t spans = ceil_div(p.wo, kColumns);
-  const int64_t span_width = std::min(kColumns, p.wo);
-  const int64_t win = span_width + 2 * p.radius() * s;
-  const int64_t plane = p.h * p.w, oplane = p.ho * p.wo;
+  const int64_t spans = ceil_div(p.w, kSpan);
+  const int64_t pplane = (p.h + 2 * p.radius()) * (p.w + 2 * p.radius());
+  const int64_t oplane = p.ho * p.wo;
+  const T* fp = padded.const_data_ptr<T>();
   at::parallel_for(0, p.n * p.g * p.h * spans, 1, [&](int64_t b, int64_t e) {
-    Scratch<T> sc;
-    sc.window.resize(p.k * win);
-    sc.acc.resize(s * k2 * span_width);
-    sc.row.resize(span_width);
-    sc.p.resize(k2);
-    sc.out.resize(k2);
+    std::vector<T> acc(s * s * k2 * kSpan), grows(s * s * kSpan);
+    std::vector<const T*> taps(k2);
+    std::vector<T*> outs(k2);
     for (int64_t task = b; task < e; ++task) {
-      const Task t = task_of(p, task, spans, span_width);
-      const int64_t w = t.len + 2 * p.radius() * s;
-      std::fill(sc.acc.begin(), sc.acc.end(), T(0));
-      for (int64_t kk = 0; kk < k2; ++kk) {
-        sc.p[kk] = sc.window.data() + (kk / p.k) * w + (kk % p.k) * s;
-      }
+      const Task t = task_of(p, task, spans);
+      const PhaseRows rows{t.len, k2, s};
+      const PhaseRows grad_rows{t.len, 1, s};
+      std::fill(acc.begin(), acc.end(), T(0));
       for (int64_t c = t.grp * cg; c < (t.grp + 1) * cg; ++c) {
-        build_window(p, features + (t.n * p.c + c) * plane, t.y, t.x0, t.len,
-                     sc.window.data());
+        tap_rows(p, t, fp + (t.n * p.c + c) * pplane, taps.data());
+        split_phases(p, t, grad + (t.n * p.c + c) * oplane, 1, grows.data());
         for (int64_t i = 0; i < s; ++i) {
-          const T* g = as_opmath<T>(
-              grad + (t.n * p.c + c) * oplane + (t.y * s + i) * p.wo + t.x0,
-              t.len, sc.row);
-          for (int64_t kk = 0; kk < k2; ++kk) {
-            sc.out[kk] = sc.acc.data() + (i * k2 + kk) * span_width;
+          for (int64_t phase = 0; phase < s; ++phase) {
+            for (int64_t tap = 0; tap < k2; ++tap) {
+              outs[tap] = acc.data() + rows.index(i, phase, tap);
+            }
+            taps_axpy(grows.data() + grad_rows.index(i, phase, 0), taps.data(),
+                      outs.data(), k2, t.len);
           }
-          taps_axpy(g, sc.p.data(), sc.out.data(), k2, t.len);
         }
       }
-      for (int64_t i = 0; i < s; ++i) {
-        for (int64_t kk = 0; kk < k2; ++kk) {
-          store_row(sc.acc.data() + (i * k2 + kk) * span_width, t.len,
-                    grad_masks + ((t.n * p.g + t.grp) * k2 + kk) * oplane +
-                        (t.y * s + i) * p.wo + t.x0);
+      for (int64_t tap = 0; tap < k2; ++tap) {
+        for (int64_t i = 0; i < s; ++i) {
+          scalar_t* o = grad_masks + ((t.n * p.g + t.grp) * k2 + tap) * oplane +
+                        (t.y * s + i) * p.wo + t.q0 * s;
+          for (int64_t q = 0; q < t.len; ++q) {
+            for (int64_t phase = 0; phase < s; ++phase) {
+              o[q * s + phase] =
+                  static_cast<scalar_t>(acc[rows.index(i, phase, tap) + q]);
+            }
+          }
         }
       }
     }
@@ -277,7 +306,11 @@ void grad_features_kernel(const CarafeShape& p, const scalar_t* grad,
   const int64_t plane = p.h * p.w, oplane = p.ho * p.wo;
   const int64_t width = p.wo + 2 * r * s;  // a window row over the whole width
   at::parallel_for(0, p.n * p.g * p.h, 1, [&](int64_t b, int64_t e) {
-    Scratch<T> sc;
+    struct {
+      std::vector<T> window, masks, row;
+      std::vector<const T*> m;
+      std::vector<T*> out;
+    } sc;
     sc.window.resize(width);
     sc.masks.resize(std::is_same_v<T, scalar_t> ? 0 : k2 * s * p.wo);
     sc.row.resize(p.wo);
@@ -350,12 +383,11 @@ at::Tensor carafe(const at::Tensor& features_in, const at::Tensor& masks_in,
   if (out.numel() == 0) {
     return out;
   }
-  const at::Tensor features = features_in.contiguous();
+  const at::Tensor padded = padded_features(features_in, p.radius());
   const at::Tensor masks = masks_in.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, features.scalar_type(), "torchops.carafe", [&] {
-        forward_kernel<scalar_t>(p, features.const_data_ptr<scalar_t>(),
-                                 masks.const_data_ptr<scalar_t>(),
+      at::kHalf, at::kBFloat16, masks.scalar_type(), "torchops.carafe", [&] {
+        forward_kernel<scalar_t>(p, padded, masks.const_data_ptr<scalar_t>(),
                                  out.mutable_data_ptr<scalar_t>());
       });
   return out;
@@ -382,13 +414,12 @@ std::tuple<at::Tensor, at::Tensor> carafe_backward(
     return {grad_features, grad_masks};
   }
   const at::Tensor grad = grad_in.contiguous();
-  const at::Tensor features = features_in.contiguous();
+  const at::Tensor padded = padded_features(features_in, p.radius());
   const at::Tensor masks = masks_in.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, features.scalar_type(),
+      at::kHalf, at::kBFloat16, masks.scalar_type(),
       "torchops._carafe_backward", [&] {
-        grad_masks_kernel<scalar_t>(p, grad.const_data_ptr<scalar_t>(),
-                                    features.const_data_ptr<scalar_t>(),
+        grad_masks_kernel<scalar_t>(p, grad.const_data_ptr<scalar_t>(), padded,
                                     grad_masks.mutable_data_ptr<scalar_t>());
         grad_features_kernel<scalar_t>(p, grad.const_data_ptr<scalar_t>(),
                                        masks.const_data_ptr<scalar_t>(),
