@@ -100,4 +100,13 @@ TORCH_LIBRARY(torchops, m) {
   m.def("_masked_conv2d_backward(Tensor grad, Tensor input, Tensor mask, Tensor weight, "
         "int[2] padding, int[2] stride, int[2] dilation, int groups, bool[3] output_mask) "
         "-> (Tensor, Tensor, Tensor)", pt2);
+
+  // --- upsampling --------------------------------------------------------------------------
+  // CARAFE (mmcv's carafe): features (N, C, H, W), masks (N, group_size *
+  // kernel_size^2, H * scale_factor, W * scale_factor) -> (N, C, H * s, W * s).
+  m.def("carafe(Tensor features, Tensor masks, int kernel_size, int group_size, "
+        "int scale_factor) -> Tensor", pt2);
+  // Returns (grad_features, grad_masks).
+  m.def("_carafe_backward(Tensor grad, Tensor features, Tensor masks, "
+        "int kernel_size, int group_size, int scale_factor) -> (Tensor, Tensor)", pt2);
 }

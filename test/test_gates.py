@@ -289,6 +289,7 @@ class TestAPISnapshot(expecttest.TestCase):
     def test_schema_snapshot(self):
         self.assertExpectedInline(schema_snapshot(), """\
 torchops::_box_iou_backward(Tensor grad, Tensor boxes1, Tensor boxes2) -> (Tensor, Tensor)  [pt2_compliant_tag]
+torchops::_carafe_backward(Tensor grad, Tensor features, Tensor masks, int kernel_size, int group_size, int scale_factor) -> (Tensor, Tensor)  [pt2_compliant_tag]
 torchops::_d_sigmoid_backward(Tensor grad, Tensor z) -> Tensor  [pt2_compliant_tag]
 torchops::_deform_conv2d_backward(Tensor grad, Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, SymInt stride_h, SymInt stride_w, SymInt pad_h, SymInt pad_w, SymInt dilation_h, SymInt dilation_w, SymInt groups, SymInt offset_groups, bool use_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)  [pt2_compliant_tag]
 torchops::_deform_roi_pool_backward(Tensor grad, Tensor input, Tensor rois, Tensor? offset, float spatial_scale, SymInt pooled_height, SymInt pooled_width, int sampling_ratio, float gamma) -> (Tensor, Tensor)  [pt2_compliant_tag]
@@ -298,6 +299,7 @@ torchops::_roi_pool_backward(Tensor grad, Tensor rois, Tensor argmax, float spat
 torchops::_sigmoid_focal_loss_backward(Tensor grad, Tensor inputs, Tensor targets, float alpha, float gamma, str reduction) -> Tensor  [pt2_compliant_tag]
 torchops::batched_nms(Tensor boxes, Tensor scores, Tensor idxs, float iou_threshold) -> Tensor  [pt2_compliant_tag]
 torchops::box_iou(Tensor boxes1, Tensor boxes2) -> Tensor  [pt2_compliant_tag]
+torchops::carafe(Tensor features, Tensor masks, int kernel_size, int group_size, int scale_factor) -> Tensor  [pt2_compliant_tag]
 torchops::d_sigmoid(Tensor z) -> Tensor  [pt2_compliant_tag]
 torchops::deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, SymInt stride_h, SymInt stride_w, SymInt pad_h, SymInt pad_w, SymInt dilation_h, SymInt dilation_w, SymInt groups, SymInt offset_groups, bool use_mask) -> Tensor  [pt2_compliant_tag]
 torchops::deform_roi_pool(Tensor input, Tensor rois, Tensor? offset, float spatial_scale, SymInt pooled_height, SymInt pooled_width, int sampling_ratio, float gamma) -> Tensor  [pt2_compliant_tag]

@@ -11,6 +11,8 @@ import torchops
 from torchops import modules
 
 from opdb import random_mask, random_rois
+from opdb import random_rois
+from torchops import references
 
 
 def test_every_module_is_public_and_documented():
@@ -189,3 +191,48 @@ def test_masked_conv2d_module_string_padding():
         torchops.MaskedConv2d(3, 2, 2, padding="same")(x, mask)
     with pytest.raises(ValueError, match=r"MaskedConv2d.*padding_mode"):
         torchops.MaskedConv2d(3, 2, 3, padding=1, padding_mode="reflect")(x, mask)
+# --- CARAFEPack ---------------------------------------------------------------
+
+
+def _carafe_pack_by_hand(m: torchops.CARAFEPack, x: torch.Tensor) -> torch.Tensor:
+    """mmcv's CARAFEPack.forward written out, with the reference carafe."""
+    mask = m.content_encoder(m.channel_compressor(x))
+    mask = torch.nn.functional.pixel_shuffle(mask, m.scale_factor)
+    n, mc, h, w = mask.shape
+    k2 = m.up_kernel**2
+    mask = torch.softmax(mask.view(n, mc // k2, k2, h, w), dim=2).view(n, mc, h, w)
+    return references.carafe(x, mask, m.up_kernel, m.up_group, m.scale_factor)
+
+
+@pytest.mark.parametrize("up_kernel,up_group,scale,dilation", [(5, 1, 2, 1), (3, 2, 3, 2)])
+def test_carafe_pack_equals_its_formula(up_kernel, up_group, scale, dilation):
+    torch.manual_seed(0)
+    m = torchops.CARAFEPack(4, scale, up_kernel=up_kernel, up_group=up_group,
+                            encoder_dilation=dilation, compressed_channels=8).double()
+    # Weights larger than the near-uniform initial ones, so the kernels differ per pixel.
+    torch.nn.init.normal_(m.content_encoder.weight, 0.0, 0.3)
+    x = torch.randn(2, 4, 5, 6, dtype=torch.float64, requires_grad=True)
+    out = m(x)
+    assert out.shape == (2, 4, 5 * scale, 6 * scale)
+    expect = _carafe_pack_by_hand(m, x)
+    torch.testing.assert_close(out, expect)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, [x, *m.parameters()], g)
+    want = torch.autograd.grad(expect, [x, *m.parameters()], g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    assert "up_kernel" in repr(m)
+
+
+def test_carafe_pack_parameters_init_and_compile():
+    torch.manual_seed(0)
+    m = torchops.CARAFEPack(16, 2)  # mmcv's defaults: k 5, one group, 64 compressed channels
+    assert m.channel_compressor.weight.shape == (64, 16, 1, 1)
+    assert m.content_encoder.weight.shape == (5 * 5 * 1 * 2 * 2, 64, 3, 3)
+    assert m.content_encoder.weight.std() < 0.002
+    assert not m.content_encoder.bias.any() and not m.channel_compressor.bias.any()
+    x = torch.randn(1, 16, 6, 7)
+    mask = m.kernel_normalizer(m.content_encoder(m.channel_compressor(x)))
+    torch.testing.assert_close(mask.view(1, 1, 25, 12, 14).sum(2), torch.ones(1, 1, 12, 14))
+    expect = m(x)
+    torch.testing.assert_close(torch.compile(m, fullgraph=True)(x), expect)

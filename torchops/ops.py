@@ -974,3 +974,109 @@ def _masked_conv2d_backward_fake(grad: Tensor, input: Tensor, mask: Tensor, weig
     return (input.new_empty(input.shape) if output_mask[0] else none,
             weight.new_empty(weight.shape) if output_mask[1] else none,
             weight.new_empty((weight.shape[0],)) if output_mask[2] else none)
+# --- upsampling -------------------------------------------------------------------------
+
+__all__ += ["carafe"]
+
+
+def carafe(features: Tensor, masks: Tensor, kernel_size: int, group_size: int,
+           scale_factor: int) -> Tensor:
+    """CARAFE, content-aware reassembly of features (Wang et al., ICCV 2019;
+    mmcv's ``carafe``, same arguments and semantics): upsamples ``features``
+    by ``scale_factor`` with a ``kernel_size x kernel_size`` kernel predicted
+    per output pixel.
+
+    ``out[n, c, oh, ow]`` is the sum over ``ky, kx < kernel_size`` of
+    ``features[n, c, oh // s + ky - r, ow // s + kx - r]`` (zero outside the
+    map; ``r = (kernel_size - 1) // 2``, ``s = scale_factor``) times
+    ``masks[n, (g * kernel_size + ky) * kernel_size + kx, oh, ow]``, where
+    ``g = c // (C // group_size)`` is the channel's group.
+
+    Args:
+        features: ``(N, C, H, W)``, float32/float64/float16/bfloat16 on CPU or
+            CUDA (half types accumulate in float32), any strides.
+        masks: ``(N, group_size * kernel_size**2, H * s, W * s)``, same dtype
+            and device; usually softmax-normalised over each group's taps
+            (:class:`torchops.CARAFEPack` does that).
+        kernel_size: odd, >= 1.
+        group_size: divides ``C``; channel group ``g`` uses mask channels
+            ``g * kernel_size**2`` to ``(g + 1) * kernel_size**2 - 1``.
+        scale_factor: integer >= 1.
+
+    Returns ``(N, C, H * s, W * s)`` in ``features``' dtype, contiguous.
+    Differentiable with respect to ``features`` and ``masks``; the backward is
+    a gather on every device (no atomics), so it is deterministic, with or
+    without ``torch.use_deterministic_algorithms``.  Under ``torch.autocast``
+    it computes in float32 and returns the dtype of ``features``.  Invalid
+    shapes, an even kernel size, a group size that does not divide the
+    channels, and mixed devices or dtypes raise RuntimeError naming the
+    argument.
+    """
+    return torch.ops.torchops.carafe.default(features, masks, kernel_size, group_size,
+                                             scale_factor)
+
+
+def _check_carafe(op: str, features: Tensor, masks: Tensor, kernel_size: int,
+                  group_size: int, scale_factor: int) -> tuple:
+    """csrc/common/carafe.h's check_carafe, in the same order, with the same
+    messages.  Returns the output's shape."""
+    _check_same_device(op, features=features, masks=masks)
+    _check_floating(op, "features", features)
+    fdim, mdim = features.dim(), masks.dim()
+    fshape, mshape = tuple(features.shape), tuple(masks.shape)
+    torch._check(fdim == 4, lambda: f"torchops.{op}: expected 'features' to have 4 dimensions, "
+                 f"but got {fdim} (shape {fshape})")
+    torch._check(mdim == 4, lambda: f"torchops.{op}: expected 'masks' to have 4 dimensions, "
+                 f"but got {mdim} (shape {mshape})")
+    _check_same_dtype(op, features=features, masks=masks)
+    torch._check(kernel_size >= 1 and kernel_size % 2 == 1,
+                 lambda: f"torchops.{op}: expected 'kernel_size' to be a positive odd number, "
+                 f"but got {kernel_size}")
+    torch._check(group_size >= 1, lambda: f"torchops.{op}: expected 'group_size' to be "
+                 f"positive, but got {group_size}")
+    torch._check(scale_factor >= 1, lambda: f"torchops.{op}: expected 'scale_factor' to be "
+                 f"positive, but got {scale_factor}")
+    n, c, h, w = features.shape
+    torch._check(c % group_size == 0, lambda: f"torchops.{op}: expected 'group_size' "
+                 f"({group_size}) to divide the channels of 'features' ({fshape[1]})")
+    mask_channels = kernel_size * kernel_size * group_size
+    # Sizes past int64 (the kernels' overflow check), where they are known.
+    too_large = mask_channels >= 2**63 or (
+        isinstance(h, int) and isinstance(w, int) and max(h, w) * scale_factor >= 2**63)
+    torch._check(not too_large,
+                 lambda: f"torchops.{op}: 'kernel_size' ({kernel_size}), 'group_size' "
+                 f"({group_size}) or 'scale_factor' ({scale_factor}) is too large for "
+                 f"'features' of shape {fshape}")
+    torch._check(masks.shape[0] == n, lambda: f"torchops.{op}: expected 'masks' to have the "
+                 f"batch size of 'features' ({fshape[0]}), but got shape {mshape}")
+    torch._check(masks.shape[1] == mask_channels,
+                 lambda: f"torchops.{op}: expected 'masks' to have kernel_size^2 * group_size "
+                 f"= {mask_channels} channels, but got shape {mshape}")
+    ho, wo = h * scale_factor, w * scale_factor
+    torch._check(masks.shape[2] == ho and masks.shape[3] == wo,
+                 lambda: f"torchops.{op}: expected 'masks' to have the spatial size of "
+                 f"'features' times 'scale_factor' ({fshape[2] * scale_factor}, "
+                 f"{fshape[3] * scale_factor}), but got shape {mshape}")
+    return (n, c, ho, wo)
+
+
+@torch.library.register_fake("torchops::carafe")
+def _carafe_fake(features: Tensor, masks: Tensor, kernel_size: int, group_size: int,
+                 scale_factor: int) -> Tensor:
+    shape = _check_carafe("carafe", features, masks, kernel_size, group_size, scale_factor)
+    _check_output_size("carafe", shape, features.dtype)
+    return features.new_empty(shape)
+
+
+@torch.library.register_fake("torchops::_carafe_backward")
+def _carafe_backward_fake(grad: Tensor, features: Tensor, masks: Tensor, kernel_size: int,
+                          group_size: int, scale_factor: int) -> tuple[Tensor, Tensor]:
+    op = "_carafe_backward"
+    _check_same_device(op, grad=grad, features=features, masks=masks)
+    shape = _check_carafe(op, features, masks, kernel_size, group_size, scale_factor)
+    _check_same_dtype(op, features=features, grad=grad)
+    grad_shape = tuple(grad.shape)
+    torch._check(grad.dim() == 4 and all(a == b for a, b in zip(grad.shape, shape)),
+                 lambda: f"torchops.{op}: expected 'grad' to have the output's shape "
+                 f"{tuple(shape)}, but got {grad_shape}")
+    return features.new_empty(features.shape), masks.new_empty(masks.shape)

@@ -22,6 +22,7 @@ from torch import Tensor
 __all__ = ["matmul", "d_sigmoid", "nms", "batched_nms", "box_iou", "roi_align", "roi_pool",
            "sigmoid_focal_loss", "deform_conv2d"]
 __all__ += ["masked_conv2d"]
+__all__ += ["carafe"]
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -391,3 +392,25 @@ def masked_conv2d(input: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | No
     through the selected positions only."""
     out = F.conv2d(input, weight, bias, stride, padding, dilation, groups)
     return torch.where((mask > 0).unsqueeze(1), out, out.new_zeros(()))
+def carafe(features: Tensor, masks: Tensor, kernel_size: int, group_size: int,
+           scale_factor: int) -> Tensor:
+    """CARAFE with mmcv's semantics: ``out[n, c, oh, ow]`` sums, over the
+    ``kernel_size x kernel_size`` neighbourhood of source pixel
+    ``(oh // s, ow // s)`` (zero padded), the features times
+    ``masks[n, (g * k + ky) * k + kx, oh, ow]``, ``g`` the channel's group.
+
+    The unfold formulation: ``F.unfold`` gathers each source pixel's
+    neighbourhood, ``(N, g, C/g, k^2, H, W)``; the masks of the ``s x s``
+    output pixels of a source pixel are ``(N, g, k^2, H, s, W, s)``; one
+    einsum contracts the taps.  Differentiable with respect to both inputs.
+    """
+    n, c, h, w = features.shape
+    k, g, s = kernel_size, group_size, scale_factor
+    if features.numel() == 0 or masks.numel() == 0:
+        # Empty sums keep the result differentiable, like the kernels'.
+        return (features.new_zeros((n, c, h * s, w * s)) + features[..., :0].sum()
+                + masks[..., :0].sum())
+    cols = F.unfold(features, k, padding=(k - 1) // 2).view(n, g, c // g, k * k, h, w)
+    m = masks.reshape(n, g, k * k, h, s, w, s)
+    out = torch.einsum("ngckhw,ngkhiwj->ngchiwj", cols, m)
+    return out.reshape(n, c, h * s, w * s)

@@ -85,8 +85,10 @@ from .deform import DEFORM_CONV2D, DEFORM_OPS
 from .losses import LOSS_OPS, SIGMOID_FOCAL_LOSS
 from .roi import DEFORM_ROI_POOL, ROI_ALIGN, ROI_OPS, ROI_POOL, random_rois
 from .masked_conv import MASKED_CONV2D, MASKED_CONV_OPS, random_mask
+from .upsample import CARAFE, UPSAMPLE_OPS, carafe_inputs
 
-OP_DB: list[OpInfo] = [*BASIC_OPS, *BOX_OPS, *ROI_OPS, *LOSS_OPS, *DEFORM_OPS, *MASKED_CONV_OPS]
+OP_DB: list[OpInfo] = [*BASIC_OPS, *BOX_OPS, *ROI_OPS, *LOSS_OPS, *DEFORM_OPS, *MASKED_CONV_OPS,
+                       *UPSAMPLE_OPS]
 
 __all__ = [
     "OP_DB", "BASIC_OPS", "BOX_OPS", "ROI_OPS", "LOSS_OPS", "DEFORM_OPS",
@@ -99,4 +101,4 @@ __all__ = [
     "make_boxes", "make_scores", "random_rois",
 ]
 __all__ += ["MASKED_CONV_OPS", "MASKED_CONV2D", "random_mask"]
-__all__ += ["MASKED_CONV_OPS", "MASKED_CONV2D", "random_mask"]
+__all__ += ["UPSAMPLE_OPS", "CARAFE", "carafe_inputs"]

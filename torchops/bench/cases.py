@@ -317,3 +317,33 @@ def select(names: list[str] | None) -> list[Case]:
     if unknown:
         raise ValueError(f"unknown benchmark(s) {unknown}; known: {sorted(known)}")
     return [c for c in CASES if not names or c.name in names or c.op in names]
+
+
+# --- carafe -------------------------------------------------------------------------------
+def _carafe(n, c, h, w, k=5, g=1, s=2, dtype=torch.float32, quick=False, threads=("all",)):
+    label = f"{n}x{c}x{h}x{w} k{k} g{g} s{s}"
+    return Size(label, {"n": n, "c": c, "h": h, "w": w, "k": k, "g": g, "s": s}, dtype, quick,
+                threads)
+
+
+def _carafe_bytes(args, backward=False) -> float:
+    """Features and masks read, the output written; backward: the output's
+    gradient read, the features' and masks' gradients written."""
+    x, masks, _, _, s = args
+    out = x.numel() * s * s * x.element_size()
+    return _nbytes(x, masks) + out + (out + _nbytes(x, masks) if backward else 0)
+
+
+# mmcv's CARAFEPack defaults (k 5, one group, scale 2) on the FPN level of issue 12.
+CARAFE_CUDA = [_carafe(2, 256, 100, 152), _carafe(2, 256, 100, 152, dtype=bf16),
+               _carafe(2, 64, 50, 76, quick=True)]
+CARAFE_CPU = [_carafe(2, 64, 50, 76, quick=True, threads=(2, 16))]
+CARAFE = dict(op="carafe", reference=references.carafe, reference_name="unfold + einsum",
+              note="k 5, one group, scale 2 (mmcv's CARAFEPack defaults); softmax kernels.")
+CASES += [
+    Case(name="carafe", **CARAFE, inputs=inputs.carafe_args,
+         sizes={"cuda": CARAFE_CUDA, "cpu": CARAFE_CPU}, bytes=_carafe_bytes),
+    Case(name="carafe fwd+bwd", **CARAFE, inputs=lambda p: inputs.carafe_args({**p, "train": True}),
+         backward=True, sizes={"cuda": CARAFE_CUDA, "cpu": CARAFE_CPU},
+         bytes=lambda a: _carafe_bytes(a, True)),
+]

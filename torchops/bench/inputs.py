@@ -122,3 +122,12 @@ def masked_conv_args(p: P) -> tuple:
         weight.requires_grad_()
         bias.requires_grad_()
     return x, mask, weight, bias, [1, 1], [1, 1], [1, 1], 1
+def carafe_args(p: P) -> tuple:
+    """CARAFE at an FPN level: features ``(N, C, H, W)`` and kernels
+    softmax-normalised over each group's taps, as CARAFEPack makes them;
+    params n, c, h, w, k, g, s.  With ``train``, the masks require their
+    gradient too (CARAFEPack learns them)."""
+    n, c, h, w, k, g, s = (p[key] for key in ("n", "c", "h", "w", "k", "g", "s"))
+    logits = torch.randn(n, g, k * k, h * s, w * s)
+    masks = torch.softmax(logits, dim=2).view(n, g * k * k, h * s, w * s)
+    return torch.randn(n, c, h, w), masks.requires_grad_(bool(p.get("train"))), k, g, s
