@@ -1,26 +1,27 @@
 // CPU kernels of torchops.deform_conv2d and its backward.
 //
-// Forward, per image: a deformable im2col builds the columns
-// (channels * kh * kw, out_h * out_w) -- each entry the masked bilinear
-// sample of one input channel at one kernel tap's shifted position -- and a
-// GEMM per weight group multiplies them by the weight.  The sampling
-// geometry (position, corners, weights) depends on the offset group, kernel
-// tap and output pixel, not on the channel, so it is computed once and used
-// for every channel of the offset group.
+// Forward, per chunk of images (csrc/common/deform_gemm.h): a deformable
+// im2col builds the columns -- each entry the masked bilinear sample of one
+// input channel at one kernel tap's shifted position -- and one GEMM per
+// weight group, over the whole chunk, multiplies them by the weight.  The
+// sampling geometry depends on the offset group, kernel tap and output
+// pixel, not on the channel: the im2col computes it for a block of pixels
+// at a time and reuses it for every channel of the offset group, writing
+// contiguous runs of a column row.
 //
-// Backward, per image: grad_columns = weight^T @ grad (per group); the
-// weight gradient is grad @ columns^T; the offset and mask gradients reduce
-// grad_columns over each offset group's channels (one thread owns each
-// output element); the input gradient scatters grad_columns into the input
-// planes with one thread per channel plane.  No atomics: the result is
+// Backward, per chunk: grad_columns = weight^T @ grad and grad_weight +=
+// grad @ columns^T (GEMMs); the offset and mask gradients reduce
+// grad_columns over each offset group's channels (each output element owned
+// by one task); the input gradient scatters grad_columns into the input
+// planes, each plane owned by one task.  No atomics: the result is
 // deterministic and independent of the thread count.
 //
 // Half types are computed in float32 (inputs converted once, results rounded
 // once at the end).
 #include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/mm.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
@@ -28,65 +29,182 @@
 #include <tuple>
 
 #include "common/deform_conv2d.h"
+#include "common/deform_gemm.h"
 #include "cpu/common/parallel.h"
 
 namespace torchops::cpu {
 namespace {
 
-struct Geometry {
-  DeformConvSizes s;
-  int64_t stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
-  int64_t groups, offset_groups;
-  bool use_mask;
-  int64_t taps() const { return s.kernel_h * s.kernel_w; }           // K
-  int64_t pixels() const { return s.out_h * s.out_w; }               // P
-  int64_t group_channels() const { return s.channels / offset_groups; }
+// Output pixels whose sampling geometry a task computes at once (kept in
+// L1 while it walks the channels).
+constexpr int64_t kPixelBlock = 64;
+
+// The chunk of images [n0, n0 + B) a kernel works on: its inputs and where
+// sample (og, k, b, p) lives in a (C * K, B * P) column matrix.
+template <typename T>
+struct Chunk {
+  DeformGeometry g;
+  int64_t images;                       // B
+  const T* input;                       // (B, C, H, W)
+  const T* offset;                      // (B, 2 * OG * K, P)
+  const T* mask;                        // (B, OG * K, P), or nullptr
+  int64_t taps() const { return g.taps(); }
+  int64_t pixels() const { return g.pixels(); }
+  int64_t plane() const { return g.height * g.width; }
+  const T* offset_of(int64_t b) const {
+    return offset + b * 2 * g.offset_groups * taps() * pixels();
+  }
+  const T* mask_of(int64_t b) const {
+    return mask != nullptr ? mask + b * g.offset_groups * taps() * pixels()
+                           : nullptr;
+  }
+  // Start of column row (c, k), image b.
+  int64_t column(int64_t c, int64_t k, int64_t b) const {
+    return ((c * taps() + k) * images + b) * pixels();
+  }
 };
 
-// Where sample (offset group og, kernel tap k, output pixel p) of image n
-// reads, and its mask value.
-template <typename T>
-inline void sample_at(const Geometry& g, const T* offset_n, const T* mask_n,
-                      int64_t og, int64_t k, int64_t p, T& y, T& x, T& m) {
-  const int64_t K = g.taps(), P = g.pixels();
-  const int64_t i = k / g.s.kernel_w, j = k % g.s.kernel_w;
-  const int64_t oy = p / g.s.out_w, ox = p % g.s.out_w;
-  const T* o = offset_n + (og * K + k) * 2 * P;
-  y = static_cast<T>(oy * g.stride_h - g.pad_h + i * g.dilation_h) + o[p];
-  x = static_cast<T>(ox * g.stride_w - g.pad_w + j * g.dilation_w) + o[P + p];
-  m = g.use_mask ? mask_n[(og * K + k) * P + p] : T(1);
-}
-
-// columns[(c * K + k) * P + p] for image n.
-template <typename T>
-void deformable_im2col(const Geometry& g, const T* in_n, const T* offset_n,
-                       const T* mask_n, T* columns) {
-  const int64_t K = g.taps(), P = g.pixels(), cpg = g.group_channels();
-  const int64_t plane = g.s.height * g.s.width;
-  const int64_t grain = std::max<int64_t>(1, 2048 / std::max<int64_t>(cpg, 1));
-  parallel_range(g.offset_groups * K * P, [&](int64_t begin, int64_t end) {
-    for (int64_t q = begin; q < end; ++q) {
-      const int64_t p = q % P, k = (q / P) % K, og = q / (P * K);
-      T y, x, m;
-      sample_at(g, offset_n, mask_n, og, k, p, y, x, m);
-      DeformTaps<T> t;
-      deform_taps(y, x, g.s.height, g.s.width, t);
-      for (int64_t c = og * cpg; c < (og + 1) * cpg; ++c) {
-        const T* src = in_n + c * plane;
-        const T v = t.w[0] * src[t.idx[0]] + t.w[1] * src[t.idx[1]] +
-                    t.w[2] * src[t.idx[2]] + t.w[3] * src[t.idx[3]];
-        columns[(c * K + k) * P + p] = m * v;
-      }
+// Calls f(og, k, b, p0, p1) for every block of pixels [p0, p1) of every
+// (offset group, tap, image), in parallel.
+template <typename F>
+void for_pixel_blocks(const DeformGeometry& g, int64_t images, F&& f) {
+  const int64_t P = g.pixels(), K = g.taps();
+  const int64_t blocks = (P + kPixelBlock - 1) / kPixelBlock;
+  const int64_t tasks = g.offset_groups * K * images * blocks;
+  // A task walks group_channels() channels of kPixelBlock pixels.
+  const int64_t grain = std::max<int64_t>(
+      1, kElementwiseGrain / (kPixelBlock * std::max<int64_t>(1, g.group_channels())));
+  parallel_range(tasks, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t blk = t % blocks;
+      const int64_t b = (t / blocks) % images;
+      const int64_t k = (t / (blocks * images)) % K;
+      const int64_t og = t / (blocks * images * K);
+      const int64_t p0 = blk * kPixelBlock;
+      f(og, k, b, p0, std::min(P, p0 + kPixelBlock));
     }
   }, grain);
 }
 
-Geometry geometry(const DeformConvSizes& s, int64_t stride_h, int64_t stride_w,
-                  int64_t pad_h, int64_t pad_w, int64_t dilation_h,
-                  int64_t dilation_w, int64_t groups, int64_t offset_groups,
-                  bool use_mask) {
-  return Geometry{s,          stride_h, stride_w, pad_h,         pad_w,
-                  dilation_h, dilation_w, groups, offset_groups, use_mask};
+template <typename T>
+struct BlockTaps {
+  DeformTaps<T> t[kPixelBlock];
+  T m[kPixelBlock];
+  bool any[kPixelBlock];
+
+  void fill(const Chunk<T>& ch, int64_t og, int64_t k, int64_t b, int64_t p0,
+            int64_t p1) {
+    const T* off = ch.offset_of(b);
+    const T* msk = ch.mask_of(b);
+    for (int64_t p = p0; p < p1; ++p) {
+      any[p - p0] = deform_sample(ch.g, off, msk, og, k, p, t[p - p0], m[p - p0]);
+    }
+  }
+};
+
+// columns[(c, k), (b, p)] for the chunk.
+template <typename T>
+void deformable_im2col(const Chunk<T>& ch, T* columns) {
+  const int64_t cpg = ch.g.group_channels(), plane = ch.plane();
+  for_pixel_blocks(ch.g, ch.images, [&](int64_t og, int64_t k, int64_t b,
+                                        int64_t p0, int64_t p1) {
+    BlockTaps<T> bt;
+    bt.fill(ch, og, k, b, p0, p1);
+    for (int64_t c = og * cpg; c < (og + 1) * cpg; ++c) {
+      const T* src = ch.input + (b * ch.g.channels + c) * plane;
+      T* dst = columns + ch.column(c, k, b);
+      for (int64_t p = p0; p < p1; ++p) {
+        T v[4];
+        deform_corners(src, bt.t[p - p0], v);
+        dst[p] = bt.m[p - p0] * deform_dot(bt.t[p - p0].w, v);
+      }
+    }
+  });
+}
+
+// grad_offset and grad_mask of the chunk's images from grad_columns.
+template <typename T>
+void coordinate_grads(const Chunk<T>& ch, const T* grad_columns,
+                      T* grad_offset, T* grad_mask) {
+  const int64_t cpg = ch.g.group_channels(), plane = ch.plane();
+  const int64_t K = ch.taps(), P = ch.pixels(), OG = ch.g.offset_groups;
+  for_pixel_blocks(ch.g, ch.images, [&](int64_t og, int64_t k, int64_t b,
+                                        int64_t p0, int64_t p1) {
+    BlockTaps<T> bt;
+    bt.fill(ch, og, k, b, p0, p1);
+    T acc_y[kPixelBlock] = {}, acc_x[kPixelBlock] = {}, acc_m[kPixelBlock] = {};
+    for (int64_t c = og * cpg; c < (og + 1) * cpg; ++c) {
+      const T* src = ch.input + (b * ch.g.channels + c) * plane;
+      const T* gc = grad_columns + ch.column(c, k, b);
+      for (int64_t p = p0; p < p1; ++p) {
+        const DeformTaps<T>& t = bt.t[p - p0];
+        if (!bt.any[p - p0]) {
+          continue;
+        }
+        T v[4];
+        deform_corners(src, t, v);
+        acc_m[p - p0] += gc[p] * deform_dot(t.w, v);
+        acc_y[p - p0] += gc[p] * deform_dot(t.dy, v);
+        acc_x[p - p0] += gc[p] * deform_dot(t.dx, v);
+      }
+    }
+    T* go = grad_offset + b * 2 * OG * K * P + (og * K + k) * 2 * P;
+    for (int64_t p = p0; p < p1; ++p) {
+      go[p] = acc_y[p - p0] * bt.m[p - p0];
+      go[P + p] = acc_x[p - p0] * bt.m[p - p0];
+    }
+    if (grad_mask != nullptr) {
+      T* gm = grad_mask + b * OG * K * P + (og * K + k) * P;
+      for (int64_t p = p0; p < p1; ++p) {
+        gm[p] = acc_m[p - p0];
+      }
+    }
+  });
+}
+
+// grad_input of the chunk's images (zeroed by the caller): each task owns a
+// few channel planes of one image and adds into them in (tap, pixel) order,
+// whatever the thread count.  Channels of one offset group share the
+// geometry, computed once per block of pixels for the task's planes.
+template <typename T>
+void deformable_col2im(const Chunk<T>& ch, const T* grad_columns,
+                       T* grad_input) {
+  const int64_t cpg = ch.g.group_channels(), plane = ch.plane();
+  const int64_t K = ch.taps(), P = ch.pixels(), OG = ch.g.offset_groups;
+  const int64_t B = ch.images;
+  // Enough tasks for every thread (4 each), as few as that allows: each
+  // recomputes the geometry of its image and offset group.
+  const int64_t want = 4 * at::get_num_threads();
+  const int64_t split = std::min<int64_t>(
+      cpg, std::max<int64_t>(1, (want + B * OG - 1) / (B * OG)));
+  const int64_t per_task = (cpg + split - 1) / split;
+  parallel_range(B * OG * split, [&](int64_t begin, int64_t end) {
+    BlockTaps<T> bt;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t s = t % split, og = (t / split) % OG, b = t / (split * OG);
+      const int64_t c0 = og * cpg + s * per_task;
+      const int64_t c1 = std::min(og * cpg + cpg, c0 + per_task);
+      for (int64_t k = 0; k < K; ++k) {
+        for (int64_t p0 = 0; p0 < P; p0 += kPixelBlock) {
+          const int64_t p1 = std::min(P, p0 + kPixelBlock);
+          bt.fill(ch, og, k, b, p0, p1);
+          for (int64_t c = c0; c < c1; ++c) {
+            T* dst = grad_input + (b * ch.g.channels + c) * plane;
+            const T* gc = grad_columns + ch.column(c, k, b);
+            for (int64_t p = p0; p < p1; ++p) {
+              const DeformTaps<T>& tp = bt.t[p - p0];
+              const T gv = gc[p] * bt.m[p - p0];
+              for (int q = 0; q < 4; ++q) {
+                if ((tp.valid >> q) & 1u) {
+                  dst[tp.idx[q]] += gv * tp.w[q];
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }, 1);
 }
 
 at::ScalarType compute_type(at::ScalarType t) {
@@ -95,6 +213,18 @@ at::ScalarType compute_type(at::ScalarType t) {
 
 at::Tensor up(const at::Tensor& t, at::ScalarType ct) {
   return t.to(ct).contiguous();
+}
+
+template <typename T>
+Chunk<T> chunk_of(const DeformGeometry& g, const at::Tensor& in,
+                  const at::Tensor& off, const at::Tensor& msk, int64_t n0,
+                  int64_t images) {
+  const int64_t K = g.taps(), P = g.pixels();
+  return Chunk<T>{
+      g, images, in.const_data_ptr<T>() + n0 * g.channels * g.height * g.width,
+      off.const_data_ptr<T>() + n0 * 2 * g.offset_groups * K * P,
+      g.use_mask ? msk.const_data_ptr<T>() + n0 * g.offset_groups * K * P
+                 : nullptr};
 }
 
 at::Tensor deform_conv2d(const at::Tensor& input, const at::Tensor& weight,
@@ -108,8 +238,9 @@ at::Tensor deform_conv2d(const at::Tensor& input, const at::Tensor& weight,
       op, c10::DeviceType::CPU, input, weight, offset, mask, bias, stride_h,
       stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups,
       use_mask);
-  const Geometry g = geometry(s, stride_h, stride_w, pad_h, pad_w, dilation_h,
-                              dilation_w, groups, offset_groups, use_mask);
+  const DeformGeometry g =
+      deform_geometry(s, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                      dilation_w, groups, offset_groups, use_mask);
   const at::ScalarType dtype = input.scalar_type(), ct = compute_type(dtype);
   const int64_t N = s.batch, O = s.out_channels, C = s.channels;
   const int64_t K = g.taps(), P = g.pixels();
@@ -118,32 +249,28 @@ at::Tensor deform_conv2d(const at::Tensor& input, const at::Tensor& weight,
   if (out.numel() == 0) {
     return out.to(dtype);
   }
-  const at::Tensor in = up(input, ct), w = up(weight, ct),
-                   off = up(offset, ct), b = up(bias, ct);
-  const at::Tensor msk = use_mask ? up(mask, ct) : at::Tensor();
-  const int64_t og_rows = O / groups, gc_rows = (C / groups) * K;
-  const at::Tensor wg = w.view({groups, og_rows, gc_rows});
-  at::Tensor columns = at::empty({C * K, P}, in.options());
+  const at::Tensor b = up(bias, ct);
   at::Tensor out3 = out.view({N, O, P});
-  AT_DISPATCH_FLOATING_TYPES(ct, "torchops.deform_conv2d", [&] {
-    const scalar_t* ip = in.const_data_ptr<scalar_t>();
-    const scalar_t* op_ = off.const_data_ptr<scalar_t>();
-    const scalar_t* mp = use_mask ? msk.const_data_ptr<scalar_t>() : nullptr;
-    scalar_t* cp = columns.mutable_data_ptr<scalar_t>();
-    for (int64_t n = 0; n < N; ++n) {
-      deformable_im2col<scalar_t>(g, ip + n * C * s.height * s.width,
-                                  op_ + n * 2 * offset_groups * K * P,
-                                  mp ? mp + n * offset_groups * K * P : nullptr,
-                                  cp);
-      at::Tensor out_n = out3.select(0, n);
-      for (int64_t grp = 0; grp < groups; ++grp) {
-        at::Tensor dst = out_n.narrow(0, grp * og_rows, og_rows);
-        at::mm_out(dst, wg.select(0, grp),
-                   columns.narrow(0, grp * gc_rows, gc_rows));
-      }
-    }
-  });
-  out3.add_(b.view({1, O, 1}));
+  if (C == 0) {
+    out3.copy_(b.view({1, O, 1}).expand({N, O, P}));
+    return out.to(dtype);
+  }
+  const at::Tensor in = up(input, ct), w = up(weight, ct),
+                   off = up(offset, ct);
+  const at::Tensor msk = use_mask ? up(mask, ct) : at::Tensor();
+  const int64_t chunk = deform_chunk(N, C * K, P, at::elementSize(ct));
+  at::Tensor columns = at::empty({C * K * chunk * P}, in.options());
+  at::Tensor scratch = at::empty({O * chunk * P}, in.options());
+  const DeformGemm d{groups, O, C * K, P};
+  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
+    const int64_t B = std::min(chunk, N - n0);
+    const at::Tensor cols = columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
+    AT_DISPATCH_FLOATING_TYPES(ct, "torchops.deform_conv2d", [&] {
+      deformable_im2col(chunk_of<scalar_t>(g, in, off, msk, n0, B),
+                        cols.mutable_data_ptr<scalar_t>());
+    });
+    deform_forward_gemm(d, out3, n0, B, w, cols, b, scratch);
+  }
   return out.to(dtype);
 }
 
@@ -159,17 +286,10 @@ deform_conv2d_backward(const at::Tensor& grad, const at::Tensor& input,
       op, c10::DeviceType::CPU, input, weight, offset, mask, bias, stride_h,
       stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups,
       use_mask);
-  check_devices(op, c10::DeviceType::CPU, {{input, "input"}, {grad, "grad"}});
-  check_same_dtype(op, {input, "input"}, {grad, "grad"});
-  TORCH_CHECK(grad.dim() == 4 && grad.size(0) == s.batch &&
-                  grad.size(1) == s.out_channels && grad.size(2) == s.out_h &&
-                  grad.size(3) == s.out_w,
-              "torchops.", op, ": expected 'grad' to have shape (", s.batch,
-              ", ", s.out_channels, ", ", s.out_h, ", ", s.out_w,
-              ") = (batch, out_channels, out_h, out_w), but got ",
-              grad.sizes());
-  const Geometry g = geometry(s, stride_h, stride_w, pad_h, pad_w, dilation_h,
-                              dilation_w, groups, offset_groups, use_mask);
+  check_deform_grad(op, c10::DeviceType::CPU, grad, input, s);
+  const DeformGeometry g =
+      deform_geometry(s, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                      dilation_w, groups, offset_groups, use_mask);
   const at::ScalarType dtype = input.scalar_type(), ct = compute_type(dtype);
   const int64_t N = s.batch, O = s.out_channels, C = s.channels;
   const int64_t H = s.height, W = s.width, K = g.taps(), P = g.pixels();
@@ -184,93 +304,34 @@ deform_conv2d_backward(const at::Tensor& grad, const at::Tensor& input,
     const at::Tensor in = up(input, ct), w = up(weight, ct),
                      off = up(offset, ct);
     const at::Tensor msk = use_mask ? up(mask, ct) : at::Tensor();
-    const int64_t og_rows = O / groups, gc_rows = (C / groups) * K;
-    const at::Tensor wg = w.view({groups, og_rows, gc_rows});
-    at::Tensor gwg = grad_weight.view({groups, og_rows, gc_rows});
-    at::Tensor columns = at::empty({C * K, P}, opts);
-    at::Tensor grad_columns = at::empty({C * K, P}, opts);
-    const int64_t cpg = g.group_channels(), plane = H * W;
-    AT_DISPATCH_FLOATING_TYPES(ct, "torchops._deform_conv2d_backward", [&] {
-      using T = scalar_t;
-      const T* ip = in.const_data_ptr<T>();
-      const T* offp = off.const_data_ptr<T>();
-      const T* mp = use_mask ? msk.const_data_ptr<T>() : nullptr;
-      T* cp = columns.mutable_data_ptr<T>();
-      const T* gcp = grad_columns.const_data_ptr<T>();
-      T* gip = grad_input.mutable_data_ptr<T>();
-      T* gop = grad_offset.mutable_data_ptr<T>();
-      T* gmp = use_mask ? grad_mask.mutable_data_ptr<T>() : nullptr;
-      for (int64_t n = 0; n < N; ++n) {
-        const T* in_n = ip + n * C * plane;
-        const T* off_n = offp + n * 2 * offset_groups * K * P;
-        const T* mask_n = mp ? mp + n * offset_groups * K * P : nullptr;
-        deformable_im2col<T>(g, in_n, off_n, mask_n, cp);
-        const at::Tensor go_n = go.select(0, n);
-        for (int64_t grp = 0; grp < groups; ++grp) {
-          const at::Tensor go_g = go_n.narrow(0, grp * og_rows, og_rows);
-          gwg.select(0, grp).addmm_(
-              go_g, columns.narrow(0, grp * gc_rows, gc_rows).t());
-          at::Tensor gcol = grad_columns.narrow(0, grp * gc_rows, gc_rows);
-          at::mm_out(gcol, wg.select(0, grp).t(), go_g);
-        }
-        // Offset and mask gradients: one thread per (og, k, p).
-        T* gop_n = gop + n * 2 * offset_groups * K * P;
-        T* gmp_n = gmp ? gmp + n * offset_groups * K * P : nullptr;
-        const int64_t grain = std::max<int64_t>(1, 2048 / cpg);
-        parallel_range(offset_groups * K * P, [&](int64_t begin, int64_t end) {
-          for (int64_t q = begin; q < end; ++q) {
-            const int64_t p = q % P, k = (q / P) % K, og = q / (P * K);
-            T y, x, m;
-            sample_at(g, off_n, mask_n, og, k, p, y, x, m);
-            DeformTaps<T> t;
-            T acc_y = T(0), acc_x = T(0), acc_m = T(0);
-            if (deform_taps(y, x, H, W, t)) {
-              for (int64_t c = og * cpg; c < (og + 1) * cpg; ++c) {
-                const T* src = in_n + c * plane;
-                const T gc = gcp[(c * K + k) * P + p];
-                const T v0 = src[t.idx[0]], v1 = src[t.idx[1]],
-                        v2 = src[t.idx[2]], v3 = src[t.idx[3]];
-                acc_m += gc * (t.w[0] * v0 + t.w[1] * v1 + t.w[2] * v2 +
-                               t.w[3] * v3);
-                acc_y += gc * (t.dy[0] * v0 + t.dy[1] * v1 + t.dy[2] * v2 +
-                               t.dy[3] * v3);
-                acc_x += gc * (t.dx[0] * v0 + t.dx[1] * v1 + t.dx[2] * v2 +
-                               t.dx[3] * v3);
-              }
-            }
-            gop_n[(og * K + k) * 2 * P + p] = acc_y * m;
-            gop_n[((og * K + k) * 2 + 1) * P + p] = acc_x * m;
-            if (gmp_n != nullptr) {
-              gmp_n[(og * K + k) * P + p] = acc_m;
-            }
-          }
-        }, grain);
-        // Input gradient: one thread per channel plane.
-        T* gi_n = gip + n * C * plane;
-        parallel_range(C, [&](int64_t begin, int64_t end) {
-          for (int64_t c = begin; c < end; ++c) {
-            const int64_t og = c / cpg;
-            T* dst = gi_n + c * plane;
-            for (int64_t k = 0; k < K; ++k) {
-              const T* gc_row = gcp + (c * K + k) * P;
-              for (int64_t p = 0; p < P; ++p) {
-                T y, x, m;
-                sample_at(g, off_n, mask_n, og, k, p, y, x, m);
-                DeformTaps<T> t;
-                if (!deform_taps(y, x, H, W, t)) {
-                  continue;
-                }
-                const T gv = gc_row[p] * m;
-                dst[t.idx[0]] += gv * t.w[0];
-                dst[t.idx[1]] += gv * t.w[1];
-                dst[t.idx[2]] += gv * t.w[2];
-                dst[t.idx[3]] += gv * t.w[3];
-              }
-            }
-          }
-        }, 1);
-      }
-    });
+    const int64_t chunk = deform_chunk(N, C * K, P, at::elementSize(ct));
+    at::Tensor columns = at::empty({C * K * chunk * P}, opts);
+    at::Tensor grad_columns = at::empty({C * K * chunk * P}, opts);
+    const DeformGemm d{groups, O, C * K, P};
+    for (int64_t n0 = 0; n0 < N; n0 += chunk) {
+      const int64_t B = std::min(chunk, N - n0);
+      const at::Tensor cols =
+          columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
+      at::Tensor gcols =
+          grad_columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
+      AT_DISPATCH_FLOATING_TYPES(ct, "torchops._deform_conv2d_backward", [&] {
+        deformable_im2col(chunk_of<scalar_t>(g, in, off, msk, n0, B),
+                          cols.mutable_data_ptr<scalar_t>());
+      });
+      deform_backward_gemm(d, go, n0, B, w, cols, gcols, grad_weight);
+      AT_DISPATCH_FLOATING_TYPES(ct, "torchops._deform_conv2d_backward", [&] {
+        using T = scalar_t;
+        const Chunk<T> ch = chunk_of<T>(g, in, off, msk, n0, B);
+        const T* gcp = gcols.const_data_ptr<T>();
+        coordinate_grads(
+            ch, gcp,
+            grad_offset.mutable_data_ptr<T>() + n0 * 2 * offset_groups * K * P,
+            use_mask ? grad_mask.mutable_data_ptr<T>() + n0 * offset_groups * K * P
+                     : nullptr);
+        deformable_col2im(ch, gcp,
+                          grad_input.mutable_data_ptr<T>() + n0 * C * H * W);
+      });
+    }
   }
   return {grad_input.to(dtype), grad_weight.to(dtype), grad_offset.to(dtype),
           grad_mask.to(dtype), grad_bias.to(dtype)};
