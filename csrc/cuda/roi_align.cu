@@ -24,11 +24,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/index_select.h>
-#include <ATen/ops/searchsorted.h>
-#include <ATen/ops/sort.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
@@ -39,6 +35,7 @@
 
 #include "common/roi_align.h"
 #include "cuda/common/roi.cuh"
+#include "cuda/common/sorted_gather.cuh"
 
 namespace torchops::cuda {
 namespace {
@@ -277,28 +274,20 @@ __global__ void __launch_bounds__(kThreads) roi_align_contributions_kernel(
   }
 }
 
-// out[d, c] = sum of weight * grad_t[src, c] over the contributions
-// [bounds[d], bounds[d + 1]) of pixel d, in order.  grad_t is grad as
-// (K * PH * PW, C) and out is grad_input as (N * H * W, C): adjacent threads
-// take adjacent channels, so a warp shares one pixel's contribution list
-// (broadcast loads, no divergence) and its grad and output accesses are
-// contiguous.
-template <typename scalar_t, typename T, typename index_t>
-__global__ void __launch_bounds__(kThreads) roi_align_gather_kernel(
-    const scalar_t* __restrict__ grad_t, const int64_t* __restrict__ bounds,
-    const int64_t* __restrict__ src, const T* __restrict__ weight,
-    index_t channels, index_t total, scalar_t* __restrict__ out) {
-  for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
-    const index_t c = i % channels;
-    const index_t d = i / channels;
-    const int64_t j1 = bounds[d + 1];
-    T acc = T(0);
-    for (int64_t j = bounds[d]; j < j1; ++j) {
-      acc += weight[j] * static_cast<T>(grad_t[src[j] * channels + c]);
-    }
-    out[i] = static_cast<scalar_t>(acc);
+// Gather sites of grad_input as (N * H * W, C) memory: element i is
+// channel c of pixel d and reads grad_t, grad as (K * PH * PW, C), at
+// src * C + c.  Adjacent threads take adjacent channels, so a warp shares
+// one pixel's contribution list (broadcast loads, no divergence) and its
+// grad and output accesses are contiguous.
+struct ChannelsInnerSites {
+  int64_t channels;
+  template <typename index_t>
+  __device__ __forceinline__ GatherSite operator()(index_t i) const {
+    const index_t c = i % static_cast<index_t>(channels);
+    return {static_cast<int64_t>(i / static_cast<index_t>(channels)),
+            static_cast<int64_t>(c), channels};
   }
-}
+};
 
 template <typename scalar_t>
 at::Tensor roi_align_backward_deterministic(const at::Tensor& grad,
@@ -368,32 +357,17 @@ at::Tensor roi_align_backward_deterministic(const at::Tensor& grad,
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   // A stable sort keeps contributions to one pixel in generation order, so
-  // the order of the sums below is fixed.
-  const auto sorted = at::sort(keys, /*stable=*/true, /*dim=*/0,
-                               /*descending=*/false);
-  const at::Tensor& order = std::get<1>(sorted);
-  const at::Tensor sorted_src = src.index_select(0, order);
-  const at::Tensor sorted_weight = weight.index_select(0, order);
-  const at::Tensor bounds = at::searchsorted(
-      std::get<0>(sorted), at::arange(p.n_images * plane + 1, long_opts));
+  // the order of the sums is fixed.
+  const SortedContributions sorted =
+      sort_contributions(keys, src, weight, p.n_images * plane);
 
-  // Channels innermost on both sides of the gather (see the kernel); the
-  // two transposes cost far less than strided gathers would.
+  // Channels innermost on both sides of the gather (see ChannelsInnerSites);
+  // the two transposes cost far less than strided gathers would.
   const at::Tensor grad_t = grad.permute({0, 2, 3, 1}).contiguous();
-  const int64_t threads_total = grad_input.numel();
-  const unsigned int blocks = grid_for(threads_total, kThreads);
-  with_index_type(threads_total, blocks, kThreads, [&](auto index) {
-    using index_t = decltype(index);
-    roi_align_gather_kernel<scalar_t, T, index_t>
-        <<<blocks, kThreads, 0, current_stream()>>>(
-            grad_t.const_data_ptr<scalar_t>(), bounds.const_data_ptr<int64_t>(),
-            sorted_src.const_data_ptr<int64_t>(),
-            sorted_weight.const_data_ptr<T>(),
-            static_cast<index_t>(p.channels),
-            static_cast<index_t>(threads_total),
-            grad_input.mutable_data_ptr<scalar_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
+  sorted_gather<scalar_t, T, int64_t>(
+      grad_t.const_data_ptr<scalar_t>(), sorted,
+      ChannelsInnerSites{p.channels}, grad_input.numel(),
+      grad_input.mutable_data_ptr<scalar_t>());
   return grad_input.contiguous();
 }
 
