@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "common/checks.h"
 
@@ -246,15 +247,28 @@ inline void check_deform_grad(const char* op, c10::DeviceType device,
 // Images per chunk of the im2col + GEMM kernels: as many as keep one
 // (C * kh * kw, images * P) column buffer within kColumnBytes, spread evenly
 // over the chunks (8 images at 6 per chunk run as 4 + 4, not 6 + 2).
+// TORCHOPS_TESTING_DEFORM_COLUMN_BYTES (read at each call) lowers the bound
+// so that tests run the multi-chunk paths on small problems.
 constexpr int64_t kColumnBytes = int64_t(256) << 20;
+
+inline int64_t deform_column_bytes() {
+  const char* v = std::getenv("TORCHOPS_TESTING_DEFORM_COLUMN_BYTES");
+  if (v == nullptr || *v == '\0') {
+    return kColumnBytes;
+  }
+  return std::max<int64_t>(1, std::atoll(v));
+}
 
 inline int64_t deform_chunk(int64_t batch, int64_t column_rows, int64_t pixels,
                             int64_t element_size) {
+  if (batch <= 0) {
+    return 1;
+  }
   const int64_t per_image =
       std::max<int64_t>(1, column_rows * pixels * element_size);
-  const int64_t most = std::max<int64_t>(1, kColumnBytes / per_image);
-  const int64_t chunks = (batch + most - 1) / std::max<int64_t>(most, 1);
-  return chunks == 0 ? 1 : (batch + chunks - 1) / chunks;
+  const int64_t most = std::max<int64_t>(1, deform_column_bytes() / per_image);
+  const int64_t chunks = (batch + most - 1) / most;
+  return (batch + chunks - 1) / chunks;
 }
 
 }  // namespace torchops
