@@ -22,26 +22,32 @@
 
 namespace torchops {
 
-// The four corners a sample reads: flat indices into an H x W plane, the
-// bilinear weights and their derivatives along y and x, and which corners
-// lie inside the image.  A corner outside is never read (index 0, weights
-// 0): skipping it, rather than reading pixel 0 times a zero weight, keeps a
-// NaN or Inf elsewhere in the plane out of samples that do not touch it.
+// The four corners a sample reads, (y0, x0), (y0, x0 + 1), (y0 + 1, x0) and
+// (y0 + 1, x0 + 1): their bilinear weights and the weights' derivatives
+// along y and x, flat indices into an H x W plane, and which corners lie
+// inside the image.  A corner outside is never read (its index is 0):
+// skipping it, rather than reading pixel 0 times a zero weight, keeps a NaN
+// or Inf elsewhere in the plane out of samples that do not touch it.  Its
+// weights are set all the same, for kernels that read from a plane padded
+// with a border of zeros instead (corner at padded index
+// (y0 + 1) * (W + 2) + x0 + 1 + {0, 1, W + 2, W + 3}).
 template <typename T>
 struct DeformTaps {
   int64_t idx[4];
   T w[4];
   T dy[4];
   T dx[4];
+  int64_t y0, x0;
   unsigned valid;  // bit c: corner c is inside the image
 };
 
-// False (and no valid corner) when the sample contributes nothing, NaN
-// coordinates included.
+// False (all weights zero, no valid corner) when the sample contributes
+// nothing, NaN coordinates included.
 template <typename T>
 C10_HOST_DEVICE inline bool deform_taps(T y, T x, int64_t height, int64_t width,
                                         DeformTaps<T>& t) {
   t.valid = 0;
+  t.y0 = t.x0 = -1;
   for (int c = 0; c < 4; ++c) {
     t.idx[c] = 0;
     t.w[c] = t.dy[c] = t.dx[c] = T(0);
@@ -52,6 +58,8 @@ C10_HOST_DEVICE inline bool deform_taps(T y, T x, int64_t height, int64_t width,
   }
   const T fy = std::floor(y), fx = std::floor(x);
   const int64_t y0 = static_cast<int64_t>(fy), x0 = static_cast<int64_t>(fx);
+  t.y0 = y0;
+  t.x0 = x0;
   const T ly = y - fy, lx = x - fx;
   const T hy = T(1) - ly, hx = T(1) - lx;
   const bool vy[2] = {y0 >= 0, y0 + 1 <= height - 1};
@@ -61,12 +69,12 @@ C10_HOST_DEVICE inline bool deform_taps(T y, T x, int64_t height, int64_t width,
   for (int a = 0; a < 2; ++a) {
     for (int b = 0; b < 2; ++b) {
       const int c = a * 2 + b;
+      t.w[c] = wy[a] * wx[b];
+      t.dy[c] = sy[a] * wx[b];
+      t.dx[c] = wy[a] * sx[b];
       if (vy[a] && vx[b]) {
         t.valid |= 1u << c;
         t.idx[c] = (y0 + a) * width + (x0 + b);
-        t.w[c] = wy[a] * wx[b];
-        t.dy[c] = sy[a] * wx[b];
-        t.dx[c] = wy[a] * sx[b];
       }
     }
   }

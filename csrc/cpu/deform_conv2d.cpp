@@ -21,6 +21,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
@@ -40,17 +41,26 @@ namespace {
 constexpr int64_t kPixelBlock = 64;
 
 // The chunk of images [n0, n0 + B) a kernel works on: its inputs and where
-// sample (og, k, b, p) lives in a (C * K, B * P) column matrix.
+// sample (og, k, b, p) lives in a (C * K, B * P) column matrix.  The input
+// planes are padded with zeros, one row above and below, one column left
+// and two right, (H + 2) x (W + 3): every corner of a sample that reads
+// anything lies in the padded plane, a corner outside the image reads a
+// border zero (never a pixel times a zero weight, which would let a NaN
+// through), and a sample that reads nothing reads the 2 x 2 block of zeros
+// at the right end of the first two rows.  The inner loops need no branch.
 template <typename T>
 struct Chunk {
   DeformGeometry g;
   int64_t images;                       // B
-  const T* input;                       // (B, C, H, W)
+  const T* padded;                      // (B, C, H + 2, W + 3)
   const T* offset;                      // (B, 2 * OG * K, P)
   const T* mask;                        // (B, OG * K, P), or nullptr
   int64_t taps() const { return g.taps(); }
   int64_t pixels() const { return g.pixels(); }
-  int64_t plane() const { return g.height * g.width; }
+  int64_t row() const { return g.width + 3; }
+  // Padded index of the all-zero 2 x 2 block.
+  int64_t nowhere() const { return g.width + 1; }
+  int64_t plane() const { return (g.height + 2) * row(); }
   const T* offset_of(int64_t b) const {
     return offset + b * 2 * g.offset_groups * taps() * pixels();
   }
@@ -86,21 +96,56 @@ void for_pixel_blocks(const DeformGeometry& g, int64_t images, F&& f) {
   }, grain);
 }
 
+// The geometry of a block of samples, one array per quantity: corner c of
+// pixel p is at padded index base[p] + corner_offset[c].
 template <typename T>
 struct BlockTaps {
-  DeformTaps<T> t[kPixelBlock];
+  int64_t n;
+  int64_t base[kPixelBlock];
+  T w[4][kPixelBlock];
+  T dy[4][kPixelBlock];
+  T dx[4][kPixelBlock];
   T m[kPixelBlock];
-  bool any[kPixelBlock];
+  bool inside[kPixelBlock];
+  int64_t corner[4];
 
+  // with_mask: fold the mask into w (the forward's and col2im's weights).
   void fill(const Chunk<T>& ch, int64_t og, int64_t k, int64_t b, int64_t p0,
-            int64_t p1) {
+            int64_t p1, bool with_mask) {
     const T* off = ch.offset_of(b);
     const T* msk = ch.mask_of(b);
-    for (int64_t p = p0; p < p1; ++p) {
-      any[p - p0] = deform_sample(ch.g, off, msk, og, k, p, t[p - p0], m[p - p0]);
+    const int64_t row = ch.row();
+    corner[0] = 0;
+    corner[1] = 1;
+    corner[2] = row;
+    corner[3] = row + 1;
+    n = p1 - p0;
+    for (int64_t i = 0; i < n; ++i) {
+      DeformTaps<T> t;
+      inside[i] = deform_sample(ch.g, off, msk, og, k, p0 + i, t, m[i]);
+      // Out of range: all weights 0, reading zeros.
+      base[i] = inside[i] ? (t.y0 + 1) * row + (t.x0 + 1) : ch.nowhere();
+      const T scale = with_mask ? m[i] : T(1);
+      for (int c = 0; c < 4; ++c) {
+        w[c][i] = t.w[c] * scale;
+        dy[c][i] = t.dy[c];
+        dx[c][i] = t.dx[c];
+      }
     }
   }
 };
+
+// dst[i] = the masked bilinear sample of plane `src` at pixel i of the block.
+template <typename T>
+TORCHOPS_CPU_MULTIVERSION void sample_block(const BlockTaps<T>& bt,
+                                            const T* src, T* dst) {
+  const int64_t c1 = bt.corner[1], c2 = bt.corner[2], c3 = bt.corner[3];
+  for (int64_t i = 0; i < bt.n; ++i) {
+    const T* s = src + bt.base[i];
+    dst[i] = bt.w[0][i] * s[0] + bt.w[1][i] * s[c1] + bt.w[2][i] * s[c2] +
+             bt.w[3][i] * s[c3];
+  }
+}
 
 // columns[(c, k), (b, p)] for the chunk.
 template <typename T>
@@ -109,15 +154,10 @@ void deformable_im2col(const Chunk<T>& ch, T* columns) {
   for_pixel_blocks(ch.g, ch.images, [&](int64_t og, int64_t k, int64_t b,
                                         int64_t p0, int64_t p1) {
     BlockTaps<T> bt;
-    bt.fill(ch, og, k, b, p0, p1);
+    bt.fill(ch, og, k, b, p0, p1, /*with_mask=*/true);
     for (int64_t c = og * cpg; c < (og + 1) * cpg; ++c) {
-      const T* src = ch.input + (b * ch.g.channels + c) * plane;
-      T* dst = columns + ch.column(c, k, b);
-      for (int64_t p = p0; p < p1; ++p) {
-        T v[4];
-        deform_corners(src, bt.t[p - p0], v);
-        dst[p] = bt.m[p - p0] * deform_dot(bt.t[p - p0].w, v);
-      }
+      sample_block(bt, ch.padded + (b * ch.g.channels + c) * plane,
+                   columns + ch.column(c, k, b) + p0);
     }
   });
 }
@@ -131,44 +171,52 @@ void coordinate_grads(const Chunk<T>& ch, const T* grad_columns,
   for_pixel_blocks(ch.g, ch.images, [&](int64_t og, int64_t k, int64_t b,
                                         int64_t p0, int64_t p1) {
     BlockTaps<T> bt;
-    bt.fill(ch, og, k, b, p0, p1);
+    bt.fill(ch, og, k, b, p0, p1, /*with_mask=*/false);
     T acc_y[kPixelBlock] = {}, acc_x[kPixelBlock] = {}, acc_m[kPixelBlock] = {};
+    const int64_t* co = bt.corner;
     for (int64_t c = og * cpg; c < (og + 1) * cpg; ++c) {
-      const T* src = ch.input + (b * ch.g.channels + c) * plane;
-      const T* gc = grad_columns + ch.column(c, k, b);
-      for (int64_t p = p0; p < p1; ++p) {
-        const DeformTaps<T>& t = bt.t[p - p0];
-        if (!bt.any[p - p0]) {
+      const T* src = ch.padded + (b * ch.g.channels + c) * plane;
+      const T* gc = grad_columns + ch.column(c, k, b) + p0;
+      for (int64_t i = 0; i < bt.n; ++i) {
+        if (!bt.inside[i]) {
           continue;
         }
-        T v[4];
-        deform_corners(src, t, v);
-        acc_m[p - p0] += gc[p] * deform_dot(t.w, v);
-        acc_y[p - p0] += gc[p] * deform_dot(t.dy, v);
-        acc_x[p - p0] += gc[p] * deform_dot(t.dx, v);
+        const T* s = src + bt.base[i];
+        const T v[4] = {s[co[0]], s[co[1]], s[co[2]], s[co[3]]};
+        T w[4], dy[4], dx[4];
+        for (int q = 0; q < 4; ++q) {
+          w[q] = bt.w[q][i];
+          dy[q] = bt.dy[q][i];
+          dx[q] = bt.dx[q][i];
+        }
+        acc_m[i] += gc[i] * deform_dot(w, v);
+        acc_y[i] += gc[i] * deform_dot(dy, v);
+        acc_x[i] += gc[i] * deform_dot(dx, v);
       }
     }
     T* go = grad_offset + b * 2 * OG * K * P + (og * K + k) * 2 * P;
-    for (int64_t p = p0; p < p1; ++p) {
-      go[p] = acc_y[p - p0] * bt.m[p - p0];
-      go[P + p] = acc_x[p - p0] * bt.m[p - p0];
+    for (int64_t i = 0; i < bt.n; ++i) {
+      go[p0 + i] = acc_y[i] * bt.m[i];
+      go[P + p0 + i] = acc_x[i] * bt.m[i];
     }
     if (grad_mask != nullptr) {
       T* gm = grad_mask + b * OG * K * P + (og * K + k) * P;
-      for (int64_t p = p0; p < p1; ++p) {
-        gm[p] = acc_m[p - p0];
+      for (int64_t i = 0; i < bt.n; ++i) {
+        gm[p0 + i] = acc_m[i];
       }
     }
   });
 }
 
-// grad_input of the chunk's images (zeroed by the caller): each task owns a
-// few channel planes of one image and adds into them in (tap, pixel) order,
-// whatever the thread count.  Channels of one offset group share the
-// geometry, computed once per block of pixels for the task's planes.
+// Adds the bilinear scatter of grad_columns into `grad_padded`, the chunk's
+// input gradient as zero-initialised padded planes (what lands on the
+// border is dropped by the caller).  Each task owns a few channel planes of
+// one image and adds into them in (tap, pixel) order, whatever the thread
+// count; channels of one offset group share the geometry, computed once per
+// block of pixels for the task's planes.
 template <typename T>
 void deformable_col2im(const Chunk<T>& ch, const T* grad_columns,
-                       T* grad_input) {
+                       T* grad_padded) {
   const int64_t cpg = ch.g.group_channels(), plane = ch.plane();
   const int64_t K = ch.taps(), P = ch.pixels(), OG = ch.g.offset_groups;
   const int64_t B = ch.images;
@@ -186,19 +234,22 @@ void deformable_col2im(const Chunk<T>& ch, const T* grad_columns,
       const int64_t c1 = std::min(og * cpg + cpg, c0 + per_task);
       for (int64_t k = 0; k < K; ++k) {
         for (int64_t p0 = 0; p0 < P; p0 += kPixelBlock) {
-          const int64_t p1 = std::min(P, p0 + kPixelBlock);
-          bt.fill(ch, og, k, b, p0, p1);
+          bt.fill(ch, og, k, b, p0, std::min(P, p0 + kPixelBlock),
+                  /*with_mask=*/true);
+          const int64_t* co = bt.corner;
           for (int64_t c = c0; c < c1; ++c) {
-            T* dst = grad_input + (b * ch.g.channels + c) * plane;
-            const T* gc = grad_columns + ch.column(c, k, b);
-            for (int64_t p = p0; p < p1; ++p) {
-              const DeformTaps<T>& tp = bt.t[p - p0];
-              const T gv = gc[p] * bt.m[p - p0];
-              for (int q = 0; q < 4; ++q) {
-                if ((tp.valid >> q) & 1u) {
-                  dst[tp.idx[q]] += gv * tp.w[q];
-                }
+            T* dst = grad_padded + (b * ch.g.channels + c) * plane;
+            const T* gc = grad_columns + ch.column(c, k, b) + p0;
+            for (int64_t i = 0; i < bt.n; ++i) {
+              if (!bt.inside[i]) {
+                continue;
               }
+              T* d = dst + bt.base[i];
+              const T g = gc[i];
+              d[co[0]] += g * bt.w[0][i];
+              d[co[1]] += g * bt.w[1][i];
+              d[co[2]] += g * bt.w[2][i];
+              d[co[3]] += g * bt.w[3][i];
             }
           }
         }
@@ -215,13 +266,18 @@ at::Tensor up(const at::Tensor& t, at::ScalarType ct) {
   return t.to(ct).contiguous();
 }
 
+// The chunk's input planes with their border of zeros (see Chunk).
+at::Tensor padded_input(const at::Tensor& in, int64_t n0, int64_t images) {
+  return at::constant_pad_nd(in.narrow(0, n0, images), {1, 2, 1, 1}, 0);
+}
+
 template <typename T>
-Chunk<T> chunk_of(const DeformGeometry& g, const at::Tensor& in,
+Chunk<T> chunk_of(const DeformGeometry& g, const at::Tensor& padded,
                   const at::Tensor& off, const at::Tensor& msk, int64_t n0,
                   int64_t images) {
   const int64_t K = g.taps(), P = g.pixels();
   return Chunk<T>{
-      g, images, in.const_data_ptr<T>() + n0 * g.channels * g.height * g.width,
+      g, images, padded.const_data_ptr<T>(),
       off.const_data_ptr<T>() + n0 * 2 * g.offset_groups * K * P,
       g.use_mask ? msk.const_data_ptr<T>() + n0 * g.offset_groups * K * P
                  : nullptr};
@@ -265,8 +321,9 @@ at::Tensor deform_conv2d(const at::Tensor& input, const at::Tensor& weight,
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
     const int64_t B = std::min(chunk, N - n0);
     const at::Tensor cols = columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
+    const at::Tensor padded = padded_input(in, n0, B);
     AT_DISPATCH_FLOATING_TYPES(ct, "torchops.deform_conv2d", [&] {
-      deformable_im2col(chunk_of<scalar_t>(g, in, off, msk, n0, B),
+      deformable_im2col(chunk_of<scalar_t>(g, padded, off, msk, n0, B),
                         cols.mutable_data_ptr<scalar_t>());
     });
     deform_forward_gemm(d, out3, n0, B, w, cols, b, scratch);
@@ -307,30 +364,34 @@ deform_conv2d_backward(const at::Tensor& grad, const at::Tensor& input,
     const int64_t chunk = deform_chunk(N, C * K, P, at::elementSize(ct));
     at::Tensor columns = at::empty({C * K * chunk * P}, opts);
     at::Tensor grad_columns = at::empty({C * K * chunk * P}, opts);
+    at::Tensor grad_padded = at::empty({chunk, C, H + 2, W + 3}, opts);
     const DeformGemm d{groups, O, C * K, P};
     for (int64_t n0 = 0; n0 < N; n0 += chunk) {
       const int64_t B = std::min(chunk, N - n0);
+      grad_padded.zero_();
       const at::Tensor cols =
           columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
       at::Tensor gcols =
           grad_columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
+      const at::Tensor padded = padded_input(in, n0, B);
       AT_DISPATCH_FLOATING_TYPES(ct, "torchops._deform_conv2d_backward", [&] {
-        deformable_im2col(chunk_of<scalar_t>(g, in, off, msk, n0, B),
+        deformable_im2col(chunk_of<scalar_t>(g, padded, off, msk, n0, B),
                           cols.mutable_data_ptr<scalar_t>());
       });
       deform_backward_gemm(d, go, n0, B, w, cols, gcols, grad_weight);
       AT_DISPATCH_FLOATING_TYPES(ct, "torchops._deform_conv2d_backward", [&] {
         using T = scalar_t;
-        const Chunk<T> ch = chunk_of<T>(g, in, off, msk, n0, B);
+        const Chunk<T> ch = chunk_of<T>(g, padded, off, msk, n0, B);
         const T* gcp = gcols.const_data_ptr<T>();
         coordinate_grads(
             ch, gcp,
             grad_offset.mutable_data_ptr<T>() + n0 * 2 * offset_groups * K * P,
             use_mask ? grad_mask.mutable_data_ptr<T>() + n0 * offset_groups * K * P
                      : nullptr);
-        deformable_col2im(ch, gcp,
-                          grad_input.mutable_data_ptr<T>() + n0 * C * H * W);
+        deformable_col2im(ch, gcp, grad_padded.mutable_data_ptr<T>());
       });
+      grad_input.narrow(0, n0, B).copy_(
+          grad_padded.narrow(0, 0, B).narrow(2, 1, H).narrow(3, 1, W));
     }
   }
   return {grad_input.to(dtype), grad_weight.to(dtype), grad_offset.to(dtype),
