@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <tuple>
+#include <type_traits>
 
 #include "common/deform_conv2d.h"
 #include "common/deform_gemm.h"
@@ -101,7 +102,7 @@ void for_pixel_blocks(const DeformGeometry& g, int64_t images, F&& f) {
 template <typename T>
 struct BlockTaps {
   int64_t n;
-  int64_t base[kPixelBlock];
+  int32_t base[kPixelBlock];  // padded planes fit int32 (deform_conv2d checks)
   T w[4][kPixelBlock];
   T dy[4][kPixelBlock];
   T dx[4][kPixelBlock];
@@ -124,7 +125,8 @@ struct BlockTaps {
       DeformTaps<T> t;
       inside[i] = deform_sample(ch.g, off, msk, og, k, p0 + i, t, m[i]);
       // Out of range: all weights 0, reading zeros.
-      base[i] = inside[i] ? (t.y0 + 1) * row + (t.x0 + 1) : ch.nowhere();
+      base[i] = static_cast<int32_t>(inside[i] ? (t.y0 + 1) * row + (t.x0 + 1)
+                                               : ch.nowhere());
       const T scale = with_mask ? m[i] : T(1);
       for (int c = 0; c < 4; ++c) {
         w[c][i] = t.w[c] * scale;
@@ -135,15 +137,39 @@ struct BlockTaps {
   }
 };
 
-// dst[i] = the masked bilinear sample of plane `src` at pixel i of the block.
-template <typename T>
-TORCHOPS_CPU_MULTIVERSION void sample_block(const BlockTaps<T>& bt,
-                                            const T* src, T* dst) {
-  const int64_t c1 = bt.corner[1], c2 = bt.corner[2], c3 = bt.corner[3];
+// The inner loops take NC channels at a time: the block's geometry (base,
+// weights) is loaded once for NC planes, which halves the loads per column
+// element at NC = 4.  Per destination element the order of the additions
+// stays that of one channel at a time, so results do not depend on NC.
+constexpr int kChannelStep = 4;
+
+// Calls f(c, std::integral_constant<int, NC>) over channels [c0, c1) in steps
+// of kChannelStep, then one by one.
+template <typename F>
+void for_channel_steps(int64_t c0, int64_t c1, F&& f) {
+  int64_t c = c0;
+  for (; c + kChannelStep <= c1; c += kChannelStep) {
+    f(c, std::integral_constant<int, kChannelStep>{});
+  }
+  for (; c < c1; ++c) {
+    f(c, std::integral_constant<int, 1>{});
+  }
+}
+
+// dst[q * dst_step + i] = the (masked) bilinear sample of plane
+// src + q * src_step at pixel i of the block, for q < NC.
+template <int NC, typename T>
+void sample_block(const BlockTaps<T>& bt, const T* __restrict__ src,
+                  int64_t src_step, T* __restrict__ dst, int64_t dst_step) {
+  const int32_t c2 = static_cast<int32_t>(bt.corner[2]);
   for (int64_t i = 0; i < bt.n; ++i) {
-    const T* s = src + bt.base[i];
-    dst[i] = bt.w[0][i] * s[0] + bt.w[1][i] * s[c1] + bt.w[2][i] * s[c2] +
-             bt.w[3][i] * s[c3];
+    const int32_t j = bt.base[i];
+    const T w0 = bt.w[0][i], w1 = bt.w[1][i], w2 = bt.w[2][i], w3 = bt.w[3][i];
+    for (int q = 0; q < NC; ++q) {
+      const T* s = src + q * src_step;
+      dst[q * dst_step + i] =
+          w0 * s[j] + w1 * s[j + 1] + w2 * s[j + c2] + w3 * s[j + c2 + 1];
+    }
   }
 }
 
@@ -151,15 +177,50 @@ TORCHOPS_CPU_MULTIVERSION void sample_block(const BlockTaps<T>& bt,
 template <typename T>
 void deformable_im2col(const Chunk<T>& ch, T* columns) {
   const int64_t cpg = ch.g.group_channels(), plane = ch.plane();
+  const int64_t row_step = ch.taps() * ch.images * ch.pixels();
   for_pixel_blocks(ch.g, ch.images, [&](int64_t og, int64_t k, int64_t b,
                                         int64_t p0, int64_t p1) {
     BlockTaps<T> bt;
     bt.fill(ch, og, k, b, p0, p1, /*with_mask=*/true);
-    for (int64_t c = og * cpg; c < (og + 1) * cpg; ++c) {
-      sample_block(bt, ch.padded + (b * ch.g.channels + c) * plane,
-                   columns + ch.column(c, k, b) + p0);
-    }
+    for_channel_steps(og * cpg, (og + 1) * cpg, [&](int64_t c, auto nc) {
+      sample_block<decltype(nc)::value>(
+          bt, ch.padded + (b * ch.g.channels + c) * plane, plane,
+          columns + ch.column(c, k, b) + p0, row_step);
+    });
   });
+}
+
+// acc_m, acc_y, acc_x[i] += the products of grad_columns with the sample's
+// value and its derivatives along y and x, over NC channels in order.
+template <int NC, typename T>
+void coordinate_block(const BlockTaps<T>& bt, const T* __restrict__ src,
+                      int64_t src_step, const T* __restrict__ gc,
+                      int64_t gc_step, T* acc_m, T* acc_y, T* acc_x) {
+  const int32_t c2 = static_cast<int32_t>(bt.corner[2]);
+  for (int64_t i = 0; i < bt.n; ++i) {
+    if (!bt.inside[i]) {
+      continue;
+    }
+    const int32_t j = bt.base[i];
+    T w[4], dy[4], dx[4];
+    for (int q = 0; q < 4; ++q) {
+      w[q] = bt.w[q][i];
+      dy[q] = bt.dy[q][i];
+      dx[q] = bt.dx[q][i];
+    }
+    T am = acc_m[i], ay = acc_y[i], ax = acc_x[i];
+    for (int q = 0; q < NC; ++q) {
+      const T* s = src + q * src_step;
+      const T v[4] = {s[j], s[j + 1], s[j + c2], s[j + c2 + 1]};
+      const T g = gc[q * gc_step + i];
+      am += g * deform_dot(w, v);
+      ay += g * deform_dot(dy, v);
+      ax += g * deform_dot(dx, v);
+    }
+    acc_m[i] = am;
+    acc_y[i] = ay;
+    acc_x[i] = ax;
+  }
 }
 
 // grad_offset and grad_mask of the chunk's images from grad_columns.
@@ -168,32 +229,17 @@ void coordinate_grads(const Chunk<T>& ch, const T* grad_columns,
                       T* grad_offset, T* grad_mask) {
   const int64_t cpg = ch.g.group_channels(), plane = ch.plane();
   const int64_t K = ch.taps(), P = ch.pixels(), OG = ch.g.offset_groups;
+  const int64_t row_step = K * ch.images * P;
   for_pixel_blocks(ch.g, ch.images, [&](int64_t og, int64_t k, int64_t b,
                                         int64_t p0, int64_t p1) {
     BlockTaps<T> bt;
     bt.fill(ch, og, k, b, p0, p1, /*with_mask=*/false);
     T acc_y[kPixelBlock] = {}, acc_x[kPixelBlock] = {}, acc_m[kPixelBlock] = {};
-    const int64_t* co = bt.corner;
-    for (int64_t c = og * cpg; c < (og + 1) * cpg; ++c) {
-      const T* src = ch.padded + (b * ch.g.channels + c) * plane;
-      const T* gc = grad_columns + ch.column(c, k, b) + p0;
-      for (int64_t i = 0; i < bt.n; ++i) {
-        if (!bt.inside[i]) {
-          continue;
-        }
-        const T* s = src + bt.base[i];
-        const T v[4] = {s[co[0]], s[co[1]], s[co[2]], s[co[3]]};
-        T w[4], dy[4], dx[4];
-        for (int q = 0; q < 4; ++q) {
-          w[q] = bt.w[q][i];
-          dy[q] = bt.dy[q][i];
-          dx[q] = bt.dx[q][i];
-        }
-        acc_m[i] += gc[i] * deform_dot(w, v);
-        acc_y[i] += gc[i] * deform_dot(dy, v);
-        acc_x[i] += gc[i] * deform_dot(dx, v);
-      }
-    }
+    for_channel_steps(og * cpg, (og + 1) * cpg, [&](int64_t c, auto nc) {
+      coordinate_block<decltype(nc)::value>(
+          bt, ch.padded + (b * ch.g.channels + c) * plane, plane,
+          grad_columns + ch.column(c, k, b) + p0, row_step, acc_m, acc_y, acc_x);
+    });
     T* go = grad_offset + b * 2 * OG * K * P + (og * K + k) * 2 * P;
     for (int64_t i = 0; i < bt.n; ++i) {
       go[p0 + i] = acc_y[i] * bt.m[i];
@@ -208,6 +254,29 @@ void coordinate_grads(const Chunk<T>& ch, const T* grad_columns,
   });
 }
 
+// dst + q * dst_step (a padded plane) += the bilinear scatter of
+// gc[q * gc_step + i] for the block's pixels, q < NC.
+template <int NC, typename T>
+void scatter_block(const BlockTaps<T>& bt, const T* __restrict__ gc,
+                   int64_t gc_step, T* __restrict__ dst, int64_t dst_step) {
+  const int32_t c2 = static_cast<int32_t>(bt.corner[2]);
+  for (int64_t i = 0; i < bt.n; ++i) {
+    if (!bt.inside[i]) {
+      continue;
+    }
+    const int32_t j = bt.base[i];
+    const T w0 = bt.w[0][i], w1 = bt.w[1][i], w2 = bt.w[2][i], w3 = bt.w[3][i];
+    for (int q = 0; q < NC; ++q) {
+      T* d = dst + q * dst_step;
+      const T g = gc[q * gc_step + i];
+      d[j] += g * w0;
+      d[j + 1] += g * w1;
+      d[j + c2] += g * w2;
+      d[j + c2 + 1] += g * w3;
+    }
+  }
+}
+
 // Adds the bilinear scatter of grad_columns into `grad_padded`, the chunk's
 // input gradient as zero-initialised padded planes (what lands on the
 // border is dropped by the caller).  Each task owns a few channel planes of
@@ -219,7 +288,7 @@ void deformable_col2im(const Chunk<T>& ch, const T* grad_columns,
                        T* grad_padded) {
   const int64_t cpg = ch.g.group_channels(), plane = ch.plane();
   const int64_t K = ch.taps(), P = ch.pixels(), OG = ch.g.offset_groups;
-  const int64_t B = ch.images;
+  const int64_t B = ch.images, row_step = K * B * P;
   // Enough tasks for every thread (4 each), as few as that allows: each
   // recomputes the geometry of its image and offset group.
   const int64_t want = 4 * at::get_num_threads();
@@ -236,22 +305,11 @@ void deformable_col2im(const Chunk<T>& ch, const T* grad_columns,
         for (int64_t p0 = 0; p0 < P; p0 += kPixelBlock) {
           bt.fill(ch, og, k, b, p0, std::min(P, p0 + kPixelBlock),
                   /*with_mask=*/true);
-          const int64_t* co = bt.corner;
-          for (int64_t c = c0; c < c1; ++c) {
-            T* dst = grad_padded + (b * ch.g.channels + c) * plane;
-            const T* gc = grad_columns + ch.column(c, k, b) + p0;
-            for (int64_t i = 0; i < bt.n; ++i) {
-              if (!bt.inside[i]) {
-                continue;
-              }
-              T* d = dst + bt.base[i];
-              const T g = gc[i];
-              d[co[0]] += g * bt.w[0][i];
-              d[co[1]] += g * bt.w[1][i];
-              d[co[2]] += g * bt.w[2][i];
-              d[co[3]] += g * bt.w[3][i];
-            }
-          }
+          for_channel_steps(c0, c1, [&](int64_t c, auto nc) {
+            scatter_block<decltype(nc)::value>(
+                bt, grad_columns + ch.column(c, k, b) + p0, row_step,
+                grad_padded + (b * ch.g.channels + c) * plane, plane);
+          });
         }
       }
     }
@@ -264,6 +322,13 @@ at::ScalarType compute_type(at::ScalarType t) {
 
 at::Tensor up(const at::Tensor& t, at::ScalarType ct) {
   return t.to(ct).contiguous();
+}
+
+// The padded planes are indexed with int32 (see sample_block).
+void check_padded_plane(const char* op, const DeformConvSizes& s) {
+  TORCH_CHECK((s.height + 2) * (s.width + 3) < (int64_t(1) << 31), "torchops.",
+              op, ": 'input' planes of ", s.height, " x ", s.width,
+              " pixels are too large for the CPU kernel (at most 2^31)");
 }
 
 // The chunk's input planes with their border of zeros (see Chunk).
@@ -297,6 +362,7 @@ at::Tensor deform_conv2d(const at::Tensor& input, const at::Tensor& weight,
   const DeformGeometry g =
       deform_geometry(s, stride_h, stride_w, pad_h, pad_w, dilation_h,
                       dilation_w, groups, offset_groups, use_mask);
+  check_padded_plane(op, s);
   const at::ScalarType dtype = input.scalar_type(), ct = compute_type(dtype);
   const int64_t N = s.batch, O = s.out_channels, C = s.channels;
   const int64_t K = g.taps(), P = g.pixels();
@@ -347,6 +413,7 @@ deform_conv2d_backward(const at::Tensor& grad, const at::Tensor& input,
   const DeformGeometry g =
       deform_geometry(s, stride_h, stride_w, pad_h, pad_w, dilation_h,
                       dilation_w, groups, offset_groups, use_mask);
+  check_padded_plane(op, s);
   const at::ScalarType dtype = input.scalar_type(), ct = compute_type(dtype);
   const int64_t N = s.batch, O = s.out_channels, C = s.channels;
   const int64_t H = s.height, W = s.width, K = g.taps(), P = g.pixels();
