@@ -594,7 +594,7 @@ def deform_conv2d(input: Tensor, offset: Tensor, weight: Tensor, bias: Tensor | 
 
     Args:
         input: ``(N, C, H, W)``, float32/float64/float16/bfloat16 (the half
-            types compute in float32), any strides.
+            types compute in float32 on the CPU), any strides.
         offset: ``(N, 2 * offset_groups * kh * kw, out_h, out_w)``: for
             offset group ``g`` and kernel tap ``k = i * kw + j``, channel
             ``2 * (g * kh * kw + k)`` shifts the sample along y and the next
@@ -610,7 +610,12 @@ def deform_conv2d(input: Tensor, offset: Tensor, weight: Tensor, bias: Tensor | 
     outside the image reads 0 (torchvision's rule).  Returns
     ``(N, O, out_h, out_w)`` in ``input``'s dtype, differentiable with
     respect to input, offset, mask, weight and bias.  The CPU backward is
-    deterministic.  Under ``torch.autocast`` it computes in float32 and
+    deterministic; the CUDA backward adds the input gradient with atomics,
+    except under ``torch.use_deterministic_algorithms(True)``, where it is
+    bitwise reproducible (its GEMMs are cuBLAS's: PyTorch then needs
+    ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, as for any cuBLAS-backed op).  On
+    CUDA, float16/bfloat16 inputs keep their dtype (GEMMs accumulate in
+    float32).  Under ``torch.autocast`` it computes in float32 and
     returns the input's dtype.  Raises RuntimeError naming the argument for
     shapes that do not fit (offset or mask channels, groups that do not
     divide the channels, ...).

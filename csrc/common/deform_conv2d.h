@@ -13,28 +13,41 @@
 
 #include <c10/macros/Macros.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 
 #include "common/checks.h"
 
 namespace torchops {
 
-// The four corners a sample reads: flat indices into an H x W plane (0 for a
-// corner outside the image, whose weights are then 0), the bilinear weights
-// and their derivatives along y and x.
+// The four corners a sample reads, (y0, x0), (y0, x0 + 1), (y0 + 1, x0) and
+// (y0 + 1, x0 + 1): their bilinear weights and the weights' derivatives
+// along y and x, flat indices into an H x W plane, and which corners lie
+// inside the image.  A corner outside is never read (its index is 0):
+// skipping it, rather than reading pixel 0 times a zero weight, keeps a NaN
+// or Inf elsewhere in the plane out of samples that do not touch it.  Its
+// weights are set all the same, for kernels that read from a plane padded
+// with a border of zeros instead (corner at padded index
+// (y0 + 1) * (W + 2) + x0 + 1 + {0, 1, W + 2, W + 3}).
 template <typename T>
 struct DeformTaps {
   int64_t idx[4];
   T w[4];
   T dy[4];
   T dx[4];
+  int64_t y0, x0;
+  unsigned valid;  // bit c: corner c is inside the image
 };
 
-// False (and all weights zero) when the sample contributes nothing, NaN
-// coordinates included.
+// False (all weights zero, no valid corner) when the sample contributes
+// nothing, NaN coordinates included.
 template <typename T>
 C10_HOST_DEVICE inline bool deform_taps(T y, T x, int64_t height, int64_t width,
                                         DeformTaps<T>& t) {
+  t.valid = 0;
+  t.y0 = t.x0 = -1;
   for (int c = 0; c < 4; ++c) {
     t.idx[c] = 0;
     t.w[c] = t.dy[c] = t.dx[c] = T(0);
@@ -45,26 +58,75 @@ C10_HOST_DEVICE inline bool deform_taps(T y, T x, int64_t height, int64_t width,
   }
   const T fy = std::floor(y), fx = std::floor(x);
   const int64_t y0 = static_cast<int64_t>(fy), x0 = static_cast<int64_t>(fx);
-  const int64_t y1 = y0 + 1, x1 = x0 + 1;
+  t.y0 = y0;
+  t.x0 = x0;
   const T ly = y - fy, lx = x - fx;
   const T hy = T(1) - ly, hx = T(1) - lx;
-  const bool vy[2] = {y0 >= 0, y1 <= height - 1};
-  const bool vx[2] = {x0 >= 0, x1 <= width - 1};
-  const int64_t ys[2] = {y0, y1}, xs[2] = {x0, x1};
+  const bool vy[2] = {y0 >= 0, y0 + 1 <= height - 1};
+  const bool vx[2] = {x0 >= 0, x0 + 1 <= width - 1};
   const T wy[2] = {hy, ly}, wx[2] = {hx, lx};
   const T sy[2] = {T(-1), T(1)}, sx[2] = {T(-1), T(1)};
   for (int a = 0; a < 2; ++a) {
     for (int b = 0; b < 2; ++b) {
       const int c = a * 2 + b;
+      t.w[c] = wy[a] * wx[b];
+      t.dy[c] = sy[a] * wx[b];
+      t.dx[c] = wy[a] * sx[b];
       if (vy[a] && vx[b]) {
-        t.idx[c] = ys[a] * width + xs[b];
-        t.w[c] = wy[a] * wx[b];
-        t.dy[c] = sy[a] * wx[b];
-        t.dx[c] = wy[a] * sx[b];
+        t.valid |= 1u << c;
+        t.idx[c] = (y0 + a) * width + (x0 + b);
       }
     }
   }
   return true;
+}
+
+// The corner values of one plane; zero for corners outside the image, which
+// are not read.
+template <typename T, typename V>
+C10_HOST_DEVICE inline void deform_corners(const V* plane,
+                                           const DeformTaps<T>& t, T v[4]) {
+  for (int c = 0; c < 4; ++c) {
+    v[c] = ((t.valid >> c) & 1u) ? static_cast<T>(plane[t.idx[c]]) : T(0);
+  }
+}
+
+template <typename T>
+C10_HOST_DEVICE inline T deform_dot(const T a[4], const T v[4]) {
+  return a[0] * v[0] + a[1] * v[1] + a[2] * v[2] + a[3] * v[3];
+}
+
+// Everything the kernels need to place the samples of a call.
+struct DeformGeometry {
+  int64_t channels, height, width, out_h, out_w, kernel_h, kernel_w;
+  int64_t stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
+  int64_t groups, offset_groups;
+  bool use_mask;
+  C10_HOST_DEVICE int64_t taps() const { return kernel_h * kernel_w; }
+  C10_HOST_DEVICE int64_t pixels() const { return out_h * out_w; }
+  C10_HOST_DEVICE int64_t group_channels() const {
+    return channels / offset_groups;
+  }
+};
+
+// The taps and mask value of sample (offset group og, kernel tap k, output
+// pixel p) of one image, whose offsets are `offset_n` (2 * OG * K, P) and
+// mask `mask_n` (OG * K, P), both contiguous.  False when it reads nothing.
+template <typename T, typename V>
+C10_HOST_DEVICE inline bool deform_sample(const DeformGeometry& g,
+                                          const V* offset_n, const V* mask_n,
+                                          int64_t og, int64_t k, int64_t p,
+                                          DeformTaps<T>& t, T& m) {
+  const int64_t K = g.taps(), P = g.pixels();
+  const int64_t i = k / g.kernel_w, j = k - i * g.kernel_w;
+  const int64_t oy = p / g.out_w, ox = p - oy * g.out_w;
+  const V* o = offset_n + (og * K + k) * 2 * P + p;
+  const T y = static_cast<T>(oy * g.stride_h - g.pad_h + i * g.dilation_h) +
+              static_cast<T>(o[0]);
+  const T x = static_cast<T>(ox * g.stride_w - g.pad_w + j * g.dilation_w) +
+              static_cast<T>(o[P]);
+  m = g.use_mask ? static_cast<T>(mask_n[(og * K + k) * P + p]) : T(1);
+  return deform_taps(y, x, g.height, g.width, t);
 }
 
 // Sizes of a deform_conv2d call, after its checks.
@@ -161,6 +223,60 @@ inline DeformConvSizes check_deform_conv2d(
               ": expected 'bias' to have shape (", s.out_channels,
               ",), but got ", bias.sizes());
   return s;
+}
+
+inline DeformGeometry deform_geometry(const DeformConvSizes& s,
+                                      int64_t stride_h, int64_t stride_w,
+                                      int64_t pad_h, int64_t pad_w,
+                                      int64_t dilation_h, int64_t dilation_w,
+                                      int64_t groups, int64_t offset_groups,
+                                      bool use_mask) {
+  return DeformGeometry{s.channels,  s.height,   s.width,      s.out_h,
+                        s.out_w,     s.kernel_h, s.kernel_w,   stride_h,
+                        stride_w,    pad_h,      pad_w,        dilation_h,
+                        dilation_w,  groups,     offset_groups, use_mask};
+}
+
+// Checks of the backward operator's incoming gradient.
+inline void check_deform_grad(const char* op, c10::DeviceType device,
+                              const at::Tensor& grad, const at::Tensor& input,
+                              const DeformConvSizes& s) {
+  check_devices(op, device, {{input, "input"}, {grad, "grad"}});
+  check_same_dtype(op, {input, "input"}, {grad, "grad"});
+  TORCH_CHECK(grad.dim() == 4 && grad.size(0) == s.batch &&
+                  grad.size(1) == s.out_channels && grad.size(2) == s.out_h &&
+                  grad.size(3) == s.out_w,
+              "torchops.", op, ": expected 'grad' to have shape (", s.batch,
+              ", ", s.out_channels, ", ", s.out_h, ", ", s.out_w,
+              ") = (batch, out_channels, out_h, out_w), but got ",
+              grad.sizes());
+}
+
+// Images per chunk of the im2col + GEMM kernels: as many as keep one
+// (C * kh * kw, images * P) column buffer within kColumnBytes, spread evenly
+// over the chunks (8 images at 6 per chunk run as 4 + 4, not 6 + 2).
+// TORCHOPS_TESTING_DEFORM_COLUMN_BYTES (read at each call) lowers the bound
+// so that tests run the multi-chunk paths on small problems.
+constexpr int64_t kColumnBytes = int64_t(256) << 20;
+
+inline int64_t deform_column_bytes() {
+  const char* v = std::getenv("TORCHOPS_TESTING_DEFORM_COLUMN_BYTES");
+  if (v == nullptr || *v == '\0') {
+    return kColumnBytes;
+  }
+  return std::max<int64_t>(1, std::atoll(v));
+}
+
+inline int64_t deform_chunk(int64_t batch, int64_t column_rows, int64_t pixels,
+                            int64_t element_size) {
+  if (batch <= 0) {
+    return 1;
+  }
+  const int64_t per_image =
+      std::max<int64_t>(1, column_rows * pixels * element_size);
+  const int64_t most = std::max<int64_t>(1, deform_column_bytes() / per_image);
+  const int64_t chunks = (batch + most - 1) / most;
+  return (batch + chunks - 1) / chunks;
 }
 
 }  // namespace torchops

@@ -1,92 +1,319 @@
 // CPU kernels of torchops.deform_conv2d and its backward.
 //
-// Forward, per image: a deformable im2col builds the columns
-// (channels * kh * kw, out_h * out_w) -- each entry the masked bilinear
-// sample of one input channel at one kernel tap's shifted position -- and a
-// GEMM per weight group multiplies them by the weight.  The sampling
-// geometry (position, corners, weights) depends on the offset group, kernel
-// tap and output pixel, not on the channel, so it is computed once and used
-// for every channel of the offset group.
+// Forward, per chunk of images (csrc/common/deform_gemm.h): a deformable
+// im2col builds the columns -- each entry the masked bilinear sample of one
+// input channel at one kernel tap's shifted position -- and one GEMM per
+// weight group, over the whole chunk, multiplies them by the weight.  The
+// sampling geometry depends on the offset group, kernel tap and output
+// pixel, not on the channel: the im2col computes it for a block of pixels
+// at a time and reuses it for every channel of the offset group, writing
+// contiguous runs of a column row.
 //
-// Backward, per image: grad_columns = weight^T @ grad (per group); the
-// weight gradient is grad @ columns^T; the offset and mask gradients reduce
-// grad_columns over each offset group's channels (one thread owns each
-// output element); the input gradient scatters grad_columns into the input
-// planes with one thread per channel plane.  No atomics: the result is
+// Backward, per chunk: grad_columns = weight^T @ grad and grad_weight +=
+// grad @ columns^T (GEMMs); the offset and mask gradients reduce
+// grad_columns over each offset group's channels (each output element owned
+// by one task); the input gradient scatters grad_columns into the input
+// planes, each plane owned by one task.  No atomics: the result is
 // deterministic and independent of the thread count.
 //
 // Half types are computed in float32 (inputs converted once, results rounded
 // once at the end).
 #include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/mm.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <tuple>
+#include <type_traits>
 
 #include "common/deform_conv2d.h"
+#include "common/deform_gemm.h"
 #include "cpu/common/parallel.h"
 
 namespace torchops::cpu {
 namespace {
 
-struct Geometry {
-  DeformConvSizes s;
-  int64_t stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
-  int64_t groups, offset_groups;
-  bool use_mask;
-  int64_t taps() const { return s.kernel_h * s.kernel_w; }           // K
-  int64_t pixels() const { return s.out_h * s.out_w; }               // P
-  int64_t group_channels() const { return s.channels / offset_groups; }
+// Output pixels whose sampling geometry a task computes at once (kept in
+// L1 while it walks the channels).
+constexpr int64_t kPixelBlock = 64;
+
+// The chunk of images [n0, n0 + B) a kernel works on: its inputs and where
+// sample (og, k, b, p) lives in a (C * K, B * P) column matrix.  The input
+// planes are padded with zeros, one row above and below, one column left
+// and two right, (H + 2) x (W + 3): every corner of a sample that reads
+// anything lies in the padded plane, a corner outside the image reads a
+// border zero (never a pixel times a zero weight, which would let a NaN
+// through), and a sample that reads nothing reads the 2 x 2 block of zeros
+// at the right end of the first two rows.  The inner loops need no branch.
+template <typename T>
+struct Chunk {
+  DeformGeometry g;
+  int64_t images;                       // B
+  const T* padded;                      // (B, C, H + 2, W + 3)
+  const T* offset;                      // (B, 2 * OG * K, P)
+  const T* mask;                        // (B, OG * K, P), or nullptr
+  int64_t taps() const { return g.taps(); }
+  int64_t pixels() const { return g.pixels(); }
+  int64_t row() const { return g.width + 3; }
+  // Padded index of the all-zero 2 x 2 block.
+  int64_t nowhere() const { return g.width + 1; }
+  int64_t plane() const { return (g.height + 2) * row(); }
+  const T* offset_of(int64_t b) const {
+    return offset + b * 2 * g.offset_groups * taps() * pixels();
+  }
+  const T* mask_of(int64_t b) const {
+    return mask != nullptr ? mask + b * g.offset_groups * taps() * pixels()
+                           : nullptr;
+  }
+  // Start of column row (c, k), image b.
+  int64_t column(int64_t c, int64_t k, int64_t b) const {
+    return ((c * taps() + k) * images + b) * pixels();
+  }
 };
 
-// Where sample (offset group og, kernel tap k, output pixel p) of image n
-// reads, and its mask value.
-template <typename T>
-inline void sample_at(const Geometry& g, const T* offset_n, const T* mask_n,
-                      int64_t og, int64_t k, int64_t p, T& y, T& x, T& m) {
-  const int64_t K = g.taps(), P = g.pixels();
-  const int64_t i = k / g.s.kernel_w, j = k % g.s.kernel_w;
-  const int64_t oy = p / g.s.out_w, ox = p % g.s.out_w;
-  const T* o = offset_n + (og * K + k) * 2 * P;
-  y = static_cast<T>(oy * g.stride_h - g.pad_h + i * g.dilation_h) + o[p];
-  x = static_cast<T>(ox * g.stride_w - g.pad_w + j * g.dilation_w) + o[P + p];
-  m = g.use_mask ? mask_n[(og * K + k) * P + p] : T(1);
-}
-
-// columns[(c * K + k) * P + p] for image n.
-template <typename T>
-void deformable_im2col(const Geometry& g, const T* in_n, const T* offset_n,
-                       const T* mask_n, T* columns) {
-  const int64_t K = g.taps(), P = g.pixels(), cpg = g.group_channels();
-  const int64_t plane = g.s.height * g.s.width;
-  const int64_t grain = std::max<int64_t>(1, 2048 / std::max<int64_t>(cpg, 1));
-  parallel_range(g.offset_groups * K * P, [&](int64_t begin, int64_t end) {
-    for (int64_t q = begin; q < end; ++q) {
-      const int64_t p = q % P, k = (q / P) % K, og = q / (P * K);
-      T y, x, m;
-      sample_at(g, offset_n, mask_n, og, k, p, y, x, m);
-      DeformTaps<T> t;
-      deform_taps(y, x, g.s.height, g.s.width, t);
-      for (int64_t c = og * cpg; c < (og + 1) * cpg; ++c) {
-        const T* src = in_n + c * plane;
-        const T v = t.w[0] * src[t.idx[0]] + t.w[1] * src[t.idx[1]] +
-                    t.w[2] * src[t.idx[2]] + t.w[3] * src[t.idx[3]];
-        columns[(c * K + k) * P + p] = m * v;
-      }
+// Calls f(og, k, b, p0, p1) for every block of pixels [p0, p1) of every
+// (offset group, tap, image), in parallel.
+template <typename F>
+void for_pixel_blocks(const DeformGeometry& g, int64_t images, F&& f) {
+  const int64_t P = g.pixels(), K = g.taps();
+  const int64_t blocks = (P + kPixelBlock - 1) / kPixelBlock;
+  const int64_t tasks = g.offset_groups * K * images * blocks;
+  // A task walks group_channels() channels of kPixelBlock pixels.
+  const int64_t grain = std::max<int64_t>(
+      1, kElementwiseGrain / (kPixelBlock * std::max<int64_t>(1, g.group_channels())));
+  parallel_range(tasks, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t blk = t % blocks;
+      const int64_t b = (t / blocks) % images;
+      const int64_t k = (t / (blocks * images)) % K;
+      const int64_t og = t / (blocks * images * K);
+      const int64_t p0 = blk * kPixelBlock;
+      f(og, k, b, p0, std::min(P, p0 + kPixelBlock));
     }
   }, grain);
 }
 
-Geometry geometry(const DeformConvSizes& s, int64_t stride_h, int64_t stride_w,
-                  int64_t pad_h, int64_t pad_w, int64_t dilation_h,
-                  int64_t dilation_w, int64_t groups, int64_t offset_groups,
-                  bool use_mask) {
-  return Geometry{s,          stride_h, stride_w, pad_h,         pad_w,
-                  dilation_h, dilation_w, groups, offset_groups, use_mask};
+// The geometry of a block of samples, one array per quantity: corner c of
+// pixel p is at padded index base[p] + corner_offset[c].
+template <typename T>
+struct BlockTaps {
+  int64_t n;
+  int32_t base[kPixelBlock];  // padded planes fit int32 (deform_conv2d checks)
+  T w[4][kPixelBlock];
+  T dy[4][kPixelBlock];
+  T dx[4][kPixelBlock];
+  T m[kPixelBlock];
+  bool inside[kPixelBlock];
+  int64_t corner[4];
+
+  // with_mask: fold the mask into w (the forward's and col2im's weights).
+  void fill(const Chunk<T>& ch, int64_t og, int64_t k, int64_t b, int64_t p0,
+            int64_t p1, bool with_mask) {
+    const T* off = ch.offset_of(b);
+    const T* msk = ch.mask_of(b);
+    const int64_t row = ch.row();
+    corner[0] = 0;
+    corner[1] = 1;
+    corner[2] = row;
+    corner[3] = row + 1;
+    n = p1 - p0;
+    for (int64_t i = 0; i < n; ++i) {
+      DeformTaps<T> t;
+      inside[i] = deform_sample(ch.g, off, msk, og, k, p0 + i, t, m[i]);
+      // Out of range: all weights 0, reading zeros.
+      base[i] = static_cast<int32_t>(inside[i] ? (t.y0 + 1) * row + (t.x0 + 1)
+                                               : ch.nowhere());
+      const T scale = with_mask ? m[i] : T(1);
+      for (int c = 0; c < 4; ++c) {
+        w[c][i] = t.w[c] * scale;
+        dy[c][i] = t.dy[c];
+        dx[c][i] = t.dx[c];
+      }
+    }
+  }
+};
+
+// The inner loops take NC channels at a time: the block's geometry (base,
+// weights) is loaded once for NC planes, which halves the loads per column
+// element at NC = 4.  Per destination element the order of the additions
+// stays that of one channel at a time, so results do not depend on NC.
+constexpr int kChannelStep = 4;
+
+// Calls f(c, std::integral_constant<int, NC>) over channels [c0, c1) in steps
+// of kChannelStep, then one by one.
+template <typename F>
+void for_channel_steps(int64_t c0, int64_t c1, F&& f) {
+  int64_t c = c0;
+  for (; c + kChannelStep <= c1; c += kChannelStep) {
+    f(c, std::integral_constant<int, kChannelStep>{});
+  }
+  for (; c < c1; ++c) {
+    f(c, std::integral_constant<int, 1>{});
+  }
+}
+
+// dst[q * dst_step + i] = the (masked) bilinear sample of plane
+// src + q * src_step at pixel i of the block, for q < NC.
+template <int NC, typename T>
+void sample_block(const BlockTaps<T>& bt, const T* __restrict__ src,
+                  int64_t src_step, T* __restrict__ dst, int64_t dst_step) {
+  const int32_t c2 = static_cast<int32_t>(bt.corner[2]);
+  for (int64_t i = 0; i < bt.n; ++i) {
+    const int32_t j = bt.base[i];
+    const T w0 = bt.w[0][i], w1 = bt.w[1][i], w2 = bt.w[2][i], w3 = bt.w[3][i];
+    for (int q = 0; q < NC; ++q) {
+      const T* s = src + q * src_step;
+      dst[q * dst_step + i] =
+          w0 * s[j] + w1 * s[j + 1] + w2 * s[j + c2] + w3 * s[j + c2 + 1];
+    }
+  }
+}
+
+// columns[(c, k), (b, p)] for the chunk.
+template <typename T>
+void deformable_im2col(const Chunk<T>& ch, T* columns) {
+  const int64_t cpg = ch.g.group_channels(), plane = ch.plane();
+  const int64_t row_step = ch.taps() * ch.images * ch.pixels();
+  for_pixel_blocks(ch.g, ch.images, [&](int64_t og, int64_t k, int64_t b,
+                                        int64_t p0, int64_t p1) {
+    BlockTaps<T> bt;
+    bt.fill(ch, og, k, b, p0, p1, /*with_mask=*/true);
+    for_channel_steps(og * cpg, (og + 1) * cpg, [&](int64_t c, auto nc) {
+      sample_block<decltype(nc)::value>(
+          bt, ch.padded + (b * ch.g.channels + c) * plane, plane,
+          columns + ch.column(c, k, b) + p0, row_step);
+    });
+  });
+}
+
+// acc_m, acc_y, acc_x[i] += the products of grad_columns with the sample's
+// value and its derivatives along y and x, over NC channels in order.
+template <int NC, typename T>
+void coordinate_block(const BlockTaps<T>& bt, const T* __restrict__ src,
+                      int64_t src_step, const T* __restrict__ gc,
+                      int64_t gc_step, T* acc_m, T* acc_y, T* acc_x) {
+  const int32_t c2 = static_cast<int32_t>(bt.corner[2]);
+  for (int64_t i = 0; i < bt.n; ++i) {
+    if (!bt.inside[i]) {
+      continue;
+    }
+    const int32_t j = bt.base[i];
+    T w[4], dy[4], dx[4];
+    for (int q = 0; q < 4; ++q) {
+      w[q] = bt.w[q][i];
+      dy[q] = bt.dy[q][i];
+      dx[q] = bt.dx[q][i];
+    }
+    T am = acc_m[i], ay = acc_y[i], ax = acc_x[i];
+    for (int q = 0; q < NC; ++q) {
+      const T* s = src + q * src_step;
+      const T v[4] = {s[j], s[j + 1], s[j + c2], s[j + c2 + 1]};
+      const T g = gc[q * gc_step + i];
+      am += g * deform_dot(w, v);
+      ay += g * deform_dot(dy, v);
+      ax += g * deform_dot(dx, v);
+    }
+    acc_m[i] = am;
+    acc_y[i] = ay;
+    acc_x[i] = ax;
+  }
+}
+
+// grad_offset and grad_mask of the chunk's images from grad_columns.
+template <typename T>
+void coordinate_grads(const Chunk<T>& ch, const T* grad_columns,
+                      T* grad_offset, T* grad_mask) {
+  const int64_t cpg = ch.g.group_channels(), plane = ch.plane();
+  const int64_t K = ch.taps(), P = ch.pixels(), OG = ch.g.offset_groups;
+  const int64_t row_step = K * ch.images * P;
+  for_pixel_blocks(ch.g, ch.images, [&](int64_t og, int64_t k, int64_t b,
+                                        int64_t p0, int64_t p1) {
+    BlockTaps<T> bt;
+    bt.fill(ch, og, k, b, p0, p1, /*with_mask=*/false);
+    T acc_y[kPixelBlock] = {}, acc_x[kPixelBlock] = {}, acc_m[kPixelBlock] = {};
+    for_channel_steps(og * cpg, (og + 1) * cpg, [&](int64_t c, auto nc) {
+      coordinate_block<decltype(nc)::value>(
+          bt, ch.padded + (b * ch.g.channels + c) * plane, plane,
+          grad_columns + ch.column(c, k, b) + p0, row_step, acc_m, acc_y, acc_x);
+    });
+    T* go = grad_offset + b * 2 * OG * K * P + (og * K + k) * 2 * P;
+    for (int64_t i = 0; i < bt.n; ++i) {
+      go[p0 + i] = acc_y[i] * bt.m[i];
+      go[P + p0 + i] = acc_x[i] * bt.m[i];
+    }
+    if (grad_mask != nullptr) {
+      T* gm = grad_mask + b * OG * K * P + (og * K + k) * P;
+      for (int64_t i = 0; i < bt.n; ++i) {
+        gm[p0 + i] = acc_m[i];
+      }
+    }
+  });
+}
+
+// dst + q * dst_step (a padded plane) += the bilinear scatter of
+// gc[q * gc_step + i] for the block's pixels, q < NC.
+template <int NC, typename T>
+void scatter_block(const BlockTaps<T>& bt, const T* __restrict__ gc,
+                   int64_t gc_step, T* __restrict__ dst, int64_t dst_step) {
+  const int32_t c2 = static_cast<int32_t>(bt.corner[2]);
+  for (int64_t i = 0; i < bt.n; ++i) {
+    if (!bt.inside[i]) {
+      continue;
+    }
+    const int32_t j = bt.base[i];
+    const T w0 = bt.w[0][i], w1 = bt.w[1][i], w2 = bt.w[2][i], w3 = bt.w[3][i];
+    for (int q = 0; q < NC; ++q) {
+      T* d = dst + q * dst_step;
+      const T g = gc[q * gc_step + i];
+      d[j] += g * w0;
+      d[j + 1] += g * w1;
+      d[j + c2] += g * w2;
+      d[j + c2 + 1] += g * w3;
+    }
+  }
+}
+
+// Adds the bilinear scatter of grad_columns into `grad_padded`, the chunk's
+// input gradient as zero-initialised padded planes (what lands on the
+// border is dropped by the caller).  Each task owns a few channel planes of
+// one image and adds into them in (tap, pixel) order, whatever the thread
+// count; channels of one offset group share the geometry, computed once per
+// block of pixels for the task's planes.
+template <typename T>
+void deformable_col2im(const Chunk<T>& ch, const T* grad_columns,
+                       T* grad_padded) {
+  const int64_t cpg = ch.g.group_channels(), plane = ch.plane();
+  const int64_t K = ch.taps(), P = ch.pixels(), OG = ch.g.offset_groups;
+  const int64_t B = ch.images, row_step = K * B * P;
+  // Enough tasks for every thread (4 each), as few as that allows: each
+  // recomputes the geometry of its image and offset group.
+  const int64_t want = 4 * at::get_num_threads();
+  const int64_t split = std::min<int64_t>(
+      cpg, std::max<int64_t>(1, (want + B * OG - 1) / (B * OG)));
+  const int64_t per_task = (cpg + split - 1) / split;
+  parallel_range(B * OG * split, [&](int64_t begin, int64_t end) {
+    BlockTaps<T> bt;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t s = t % split, og = (t / split) % OG, b = t / (split * OG);
+      const int64_t c0 = og * cpg + s * per_task;
+      const int64_t c1 = std::min(og * cpg + cpg, c0 + per_task);
+      for (int64_t k = 0; k < K; ++k) {
+        for (int64_t p0 = 0; p0 < P; p0 += kPixelBlock) {
+          bt.fill(ch, og, k, b, p0, std::min(P, p0 + kPixelBlock),
+                  /*with_mask=*/true);
+          for_channel_steps(c0, c1, [&](int64_t c, auto nc) {
+            scatter_block<decltype(nc)::value>(
+                bt, grad_columns + ch.column(c, k, b) + p0, row_step,
+                grad_padded + (b * ch.g.channels + c) * plane, plane);
+          });
+        }
+      }
+    }
+  }, 1);
 }
 
 at::ScalarType compute_type(at::ScalarType t) {
@@ -95,6 +322,30 @@ at::ScalarType compute_type(at::ScalarType t) {
 
 at::Tensor up(const at::Tensor& t, at::ScalarType ct) {
   return t.to(ct).contiguous();
+}
+
+// The padded planes are indexed with int32 (see sample_block).
+void check_padded_plane(const char* op, const DeformConvSizes& s) {
+  TORCH_CHECK((s.height + 2) * (s.width + 3) < (int64_t(1) << 31), "torchops.",
+              op, ": 'input' planes of ", s.height, " x ", s.width,
+              " pixels are too large for the CPU kernel (at most 2^31)");
+}
+
+// The chunk's input planes with their border of zeros (see Chunk).
+at::Tensor padded_input(const at::Tensor& in, int64_t n0, int64_t images) {
+  return at::constant_pad_nd(in.narrow(0, n0, images), {1, 2, 1, 1}, 0);
+}
+
+template <typename T>
+Chunk<T> chunk_of(const DeformGeometry& g, const at::Tensor& padded,
+                  const at::Tensor& off, const at::Tensor& msk, int64_t n0,
+                  int64_t images) {
+  const int64_t K = g.taps(), P = g.pixels();
+  return Chunk<T>{
+      g, images, padded.const_data_ptr<T>(),
+      off.const_data_ptr<T>() + n0 * 2 * g.offset_groups * K * P,
+      g.use_mask ? msk.const_data_ptr<T>() + n0 * g.offset_groups * K * P
+                 : nullptr};
 }
 
 at::Tensor deform_conv2d(const at::Tensor& input, const at::Tensor& weight,
@@ -108,8 +359,10 @@ at::Tensor deform_conv2d(const at::Tensor& input, const at::Tensor& weight,
       op, c10::DeviceType::CPU, input, weight, offset, mask, bias, stride_h,
       stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups,
       use_mask);
-  const Geometry g = geometry(s, stride_h, stride_w, pad_h, pad_w, dilation_h,
-                              dilation_w, groups, offset_groups, use_mask);
+  const DeformGeometry g =
+      deform_geometry(s, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                      dilation_w, groups, offset_groups, use_mask);
+  check_padded_plane(op, s);
   const at::ScalarType dtype = input.scalar_type(), ct = compute_type(dtype);
   const int64_t N = s.batch, O = s.out_channels, C = s.channels;
   const int64_t K = g.taps(), P = g.pixels();
@@ -118,32 +371,29 @@ at::Tensor deform_conv2d(const at::Tensor& input, const at::Tensor& weight,
   if (out.numel() == 0) {
     return out.to(dtype);
   }
-  const at::Tensor in = up(input, ct), w = up(weight, ct),
-                   off = up(offset, ct), b = up(bias, ct);
-  const at::Tensor msk = use_mask ? up(mask, ct) : at::Tensor();
-  const int64_t og_rows = O / groups, gc_rows = (C / groups) * K;
-  const at::Tensor wg = w.view({groups, og_rows, gc_rows});
-  at::Tensor columns = at::empty({C * K, P}, in.options());
+  const at::Tensor b = up(bias, ct);
   at::Tensor out3 = out.view({N, O, P});
-  AT_DISPATCH_FLOATING_TYPES(ct, "torchops.deform_conv2d", [&] {
-    const scalar_t* ip = in.const_data_ptr<scalar_t>();
-    const scalar_t* op_ = off.const_data_ptr<scalar_t>();
-    const scalar_t* mp = use_mask ? msk.const_data_ptr<scalar_t>() : nullptr;
-    scalar_t* cp = columns.mutable_data_ptr<scalar_t>();
-    for (int64_t n = 0; n < N; ++n) {
-      deformable_im2col<scalar_t>(g, ip + n * C * s.height * s.width,
-                                  op_ + n * 2 * offset_groups * K * P,
-                                  mp ? mp + n * offset_groups * K * P : nullptr,
-                                  cp);
-      at::Tensor out_n = out3.select(0, n);
-      for (int64_t grp = 0; grp < groups; ++grp) {
-        at::Tensor dst = out_n.narrow(0, grp * og_rows, og_rows);
-        at::mm_out(dst, wg.select(0, grp),
-                   columns.narrow(0, grp * gc_rows, gc_rows));
-      }
-    }
-  });
-  out3.add_(b.view({1, O, 1}));
+  if (C == 0) {
+    out3.copy_(b.view({1, O, 1}).expand({N, O, P}));
+    return out.to(dtype);
+  }
+  const at::Tensor in = up(input, ct), w = up(weight, ct),
+                   off = up(offset, ct);
+  const at::Tensor msk = use_mask ? up(mask, ct) : at::Tensor();
+  const int64_t chunk = deform_chunk(N, C * K, P, at::elementSize(ct));
+  at::Tensor columns = at::empty({C * K * chunk * P}, in.options());
+  at::Tensor scratch = at::empty({O * chunk * P}, in.options());
+  const DeformGemm d{groups, O, C * K, P};
+  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
+    const int64_t B = std::min(chunk, N - n0);
+    const at::Tensor cols = columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
+    const at::Tensor padded = padded_input(in, n0, B);
+    AT_DISPATCH_FLOATING_TYPES(ct, "torchops.deform_conv2d", [&] {
+      deformable_im2col(chunk_of<scalar_t>(g, padded, off, msk, n0, B),
+                        cols.mutable_data_ptr<scalar_t>());
+    });
+    deform_forward_gemm(d, out3, n0, B, w, cols, b, scratch);
+  }
   return out.to(dtype);
 }
 
@@ -159,17 +409,11 @@ deform_conv2d_backward(const at::Tensor& grad, const at::Tensor& input,
       op, c10::DeviceType::CPU, input, weight, offset, mask, bias, stride_h,
       stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups,
       use_mask);
-  check_devices(op, c10::DeviceType::CPU, {{input, "input"}, {grad, "grad"}});
-  check_same_dtype(op, {input, "input"}, {grad, "grad"});
-  TORCH_CHECK(grad.dim() == 4 && grad.size(0) == s.batch &&
-                  grad.size(1) == s.out_channels && grad.size(2) == s.out_h &&
-                  grad.size(3) == s.out_w,
-              "torchops.", op, ": expected 'grad' to have shape (", s.batch,
-              ", ", s.out_channels, ", ", s.out_h, ", ", s.out_w,
-              ") = (batch, out_channels, out_h, out_w), but got ",
-              grad.sizes());
-  const Geometry g = geometry(s, stride_h, stride_w, pad_h, pad_w, dilation_h,
-                              dilation_w, groups, offset_groups, use_mask);
+  check_deform_grad(op, c10::DeviceType::CPU, grad, input, s);
+  const DeformGeometry g =
+      deform_geometry(s, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                      dilation_w, groups, offset_groups, use_mask);
+  check_padded_plane(op, s);
   const at::ScalarType dtype = input.scalar_type(), ct = compute_type(dtype);
   const int64_t N = s.batch, O = s.out_channels, C = s.channels;
   const int64_t H = s.height, W = s.width, K = g.taps(), P = g.pixels();
@@ -184,93 +428,38 @@ deform_conv2d_backward(const at::Tensor& grad, const at::Tensor& input,
     const at::Tensor in = up(input, ct), w = up(weight, ct),
                      off = up(offset, ct);
     const at::Tensor msk = use_mask ? up(mask, ct) : at::Tensor();
-    const int64_t og_rows = O / groups, gc_rows = (C / groups) * K;
-    const at::Tensor wg = w.view({groups, og_rows, gc_rows});
-    at::Tensor gwg = grad_weight.view({groups, og_rows, gc_rows});
-    at::Tensor columns = at::empty({C * K, P}, opts);
-    at::Tensor grad_columns = at::empty({C * K, P}, opts);
-    const int64_t cpg = g.group_channels(), plane = H * W;
-    AT_DISPATCH_FLOATING_TYPES(ct, "torchops._deform_conv2d_backward", [&] {
-      using T = scalar_t;
-      const T* ip = in.const_data_ptr<T>();
-      const T* offp = off.const_data_ptr<T>();
-      const T* mp = use_mask ? msk.const_data_ptr<T>() : nullptr;
-      T* cp = columns.mutable_data_ptr<T>();
-      const T* gcp = grad_columns.const_data_ptr<T>();
-      T* gip = grad_input.mutable_data_ptr<T>();
-      T* gop = grad_offset.mutable_data_ptr<T>();
-      T* gmp = use_mask ? grad_mask.mutable_data_ptr<T>() : nullptr;
-      for (int64_t n = 0; n < N; ++n) {
-        const T* in_n = ip + n * C * plane;
-        const T* off_n = offp + n * 2 * offset_groups * K * P;
-        const T* mask_n = mp ? mp + n * offset_groups * K * P : nullptr;
-        deformable_im2col<T>(g, in_n, off_n, mask_n, cp);
-        const at::Tensor go_n = go.select(0, n);
-        for (int64_t grp = 0; grp < groups; ++grp) {
-          const at::Tensor go_g = go_n.narrow(0, grp * og_rows, og_rows);
-          gwg.select(0, grp).addmm_(
-              go_g, columns.narrow(0, grp * gc_rows, gc_rows).t());
-          at::Tensor gcol = grad_columns.narrow(0, grp * gc_rows, gc_rows);
-          at::mm_out(gcol, wg.select(0, grp).t(), go_g);
-        }
-        // Offset and mask gradients: one thread per (og, k, p).
-        T* gop_n = gop + n * 2 * offset_groups * K * P;
-        T* gmp_n = gmp ? gmp + n * offset_groups * K * P : nullptr;
-        const int64_t grain = std::max<int64_t>(1, 2048 / cpg);
-        parallel_range(offset_groups * K * P, [&](int64_t begin, int64_t end) {
-          for (int64_t q = begin; q < end; ++q) {
-            const int64_t p = q % P, k = (q / P) % K, og = q / (P * K);
-            T y, x, m;
-            sample_at(g, off_n, mask_n, og, k, p, y, x, m);
-            DeformTaps<T> t;
-            T acc_y = T(0), acc_x = T(0), acc_m = T(0);
-            if (deform_taps(y, x, H, W, t)) {
-              for (int64_t c = og * cpg; c < (og + 1) * cpg; ++c) {
-                const T* src = in_n + c * plane;
-                const T gc = gcp[(c * K + k) * P + p];
-                const T v0 = src[t.idx[0]], v1 = src[t.idx[1]],
-                        v2 = src[t.idx[2]], v3 = src[t.idx[3]];
-                acc_m += gc * (t.w[0] * v0 + t.w[1] * v1 + t.w[2] * v2 +
-                               t.w[3] * v3);
-                acc_y += gc * (t.dy[0] * v0 + t.dy[1] * v1 + t.dy[2] * v2 +
-                               t.dy[3] * v3);
-                acc_x += gc * (t.dx[0] * v0 + t.dx[1] * v1 + t.dx[2] * v2 +
-                               t.dx[3] * v3);
-              }
-            }
-            gop_n[(og * K + k) * 2 * P + p] = acc_y * m;
-            gop_n[((og * K + k) * 2 + 1) * P + p] = acc_x * m;
-            if (gmp_n != nullptr) {
-              gmp_n[(og * K + k) * P + p] = acc_m;
-            }
-          }
-        }, grain);
-        // Input gradient: one thread per channel plane.
-        T* gi_n = gip + n * C * plane;
-        parallel_range(C, [&](int64_t begin, int64_t end) {
-          for (int64_t c = begin; c < end; ++c) {
-            const int64_t og = c / cpg;
-            T* dst = gi_n + c * plane;
-            for (int64_t k = 0; k < K; ++k) {
-              const T* gc_row = gcp + (c * K + k) * P;
-              for (int64_t p = 0; p < P; ++p) {
-                T y, x, m;
-                sample_at(g, off_n, mask_n, og, k, p, y, x, m);
-                DeformTaps<T> t;
-                if (!deform_taps(y, x, H, W, t)) {
-                  continue;
-                }
-                const T gv = gc_row[p] * m;
-                dst[t.idx[0]] += gv * t.w[0];
-                dst[t.idx[1]] += gv * t.w[1];
-                dst[t.idx[2]] += gv * t.w[2];
-                dst[t.idx[3]] += gv * t.w[3];
-              }
-            }
-          }
-        }, 1);
-      }
-    });
+    const int64_t chunk = deform_chunk(N, C * K, P, at::elementSize(ct));
+    at::Tensor columns = at::empty({C * K * chunk * P}, opts);
+    at::Tensor grad_columns = at::empty({C * K * chunk * P}, opts);
+    at::Tensor grad_padded = at::empty({chunk, C, H + 2, W + 3}, opts);
+    const DeformGemm d{groups, O, C * K, P};
+    for (int64_t n0 = 0; n0 < N; n0 += chunk) {
+      const int64_t B = std::min(chunk, N - n0);
+      grad_padded.zero_();
+      const at::Tensor cols =
+          columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
+      at::Tensor gcols =
+          grad_columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
+      const at::Tensor padded = padded_input(in, n0, B);
+      AT_DISPATCH_FLOATING_TYPES(ct, "torchops._deform_conv2d_backward", [&] {
+        deformable_im2col(chunk_of<scalar_t>(g, padded, off, msk, n0, B),
+                          cols.mutable_data_ptr<scalar_t>());
+      });
+      deform_backward_gemm(d, go, n0, B, w, cols, gcols, grad_weight);
+      AT_DISPATCH_FLOATING_TYPES(ct, "torchops._deform_conv2d_backward", [&] {
+        using T = scalar_t;
+        const Chunk<T> ch = chunk_of<T>(g, padded, off, msk, n0, B);
+        const T* gcp = gcols.const_data_ptr<T>();
+        coordinate_grads(
+            ch, gcp,
+            grad_offset.mutable_data_ptr<T>() + n0 * 2 * offset_groups * K * P,
+            use_mask ? grad_mask.mutable_data_ptr<T>() + n0 * offset_groups * K * P
+                     : nullptr);
+        deformable_col2im(ch, gcp, grad_padded.mutable_data_ptr<T>());
+      });
+      grad_input.narrow(0, n0, B).copy_(
+          grad_padded.narrow(0, 0, B).narrow(2, 1, H).narrow(3, 1, W));
+    }
   }
   return {grad_input.to(dtype), grad_weight.to(dtype), grad_offset.to(dtype),
           grad_mask.to(dtype), grad_bias.to(dtype)};

@@ -309,6 +309,78 @@ CASES += [
          note="Gradients of input, weight and bias."),
 ]
 
+# --- deform_conv2d ------------------------------------------------------------------------
+def _deform(n, c, h, w, mask=True, dtype=torch.float32, quick=False, threads=("all",), **extra):
+    what = "zero offsets" if extra.get("zero_offsets") else "mask" if mask else "no mask"
+    label = f"{n}x{c}x{h}x{w} 3x3 {what}"
+    return Size(label, {"n": n, "c": c, "o": c, "h": h, "w": w, "mask": mask, **extra}, dtype,
+                quick, threads)
+
+
+def _deform_flops(args, backward=False) -> float:
+    """The GEMMs: weight @ columns forward; backward adds weight^T @ grad and
+    grad @ columns^T."""
+    x, weight = args[0], args[1]
+    n, o, (kh, kw) = x.shape[0], weight.shape[0], weight.shape[2:]
+    out_h = (x.shape[2] + 2 * args[7] - (args[9] * (kh - 1) + 1)) // args[5] + 1
+    out_w = (x.shape[3] + 2 * args[8] - (args[10] * (kw - 1) + 1)) // args[6] + 1
+    return 2.0 * n * o * weight.shape[1] * kh * kw * out_h * out_w * (3 if backward else 1)
+
+
+def _tv_deform_conv2d(f):
+    """torchvision.ops.deform_conv2d on the op's arguments; it has no
+    bfloat16 kernel, so bfloat16 rows run it in float32."""
+    def call(x, w, off, mask, b, sh, sw, ph, pw, dh, dw, groups, og, use_mask):
+        dt = x.dtype
+        cast = (lambda t: t.float()) if dt == torch.bfloat16 else (lambda t: t)
+        out = f(cast(x), cast(off), cast(w), cast(b), (sh, sw), (ph, pw), (dh, dw),
+                cast(mask) if use_mask else None)
+        return out.to(dt)
+    return call
+
+
+def _conv2d_peer():
+    """cuDNN's convolution of the same shapes (offsets and mask ignored): the
+    lower bound of a deformable convolution, which does its work and more."""
+    def load():
+        import torch.nn.functional as F
+
+        return lambda x, w, off, mask, b, sh, sw, ph, pw, dh, dw, groups, og, use_mask: \
+            F.conv2d(x, w, b, (sh, sw), (ph, pw), (dh, dw), groups)
+    return Peer("torch.nn.functional.conv2d (cuDNN)", load)
+
+
+DEFORM_CUDA = [_deform(8, 256, 64, 64), _deform(8, 256, 64, 64, mask=False),
+               _deform(2, 64, 128, 128, quick=True), _deform(2, 64, 128, 128, mask=False),
+               _deform(8, 256, 64, 64, dtype=bf16)]
+DEFORM_CPU = [_deform(2, 64, 64, 64, quick=True, threads=(2, 16))]
+DEFORM = dict(op="deform_conv2d", inputs=inputs.deform_conv2d_args,
+              reference=references.deform_conv2d, reference_name="gather formula",
+              peer=_torchvision("deform_conv2d", adapt=_tv_deform_conv2d),
+              note="3x3, stride 1, padding 1, one offset group; offsets ~N(0, 2) pixels. "
+                   "torchvision has no bfloat16 kernel: its bfloat16 rows run in float32. "
+                   "TFLOP/s count the GEMMs only.")
+DEFORM_BOUND = dict(op="deform_conv2d", inputs=inputs.deform_conv2d_args, compile=False,
+                    peer=_conv2d_peer(),
+                    note="Offsets 0 and mask 1, where the op equals a convolution: cuDNN's "
+                         "conv2d of the same shapes is the lower bound (torchops also samples "
+                         "bilinearly, and its backward computes offset and mask gradients).")
+CASES += [
+    Case(name="deform_conv2d", **DEFORM, sizes={"cuda": DEFORM_CUDA, "cpu": DEFORM_CPU},
+         flops=_deform_flops),
+    Case(name="deform_conv2d fwd+bwd", **{**DEFORM, "inputs": lambda p: inputs.deform_conv2d_args(
+        {**p, "train": "all"})}, backward=True, sizes={"cuda": DEFORM_CUDA, "cpu": DEFORM_CPU},
+         flops=lambda a: _deform_flops(a, True)),
+    Case(name="deform_conv2d vs conv2d", **DEFORM_BOUND,
+         sizes={"cuda": [_deform(8, 256, 64, 64, zero_offsets=True, quick=True),
+                         _deform(2, 64, 128, 128, zero_offsets=True)]},
+         flops=_deform_flops),
+    Case(name="deform_conv2d vs conv2d fwd+bwd", **{**DEFORM_BOUND, "inputs": lambda p:
+         inputs.deform_conv2d_args({**p, "train": "weights"})}, backward=True,
+         sizes={"cuda": [_deform(8, 256, 64, 64, zero_offsets=True, quick=True)]},
+         flops=lambda a: _deform_flops(a, True)),
+]
+
 
 def select(names: list[str] | None) -> list[Case]:
     """Cases whose case name or operator name is in `names` (all when None)."""

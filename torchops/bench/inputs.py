@@ -122,6 +122,8 @@ def masked_conv_args(p: P) -> tuple:
         weight.requires_grad_()
         bias.requires_grad_()
     return x, mask, weight, bias, [1, 1], [1, 1], [1, 1], 1
+
+
 def carafe_args(p: P) -> tuple:
     """CARAFE at an FPN level: features ``(N, C, H, W)`` and kernels
     softmax-normalised over each group's taps, as CARAFEPack makes them;
@@ -131,3 +133,30 @@ def carafe_args(p: P) -> tuple:
     logits = torch.randn(n, g, k * k, h * s, w * s)
     masks = torch.softmax(logits, dim=2).view(n, g * k * k, h * s, w * s)
     return torch.randn(n, c, h, w), masks.requires_grad_(bool(p.get("train"))), k, g, s
+
+
+def deform_conv2d_args(p: P) -> tuple:
+    """torch.ops.torchops.deform_conv2d's arguments: features ``(N, C, H, W)``,
+    a 3x3 kernel at stride 1, padding 1 (one offset group, no weight groups)
+    with ``1/sqrt(fan_in)``-scaled weights, offsets of about +-2 pixels (many
+    samples reach outside the image) and a mask in [0, 1) when p["mask"].
+    p["zero_offsets"]: offsets 0 and mask 1, where the op equals a plain
+    convolution.  p["train"]: "all" (weight, offset, mask and bias) or
+    "weights" (weight and bias) require their gradients too (the features'
+    is Case.make_inputs's)."""
+    n, c, o, h, w = p["n"], p["c"], p["o"], p["h"], p["w"]
+    use_mask = p.get("mask", True)
+    x = torch.randn(n, c, h, w)
+    weight = torch.randn(o, c, 3, 3) / math.sqrt(9 * c)
+    if p.get("zero_offsets"):
+        offset, mask = torch.zeros(n, 18, h, w), torch.ones(n, 9, h, w)
+    else:
+        offset = torch.randn(n, 18, h, w) * 2
+        mask = torch.rand(n, 9, h, w) if use_mask else torch.zeros(n, 1)
+    bias = torch.randn(o)
+    train = p.get("train")
+    if train:
+        more = (offset,) + ((mask,) if use_mask else ()) if train == "all" else ()
+        for t in (weight, bias) + more:
+            t.requires_grad_()
+    return x, weight, offset, mask, bias, 1, 1, 1, 1, 1, 1, 1, 1, use_mask

@@ -1,0 +1,538 @@
+// CUDA kernels of torchops.deform_conv2d and its backward.
+//
+// Forward, per chunk of images (at most ~256 MB of columns, see
+// deform_chunk): a deformable im2col kernel fills the (C * kh * kw,
+// images * P) column matrix, then one cuBLAS GEMM per weight group, over the
+// whole chunk, multiplies it by the weight (csrc/common/deform_gemm.h).  An
+// im2col thread owns one sample position (offset group, tap, image, output
+// pixel): it computes the bilinear geometry once and walks a slice of the
+// offset group's channels, so adjacent threads (adjacent pixels) write
+// adjacent columns.  The channels are split into slices only as far as it
+// takes to fill the GPU.
+//
+// Backward, per chunk: grad_columns = weight^T @ grad and grad_weight +=
+// grad @ columns^T (GEMMs, after recomputing the columns); grad_offset and
+// grad_mask by one thread per sample position that reduces over the
+// channels of its offset group (no atomics, deterministic); grad_bias by a
+// sum.  grad_input, a scatter of grad_columns into the input planes:
+//  * default: threads laid out like the im2col's add their four bilinear
+//    corners with atomicAdd (into a float32 buffer for half types);
+//  * under torch.use_deterministic_algorithms(True): the scatter pattern
+//    depends on the sample position, not on the channel, so it is listed
+//    once per chunk as (destination pixel of its offset group, column
+//    position, weight) contributions, sorted by destination, and every
+//    grad_input element gathers its own in a fixed order
+//    (csrc/cuda/common/sorted_gather.cuh).  Scratch: about 60 bytes per
+//    contribution, 4 per sample position (OG * kh * kw * images * P of
+//    them), independent of the channel count.  The GEMMs are cuBLAS's: in
+//    this mode PyTorch requires CUBLAS_WORKSPACE_CONFIG=:4096:8 (or :16:8),
+//    as for any cuBLAS-backed op, and raises without it.
+//
+// Half types: columns and the GEMMs in the input's dtype (cuBLAS accumulates
+// in float32), every bilinear sum and reduction in float32.
+#include <ATen/Context.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <tuple>
+
+#include "common/deform_conv2d.h"
+#include "common/deform_gemm.h"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/sorted_gather.cuh"
+
+namespace torchops::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// A chunk of B images, pointers at its first image, contiguous tensors.
+template <typename scalar_t>
+struct Chunk {
+  DeformGeometry g;
+  int64_t images;
+  const scalar_t* input;   // (B, C, H, W)
+  const scalar_t* offset;  // (B, 2 * OG * K, P)
+  const scalar_t* mask;    // (B, OG * K, P), or nullptr
+
+  __device__ __forceinline__ int64_t plane() const { return g.height * g.width; }
+  // Start of column row (c, k) of image b in the (C * K, B * P) matrix.
+  __device__ __forceinline__ int64_t column(int64_t c, int64_t k,
+                                            int64_t b) const {
+    return ((c * g.taps() + k) * images + b) * g.pixels();
+  }
+  template <typename T>
+  __device__ __forceinline__ bool sample(int64_t og, int64_t k, int64_t b,
+                                         int64_t p, DeformTaps<T>& t,
+                                         T& m) const {
+    const int64_t per = g.offset_groups * g.taps() * g.pixels();
+    return deform_sample(g, offset + b * 2 * per,
+                         mask != nullptr ? mask + b * per : mask, og, k, p, t,
+                         m);
+  }
+};
+
+// A sample position, and the slice of its offset group's channels a thread
+// takes: thread index = (((og * slices + s) * K + k) * B + b) * P + p.
+struct Position {
+  int64_t og, s, k, b, p;
+};
+
+template <typename index_t, typename scalar_t>
+__device__ __forceinline__ Position position_of(index_t i,
+                                                const Chunk<scalar_t>& ch,
+                                                index_t slices) {
+  Position q;
+  const index_t P = static_cast<index_t>(ch.g.pixels());
+  const index_t B = static_cast<index_t>(ch.images);
+  const index_t K = static_cast<index_t>(ch.g.taps());
+  q.p = i % P;
+  i /= P;
+  q.b = i % B;
+  i /= B;
+  q.k = i % K;
+  i /= K;
+  q.s = i % slices;
+  q.og = i / slices;
+  return q;
+}
+
+// Channels [c0, c1) of slice s of offset group og.
+struct Slice {
+  int64_t c0, c1;
+};
+
+__device__ __forceinline__ Slice slice_of(const Position& q, int64_t cpg,
+                                          int64_t per_slice) {
+  const int64_t c0 = q.og * cpg + q.s * per_slice;
+  const int64_t end = q.og * cpg + cpg;
+  return {c0, c0 + per_slice < end ? c0 + per_slice : end};
+}
+
+template <typename scalar_t, typename T, typename index_t>
+__global__ void __launch_bounds__(kThreads) deform_im2col_kernel(
+    Chunk<scalar_t> ch, index_t slices, int64_t per_slice, index_t total,
+    scalar_t* __restrict__ columns) {
+  const int64_t plane = ch.plane(), cpg = ch.g.group_channels();
+  const int64_t row_step = ch.g.taps() * ch.images * ch.g.pixels();
+  for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
+    const Position q = position_of(i, ch, slices);
+    const Slice sl = slice_of(q, cpg, per_slice);
+    DeformTaps<T> t;
+    T m;
+    ch.sample(q.og, q.k, q.b, q.p, t, m);
+    const scalar_t* src = ch.input + (q.b * ch.g.channels + sl.c0) * plane;
+    scalar_t* dst = columns + ch.column(sl.c0, q.k, q.b) + q.p;
+    for (int64_t c = sl.c0; c < sl.c1; ++c, src += plane, dst += row_step) {
+      T v[4];
+      deform_corners(src, t, v);
+      *dst = static_cast<scalar_t>(m * deform_dot(t.w, v));
+    }
+  }
+}
+
+// grad_input += the bilinear scatter of grad_columns (atomicAdd).
+template <typename scalar_t, typename T, typename index_t>
+__global__ void __launch_bounds__(kThreads) deform_col2im_atomic_kernel(
+    Chunk<scalar_t> ch, const scalar_t* __restrict__ grad_columns,
+    index_t slices, int64_t per_slice, index_t total,
+    T* __restrict__ grad_input) {
+  const int64_t plane = ch.plane(), cpg = ch.g.group_channels();
+  const int64_t row_step = ch.g.taps() * ch.images * ch.g.pixels();
+  for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
+    const Position q = position_of(i, ch, slices);
+    DeformTaps<T> t;
+    T m;
+    if (!ch.sample(q.og, q.k, q.b, q.p, t, m) || t.valid == 0) {
+      continue;
+    }
+    const Slice sl = slice_of(q, cpg, per_slice);
+    T* dst = grad_input + (q.b * ch.g.channels + sl.c0) * plane;
+    const scalar_t* gc = grad_columns + ch.column(sl.c0, q.k, q.b) + q.p;
+    for (int64_t c = sl.c0; c < sl.c1; ++c, dst += plane, gc += row_step) {
+      const T gv = static_cast<T>(*gc) * m;
+#pragma unroll
+      for (int corner = 0; corner < 4; ++corner) {
+        if ((t.valid >> corner) & 1u) {
+          atomicAdd(dst + t.idx[corner], gv * t.w[corner]);
+        }
+      }
+    }
+  }
+}
+
+// grad_offset and grad_mask: one thread per sample position (slices == 1),
+// summing over the channels of its offset group in order.
+template <typename scalar_t, typename T, typename index_t>
+__global__ void __launch_bounds__(kThreads) deform_coordinate_grad_kernel(
+    Chunk<scalar_t> ch, const scalar_t* __restrict__ grad_columns,
+    index_t total, scalar_t* __restrict__ grad_offset,
+    scalar_t* __restrict__ grad_mask) {
+  const int64_t plane = ch.plane(), cpg = ch.g.group_channels();
+  const int64_t K = ch.g.taps(), P = ch.g.pixels(), OG = ch.g.offset_groups;
+  const int64_t row_step = K * ch.images * P;
+  for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
+    const Position q = position_of(i, ch, index_t(1));
+    DeformTaps<T> t;
+    T m;
+    T acc_y = T(0), acc_x = T(0), acc_m = T(0);
+    if (ch.sample(q.og, q.k, q.b, q.p, t, m) && t.valid != 0) {
+      const int64_t c0 = q.og * cpg;
+      const scalar_t* src = ch.input + (q.b * ch.g.channels + c0) * plane;
+      const scalar_t* gc = grad_columns + ch.column(c0, q.k, q.b) + q.p;
+      for (int64_t c = 0; c < cpg; ++c, src += plane, gc += row_step) {
+        T v[4];
+        deform_corners(src, t, v);
+        const T g = static_cast<T>(*gc);
+        acc_m += g * deform_dot(t.w, v);
+        acc_y += g * deform_dot(t.dy, v);
+        acc_x += g * deform_dot(t.dx, v);
+      }
+    }
+    scalar_t* go = grad_offset + q.b * 2 * OG * K * P + (q.og * K + q.k) * 2 * P + q.p;
+    go[0] = static_cast<scalar_t>(acc_y * m);
+    go[P] = static_cast<scalar_t>(acc_x * m);
+    if (grad_mask != nullptr) {
+      grad_mask[q.b * OG * K * P + (q.og * K + q.k) * P + q.p] =
+          static_cast<scalar_t>(acc_m);
+    }
+  }
+}
+
+// The deterministic input gradient's contributions: sample position i
+// writes entries 4 i .. 4 i + 3, one per corner.  key: the corner's pixel in
+// the (image, offset group) plane set, (b * OG + og) * H * W + idx, or
+// `sentinel` for a corner outside the image; src: the column position
+// (k * B + b) * P + p, which channel c offsets by c * K * B * P.
+template <typename scalar_t, typename T, typename key_t, typename index_t>
+__global__ void __launch_bounds__(kThreads) deform_contributions_kernel(
+    Chunk<scalar_t> ch, index_t total, key_t* __restrict__ keys,
+    key_t* __restrict__ src, T* __restrict__ weight) {
+  const int64_t plane = ch.plane();
+  const int64_t OG = ch.g.offset_groups, B = ch.images, P = ch.g.pixels();
+  const key_t sentinel = static_cast<key_t>(B * OG * plane);
+  for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
+    const Position q = position_of(i, ch, index_t(1));
+    DeformTaps<T> t;
+    T m;
+    ch.sample(q.og, q.k, q.b, q.p, t, m);
+    const int64_t base = (q.b * OG + q.og) * plane;
+    const key_t from = static_cast<key_t>((q.k * B + q.b) * P + q.p);
+    const int64_t e = static_cast<int64_t>(i) * 4;
+#pragma unroll
+    for (int corner = 0; corner < 4; ++corner) {
+      const bool ok = (t.valid >> corner) & 1u;
+      keys[e + corner] = ok ? static_cast<key_t>(base + t.idx[corner]) : sentinel;
+      src[e + corner] = from;
+      weight[e + corner] = ok ? m * t.w[corner] : T(0);
+    }
+  }
+}
+
+// grad_input element i of the chunk, (b, c, pixel d), gathers the
+// contributions of key (b * OG + c / cpg) * H * W + d from grad_columns row
+// block c: adjacent threads take adjacent pixels of one plane, so the
+// output is written contiguously.
+struct PlaneSites {
+  int64_t channels, cpg, offset_groups, plane, row_block;
+  template <typename index_t>
+  __device__ __forceinline__ GatherSite operator()(index_t i) const {
+    const index_t hw = static_cast<index_t>(plane);
+    const index_t d = i % hw;
+    const index_t bc = i / hw;
+    const index_t c = bc % static_cast<index_t>(channels);
+    const index_t b = bc / static_cast<index_t>(channels);
+    const int64_t og = static_cast<int64_t>(c) / cpg;
+    return {(static_cast<int64_t>(b) * offset_groups + og) * plane + d,
+            static_cast<int64_t>(c) * row_block, 1};
+  }
+};
+
+int multiprocessors() {
+  int dev = 0, sms = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return std::max(sms, 1);
+}
+
+// Channel slices per offset group: enough threads for about two full waves
+// of the GPU, never slices of fewer than 8 channels unless that is all.
+struct Slicing {
+  int64_t slices, per_slice;
+};
+
+Slicing slicing(int64_t positions, int64_t cpg) {
+  const int64_t want = int64_t(multiprocessors()) * 2048 * 2;
+  int64_t slices = std::max<int64_t>(1, ceil_div(want, std::max<int64_t>(positions, 1)));
+  slices = std::min(slices, std::max<int64_t>(1, cpg / 8));
+  const int64_t per = std::max<int64_t>(1, ceil_div(cpg, slices));
+  return {ceil_div(std::max<int64_t>(cpg, 1), per), per};
+}
+
+template <typename scalar_t>
+Chunk<scalar_t> chunk_of(const DeformGeometry& g, const at::Tensor& in,
+                         const at::Tensor& off, const at::Tensor& msk,
+                         int64_t n0, int64_t images) {
+  const int64_t per = g.offset_groups * g.taps() * g.pixels();
+  return Chunk<scalar_t>{
+      g, images,
+      in.const_data_ptr<scalar_t>() + n0 * g.channels * g.height * g.width,
+      off.const_data_ptr<scalar_t>() + n0 * 2 * per,
+      g.use_mask ? msk.const_data_ptr<scalar_t>() + n0 * per : nullptr};
+}
+
+// Launches kernel(index_t{}, blocks) over `total` threads.
+template <typename F>
+void launch_over(int64_t total, F&& f) {
+  if (total == 0) {
+    return;
+  }
+  const unsigned int blocks = grid_for(total, kThreads);
+  with_index_type(total, blocks, kThreads, [&](auto index) {
+    f(index, blocks);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+template <typename scalar_t>
+void im2col(const Chunk<scalar_t>& ch, scalar_t* columns) {
+  using T = at::opmath_type<scalar_t>;
+  const int64_t positions =
+      ch.g.offset_groups * ch.g.taps() * ch.images * ch.g.pixels();
+  const Slicing sl = slicing(positions, ch.g.group_channels());
+  launch_over(positions * sl.slices, [&](auto index, unsigned int blocks) {
+    using index_t = decltype(index);
+    deform_im2col_kernel<scalar_t, T, index_t>
+        <<<blocks, kThreads, 0, current_stream()>>>(
+            ch, static_cast<index_t>(sl.slices), sl.per_slice,
+            static_cast<index_t>(positions * sl.slices), columns);
+  });
+}
+
+template <typename scalar_t>
+void col2im_atomic(const Chunk<scalar_t>& ch, const scalar_t* grad_columns,
+                   at::opmath_type<scalar_t>* grad_input) {
+  using T = at::opmath_type<scalar_t>;
+  const int64_t positions =
+      ch.g.offset_groups * ch.g.taps() * ch.images * ch.g.pixels();
+  const Slicing sl = slicing(positions, ch.g.group_channels());
+  launch_over(positions * sl.slices, [&](auto index, unsigned int blocks) {
+    using index_t = decltype(index);
+    deform_col2im_atomic_kernel<scalar_t, T, index_t>
+        <<<blocks, kThreads, 0, current_stream()>>>(
+            ch, grad_columns, static_cast<index_t>(sl.slices), sl.per_slice,
+            static_cast<index_t>(positions * sl.slices), grad_input);
+  });
+}
+
+template <typename scalar_t, typename key_t>
+void col2im_deterministic_as(const Chunk<scalar_t>& ch,
+                             const scalar_t* grad_columns,
+                             const at::TensorOptions& opts,
+                             scalar_t* grad_input) {
+  using T = at::opmath_type<scalar_t>;
+  const int64_t K = ch.g.taps(), P = ch.g.pixels(), B = ch.images;
+  const int64_t OG = ch.g.offset_groups, C = ch.g.channels;
+  const int64_t plane = ch.g.height * ch.g.width;
+  const int64_t positions = OG * K * B * P;
+  const auto key_opts = opts.dtype(c10::CppTypeToScalarType<key_t>::value);
+  at::Tensor keys = at::empty({positions * 4}, key_opts);
+  at::Tensor src = at::empty({positions * 4}, key_opts);
+  at::Tensor weight = at::empty({positions * 4}, opts.dtype(c10::CppTypeToScalarType<T>::value));
+  launch_over(positions, [&](auto index, unsigned int blocks) {
+    using index_t = decltype(index);
+    deform_contributions_kernel<scalar_t, T, key_t, index_t>
+        <<<blocks, kThreads, 0, current_stream()>>>(
+            ch, static_cast<index_t>(positions), keys.mutable_data_ptr<key_t>(),
+            src.mutable_data_ptr<key_t>(), weight.mutable_data_ptr<T>());
+  });
+  const SortedContributions sorted =
+      sort_contributions(keys, src, weight, B * OG * plane);
+  sorted_gather<scalar_t, T, key_t>(
+      grad_columns, sorted,
+      PlaneSites{C, ch.g.group_channels(), OG, plane, K * B * P},
+      B * C * plane, grad_input);
+}
+
+// grad_input of the chunk (every element written), deterministically.
+template <typename scalar_t>
+void col2im_deterministic(const Chunk<scalar_t>& ch,
+                          const scalar_t* grad_columns,
+                          const at::TensorOptions& opts,
+                          scalar_t* grad_input) {
+  const int64_t keys_end =
+      ch.images * ch.g.offset_groups * ch.g.height * ch.g.width + 1;
+  const int64_t src_end = ch.g.taps() * ch.images * ch.g.pixels();
+  // 32-bit keys sort in half the radix passes.
+  if (fits_int32(keys_end) && fits_int32(src_end)) {
+    col2im_deterministic_as<scalar_t, int32_t>(ch, grad_columns, opts, grad_input);
+  } else {
+    col2im_deterministic_as<scalar_t, int64_t>(ch, grad_columns, opts, grad_input);
+  }
+}
+
+template <typename scalar_t>
+void coordinate_grads(const Chunk<scalar_t>& ch, const scalar_t* grad_columns,
+                      scalar_t* grad_offset, scalar_t* grad_mask) {
+  using T = at::opmath_type<scalar_t>;
+  const int64_t positions =
+      ch.g.offset_groups * ch.g.taps() * ch.images * ch.g.pixels();
+  launch_over(positions, [&](auto index, unsigned int blocks) {
+    using index_t = decltype(index);
+    deform_coordinate_grad_kernel<scalar_t, T, index_t>
+        <<<blocks, kThreads, 0, current_stream()>>>(
+            ch, grad_columns, static_cast<index_t>(positions), grad_offset,
+            grad_mask);
+  });
+}
+
+at::ScalarType accumulate_type(at::ScalarType t) {
+  return t == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+at::Tensor deform_conv2d(const at::Tensor& input, const at::Tensor& weight,
+                         const at::Tensor& offset, const at::Tensor& mask,
+                         const at::Tensor& bias, int64_t stride_h,
+                         int64_t stride_w, int64_t pad_h, int64_t pad_w,
+                         int64_t dilation_h, int64_t dilation_w, int64_t groups,
+                         int64_t offset_groups, bool use_mask) {
+  const char* op = "deform_conv2d";
+  const DeformConvSizes s = check_deform_conv2d(
+      op, c10::DeviceType::CUDA, input, weight, offset, mask, bias, stride_h,
+      stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups,
+      use_mask);
+  const c10::cuda::CUDAGuard guard(input.device());
+  const DeformGeometry g =
+      deform_geometry(s, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                      dilation_w, groups, offset_groups, use_mask);
+  const int64_t N = s.batch, O = s.out_channels, C = s.channels;
+  const int64_t K = g.taps(), P = g.pixels();
+  at::Tensor out = new_output(op, {N, O, s.out_h, s.out_w}, input.options());
+  if (out.numel() == 0) {
+    return out;
+  }
+  const at::Tensor b = bias.contiguous();
+  at::Tensor out3 = out.view({N, O, P});
+  if (C == 0) {
+    out3.copy_(b.view({1, O, 1}).expand({N, O, P}));
+    return out;
+  }
+  const at::Tensor in = input.contiguous(), w = weight.contiguous(),
+                   off = offset.contiguous();
+  const at::Tensor msk = use_mask ? mask.contiguous() : at::Tensor();
+  const int64_t chunk = deform_chunk(N, C * K, P, input.element_size());
+  at::Tensor columns = at::empty({C * K * chunk * P}, in.options());
+  at::Tensor scratch = at::empty({O * chunk * P}, in.options());
+  const DeformGemm d{groups, O, C * K, P};
+  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
+    const int64_t B = std::min(chunk, N - n0);
+    const at::Tensor cols =
+        columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, in.scalar_type(), "torchops.deform_conv2d",
+        [&] {
+          im2col(chunk_of<scalar_t>(g, in, off, msk, n0, B),
+                 cols.mutable_data_ptr<scalar_t>());
+        });
+    deform_forward_gemm(d, out3, n0, B, w, cols, b, scratch);
+  }
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+deform_conv2d_backward(const at::Tensor& grad, const at::Tensor& input,
+                       const at::Tensor& weight, const at::Tensor& offset,
+                       const at::Tensor& mask, const at::Tensor& bias,
+                       int64_t stride_h, int64_t stride_w, int64_t pad_h,
+                       int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
+                       int64_t groups, int64_t offset_groups, bool use_mask) {
+  const char* op = "_deform_conv2d_backward";
+  const DeformConvSizes s = check_deform_conv2d(
+      op, c10::DeviceType::CUDA, input, weight, offset, mask, bias, stride_h,
+      stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups,
+      use_mask);
+  check_deform_grad(op, c10::DeviceType::CUDA, grad, input, s);
+  const c10::cuda::CUDAGuard guard(input.device());
+  const DeformGeometry g =
+      deform_geometry(s, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                      dilation_w, groups, offset_groups, use_mask);
+  const at::ScalarType dtype = input.scalar_type();
+  const at::ScalarType acc = accumulate_type(dtype);
+  const int64_t N = s.batch, O = s.out_channels, C = s.channels;
+  const int64_t H = s.height, W = s.width, K = g.taps(), P = g.pixels();
+  const bool deterministic = at::globalContext().deterministicAlgorithms();
+  const auto opts = input.options();
+  // The deterministic gather writes every element of grad_input itself; the
+  // atomic scatter adds into zeros (float32 for half types).
+  at::Tensor grad_input = new_output(op, {N, C, H, W},
+                                     opts.dtype(deterministic ? dtype : acc),
+                                     /*zero=*/!deterministic);
+  at::Tensor grad_weight = new_output(op, weight.sizes(), opts.dtype(acc), true);
+  at::Tensor grad_offset = new_output(op, offset.sizes(), opts, true);
+  at::Tensor grad_mask = new_output(op, mask.sizes(), opts, true);
+  at::Tensor grad_bias = grad.sum({0, 2, 3}, /*keepdim=*/false, acc);
+  if (N > 0 && C > 0 && O > 0) {
+    const at::Tensor in = input.contiguous(), w = weight.contiguous(),
+                     off = offset.contiguous();
+    const at::Tensor msk = use_mask ? mask.contiguous() : at::Tensor();
+    const at::Tensor go = grad.contiguous().view({N, O, P});
+    const int64_t chunk = deform_chunk(N, C * K, P, input.element_size());
+    at::Tensor columns = at::empty({C * K * chunk * P}, in.options());
+    at::Tensor grad_columns = at::empty({C * K * chunk * P}, in.options());
+    const DeformGemm d{groups, O, C * K, P};
+    for (int64_t n0 = 0; n0 < N; n0 += chunk) {
+      const int64_t B = std::min(chunk, N - n0);
+      const at::Tensor cols =
+          columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
+      at::Tensor gcols =
+          grad_columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
+      AT_DISPATCH_FLOATING_TYPES_AND2(
+          at::kHalf, at::kBFloat16, dtype, "torchops._deform_conv2d_backward",
+          [&] {
+            im2col(chunk_of<scalar_t>(g, in, off, msk, n0, B),
+                   cols.mutable_data_ptr<scalar_t>());
+          });
+      deform_backward_gemm(d, go, n0, B, w, cols, gcols, grad_weight);
+      AT_DISPATCH_FLOATING_TYPES_AND2(
+          at::kHalf, at::kBFloat16, dtype, "torchops._deform_conv2d_backward",
+          [&] {
+            using T = at::opmath_type<scalar_t>;
+            const Chunk<scalar_t> ch = chunk_of<scalar_t>(g, in, off, msk, n0, B);
+            const scalar_t* gcp = gcols.const_data_ptr<scalar_t>();
+            coordinate_grads(
+                ch, gcp,
+                grad_offset.mutable_data_ptr<scalar_t>() +
+                    n0 * 2 * offset_groups * K * P,
+                use_mask ? grad_mask.mutable_data_ptr<scalar_t>() +
+                               n0 * offset_groups * K * P
+                         : nullptr);
+            if (deterministic) {
+              col2im_deterministic(
+                  ch, gcp, opts,
+                  grad_input.mutable_data_ptr<scalar_t>() + n0 * C * H * W);
+            } else {
+              col2im_atomic(ch, gcp,
+                            grad_input.mutable_data_ptr<T>() + n0 * C * H * W);
+            }
+          });
+    }
+  } else if (deterministic) {
+    grad_input.zero_();
+  }
+  return {grad_input.to(dtype), grad_weight.to(dtype), grad_offset, grad_mask,
+          grad_bias.to(dtype)};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
+  m.impl("deform_conv2d", &deform_conv2d);
+  m.impl("_deform_conv2d_backward", &deform_conv2d_backward);
+}
+
+}  // namespace torchops::cuda
