@@ -508,11 +508,11 @@ def deform_roi_pool(input: Tensor, rois: Tensor | list[Tensor], offset: Tensor |
     ``input``'s dtype (half types compute in float32).  Differentiable with
     respect to ``input`` and ``offset``; the offset's gradient is the exact
     derivative of the forward (zero along an axis where a sample is clamped
-    to the edge pixels; mmcv's differs there).  The CUDA backward adds into
-    ``input``'s gradient with atomics; under
-    ``torch.use_deterministic_algorithms(True)`` it is bitwise deterministic
-    (sort-and-gather, as roi_align's); the offset's gradient is always
-    deterministic.  Autocast and invalid batch indices behave as in
+    to the edge pixels; mmcv's differs there).  The CUDA backward picks
+    ``input``'s gradient kernel as :func:`roi_align` does: sort-and-gather
+    (bitwise deterministic) with a fixed ``sampling_ratio`` and under
+    ``torch.use_deterministic_algorithms(True)``, atomics otherwise; the
+    offset's gradient is always deterministic.  Autocast and invalid batch indices behave as in
     :func:`roi_align`.  Raises RuntimeError naming the argument for bad
     shapes (``offset`` not ``(K, 2, pooled_height, pooled_width)``, ``rois``
     not ``(K, 5)``), dtypes or devices.

@@ -3,8 +3,9 @@
 // Bins are roi_align's (aligned) moved by the offset (common/
 // deform_roi_pool.h), so the forward and the input's gradient are the
 // RoI-Align-style kernels (cuda/common/roi_bins.cuh, roi_gather.cuh) with
-// DeformBoxes: the same thread layouts, atomics by default and the
-// sort-and-gather backward under torch.use_deterministic_algorithms(True).
+// DeformBoxes: the same thread layouts and the same choice of backward
+// (roi_gather_by_default: the sort-and-gather with a fixed sampling ratio and
+// under torch.use_deterministic_algorithms(True), atomics otherwise).
 //
 // The offset's gradient sums over channels.  One thread per grad element
 // (channel-major, the order that keeps the input planes in L2) computes its
@@ -263,7 +264,8 @@ std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
                        grad.options(), /*zero=*/true),
             grad_offset};
   }
-  if (at::globalContext().deterministicAlgorithms()) {
+  if (roi_gather_by_default(g, sampling_ratio) ||
+      at::globalContext().deterministicAlgorithms()) {
     at::Tensor grad_input;
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, dtype, "torchops._deform_roi_pool_backward",

@@ -91,24 +91,8 @@ at::Tensor roi_align_backward(const at::Tensor& grad, const at::Tensor& rois_in,
     return new_output(op, {batch_size, channels, height, width}, grad.options(),
                       /*zero=*/true);
   }
-  // The gather is bitwise reproducible and, with a fixed sampling ratio,
-  // also the faster backward (H200, fp32, 7x7 bins, sampling_ratio 2,
-  // forward + backward: 1.05 vs 2.21 ms at 2x256x200x200 with 1000 RoIs,
-  // 307 vs 341 us at 2x256x50x50 with 256), so it is the default there while
-  // its scratch (about 60 bytes per contribution) stays within a few times
-  // grad_input's own size.  Adaptive sampling needs a device sync to size
-  // the contribution list: atomics by default, the gather only when asked.
-  // In double: a product of arbitrary sizes cannot overflow it.
-  const double contributions =
-      static_cast<double>(rois.size(0)) * static_cast<double>(pooled_height) *
-      static_cast<double>(pooled_width) *
-      static_cast<double>(sampling_ratio * sampling_ratio * 4);
-  const double grad_input_elements =
-      static_cast<double>(batch_size) * static_cast<double>(channels) *
-      static_cast<double>(height) * static_cast<double>(width);
-  const bool gather_by_default =
-      sampling_ratio > 0 && contributions <= grad_input_elements / 4;
-  if (gather_by_default || at::globalContext().deterministicAlgorithms()) {
+  if (roi_gather_by_default(g, sampling_ratio) ||
+      at::globalContext().deterministicAlgorithms()) {
     at::Tensor out;
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, dtype, "torchops._roi_align_backward", [&] {

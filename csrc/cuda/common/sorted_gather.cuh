@@ -53,6 +53,22 @@ struct GatherSite {
   int64_t key, base, scale;
 };
 
+// The gather sites of an output stored as (destinations, C) memory (say,
+// grad_input channels-last: destination = pixel) from values stored as
+// (sources, C): element i is channel i % C of destination i / C and reads
+// values[src * C + c].  Adjacent threads take adjacent channels, so a warp
+// shares one destination's contribution list (broadcast loads, no
+// divergence) and its value and output accesses are contiguous.
+struct ChannelsInnerSites {
+  int64_t channels;
+  template <typename index_t>
+  __device__ __forceinline__ GatherSite operator()(index_t i) const {
+    const index_t c = i % static_cast<index_t>(channels);
+    return {static_cast<int64_t>(i / static_cast<index_t>(channels)),
+            static_cast<int64_t>(c), channels};
+  }
+};
+
 // out[i] = sum of weight[j] * values[base + src[j] * scale] over the
 // contributions j of key map(i), in order.  map: a device functor
 // index_t -> GatherSite.
