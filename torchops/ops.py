@@ -612,8 +612,9 @@ def deform_conv2d(input: Tensor, offset: Tensor, weight: Tensor, bias: Tensor | 
     respect to input, offset, mask, weight and bias.  The CPU backward is
     deterministic; the CUDA backward adds the input gradient with atomics,
     except under ``torch.use_deterministic_algorithms(True)``, where it is
-    bitwise reproducible (its GEMMs are cuBLAS's: PyTorch then needs
-    ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, as for any cuBLAS-backed op).  On
+    bitwise reproducible (its GEMMs are then :func:`matmul`'s, which needs
+    no ``CUBLAS_WORKSPACE_CONFIG``; float32 follows torch's matmul
+    precision).  On
     CUDA, float16/bfloat16 inputs keep their dtype (GEMMs accumulate in
     float32).  Under ``torch.autocast`` it computes in float32 and
     returns the input's dtype.  Raises RuntimeError naming the argument for

@@ -1,5 +1,6 @@
 // The GEMM half of deform_conv2d, the same on CPU and CUDA (ATen's BLAS /
-// cuBLAS calls; the im2col kernels around them are per device).
+// cuBLAS calls, or torchops.matmul on CUDA under deterministic algorithms;
+// the im2col kernels around them are per device).
 //
 // A chunk of B images has its columns as one (C * kh * kw, B * P) matrix,
 // rows (channel, tap), columns (image, pixel), so that each weight group
@@ -18,12 +19,18 @@
 
 #include <cstdint>
 
+#include "common/library_matmul.h"
+
 namespace torchops {
 
 // out (G, M, N) = a (G, M, K) @ b (G, K, N): one plain GEMM when G == 1.
+// Under deterministic algorithms on CUDA, torchops.matmul instead of cuBLAS
+// (common/library_matmul.h: no CUBLAS_WORKSPACE_CONFIG needed).
 inline void grouped_mm_out(at::Tensor& out, const at::Tensor& a,
                            const at::Tensor& b) {
-  if (a.size(0) == 1) {
+  if (deterministic_cuda_gemm(a)) {
+    out.copy_(library_matmul(a, b));
+  } else if (a.size(0) == 1) {
     at::Tensor o = out.select(0, 0);
     at::mm_out(o, a.select(0, 0), b.select(0, 0));
   } else {
@@ -35,7 +42,9 @@ inline void grouped_mm_out(at::Tensor& out, const at::Tensor& a,
 // dtypes match, else (half inputs, float accumulator) added after it.
 inline void grouped_mm_add(at::Tensor& out, const at::Tensor& a,
                            const at::Tensor& b) {
-  if (out.scalar_type() == a.scalar_type()) {
+  if (deterministic_cuda_gemm(a)) {
+    out.add_(library_matmul(a, b));
+  } else if (out.scalar_type() == a.scalar_type()) {
     if (a.size(0) == 1) {
       out.select(0, 0).addmm_(a.select(0, 0), b.select(0, 0));
     } else {

@@ -26,7 +26,7 @@
 #include <tuple>
 
 #include "common/masked_conv2d.h"
-#include "dispatch/handle.h"
+#include "common/library_matmul.h"
 
 namespace torchops {
 
@@ -42,16 +42,6 @@ struct MaskedPositions {
 
   int64_t count() const { return positions.size(0); }
 };
-
-namespace masked_conv_steps {
-
-inline at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
-  static const auto op = dispatch::typed_handle<at::Tensor(const at::Tensor&, const at::Tensor&)>(
-      "torchops::matmul");
-  return op.call(a, b);
-}
-
-}  // namespace masked_conv_steps
 
 template <typename Kernels>
 at::Tensor masked_conv2d_forward(const at::Tensor& input, const at::Tensor& mask,
@@ -69,7 +59,7 @@ at::Tensor masked_conv2d_forward(const at::Tensor& input, const at::Tensor& mask
   const MaskedPositions pos = Kernels::positions(mask, g);
   const at::Tensor cols = Kernels::gather_cols(input, pos, g);
   // (G, C_out / G, K) @ (G, K, P)
-  const at::Tensor out_cols = masked_conv_steps::matmul(
+  const at::Tensor out_cols = library_matmul(
       weight.reshape({g.groups, g.out_per_group(), g.col_rows()}), cols.transpose(1, 2));
   Kernels::write_output(out_cols.view({g.out_channels, pos.count()}), bias, pos, g, out);
   return out;
@@ -119,14 +109,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> masked_conv2d_backward(
   }
   if (output_mask[1]) {
     // (G, C_out / G, P) @ (G, P, K)
-    grad_weight = masked_conv_steps::matmul(grad_groups, Kernels::gather_cols(input, pos, g))
+    grad_weight = library_matmul(grad_groups, Kernels::gather_cols(input, pos, g))
                       .view(weight.sizes());
   }
   if (output_mask[0]) {
     // (G, K, C_out / G) @ (G, C_out / G, P): the columns' gradients, then
     // each input pixel gathers its taps.
     const at::Tensor w = weight.reshape({g.groups, g.out_per_group(), g.col_rows()});
-    const at::Tensor input_cols = masked_conv_steps::matmul(w.transpose(1, 2), grad_groups);
+    const at::Tensor input_cols = library_matmul(w.transpose(1, 2), grad_groups);
     Kernels::col2im(input_cols, pos, g, grad_input);
   }
   return {grad_input, grad_weight, grad_bias};

@@ -24,9 +24,9 @@
 //    grad_input element gathers its own in a fixed order
 //    (csrc/cuda/common/sorted_gather.cuh).  Scratch: about 60 bytes per
 //    contribution, 4 per sample position (OG * kh * kw * images * P of
-//    them), independent of the channel count.  The GEMMs are cuBLAS's: in
-//    this mode PyTorch requires CUBLAS_WORKSPACE_CONFIG=:4096:8 (or :16:8),
-//    as for any cuBLAS-backed op, and raises without it.
+//    them), independent of the channel count.  The GEMMs are then
+//    torchops.matmul's (deterministic; cuBLAS would demand
+//    CUBLAS_WORKSPACE_CONFIG in this mode).
 //
 // Half types: columns and the GEMMs in the input's dtype (cuBLAS accumulates
 // in float32), every bilinear sum and reduction in float32.
