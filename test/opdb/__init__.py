@@ -11,15 +11,18 @@ Layout: ``core.py`` holds the records (OpInfo, Sample, ErrorInput, Tol, Skip)
 and the tensor helpers (make, make_transposed, convert, hyp_tensor,
 hyp_size); one module per family holds its entries: ``basic.py`` (matmul,
 d_sigmoid), ``boxes.py`` (nms, batched_nms, box_iou), ``roi.py`` (roi_align,
-roi_pool, deform_roi_pool), ``losses.py`` (sigmoid_focal_loss), ``deform.py`` (deform_conv2d).  Sample makers that the
-op-specific tests share are public names of their family module, re-exported
-here (make_boxes, make_scores, random_rois).
+roi_pool, deform_roi_pool), ``losses.py`` (sigmoid_focal_loss),
+``deform.py`` (deform_conv2d), ``masked_conv.py`` (masked_conv2d),
+``upsample.py`` (carafe).  Sample makers that the op-specific tests share
+are public names of their family module, re-exported here (make_boxes,
+make_scores, random_rois, random_mask, carafe_inputs).
 
 Adding an op
 ------------
 Write an ``OpInfo`` in its family's module (a new family: a new module,
 imported below) and add it to that module's list (BASIC_OPS, BOX_OPS,
-ROI_OPS, LOSS_OPS).  Required fields:
+ROI_OPS, LOSS_OPS, DEFORM_OPS, MASKED_CONV_OPS, UPSAMPLE_OPS).  Required
+fields:
 
 ``name``            public name (``torchops.<name>``).
 ``op``              the overload, ``torch.ops.torchops.<name>.default``.
