@@ -373,7 +373,8 @@ def deform_conv2d(input: Tensor, weight: Tensor, offset: Tensor, mask: Tensor, b
             for dx, wx in ((0, 1 - lx), (1, lx)):
                 yi, xi = y0 + dy, x0 + dx
                 ok = valid & (yi >= 0) & (yi <= h - 1) & (xi >= 0) & (xi <= w - 1)
-                idx = (yi.clamp(0, h - 1) * w + xi.clamp(0, w - 1)).long()
+                # Integer arithmetic: y * w + x in a half type rounds past 256.
+                idx = yi.clamp(0, h - 1).long() * w + xi.clamp(0, w - 1).long()
                 idx = torch.where(ok, idx, torch.zeros_like(idx)).reshape(n, og, 1, k * p)
                 got = torch.gather(feats, 3, idx.expand(n, og, cpg, k * p))
                 got = torch.where(ok.reshape(n, og, 1, k * p), got, torch.zeros_like(got))

@@ -82,9 +82,10 @@ inline void check_devices(
 // allocator's bare message, naming neither the op nor the sizes.  A CUDA
 // out-of-memory error keeps its type (torch.OutOfMemoryError) for callers
 // that catch it.
-inline at::Tensor new_output(const char* op, c10::IntArrayRef sizes,
-                             const at::TensorOptions& options,
-                             bool zero = false) {
+// The byte count of an output of `sizes`, checked as new_output does (for
+// kernels that allocate it in another way, e.g. channels-last).
+inline uint64_t check_output_size(const char* op, c10::IntArrayRef sizes,
+                                  const at::TensorOptions& options) {
   uint64_t bytes = options.dtype().itemsize();
   bool overflow = false;
   for (const int64_t d : sizes) {
@@ -97,6 +98,13 @@ inline at::Tensor new_output(const char* op, c10::IntArrayRef sizes,
           bytes <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
       "torchops.", op, ": the output of shape ", sizes, " (", options.dtype(),
       ") is too large to allocate: its byte count overflows int64");
+  return bytes;
+}
+
+inline at::Tensor new_output(const char* op, c10::IntArrayRef sizes,
+                             const at::TensorOptions& options,
+                             bool zero = false) {
+  const uint64_t bytes = check_output_size(op, sizes, options);
   try {
     return zero ? at::zeros(sizes, options) : at::empty(sizes, options);
   } catch (const c10::OutOfMemoryError& e) {

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/checks.h"
 #include "cuda/common/roi_bins.cuh"
 #include "cuda/common/sorted_gather.cuh"
 
@@ -130,6 +131,8 @@ at::Tensor roi_bins_backward_deterministic(const char* op, const at::Tensor& gra
                                            const Boxes& boxes, const RoiGrid& g,
                                            int64_t sampling_ratio) {
   using T = at::opmath_type<scalar_t>;
+  // Before any size arithmetic: grad_input's sizes are arguments.
+  check_output_size(op, {g.n_images, g.channels, g.height, g.width}, grad.options());
   const int64_t k = g.rois;
   const int64_t bins = g.pooled_height * g.pooled_width;
   const int64_t plane = g.height * g.width;
