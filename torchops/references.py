@@ -345,7 +345,13 @@ def deform_conv2d(input: Tensor, weight: Tensor, offset: Tensor, mask: Tensor, b
     ``x >= W`` is 0; inside, each corner outside the image reads 0.  The
     samples form im2col columns, which a grouped matrix product with
     ``weight`` ``(O, C / groups, kh, kw)`` turns into the output, plus
-    ``bias``.  Gathers and an einsum: autograd gives all five gradients."""
+    ``bias``.  Gathers and an einsum: autograd gives all five gradients.
+    Half types compute in float32, as the op does (sample positions in a
+    half type would be off by up to a pixel)."""
+    if input.dtype in (torch.float16, torch.bfloat16):
+        up = [t.float() for t in (input, weight, offset, mask, bias)]
+        return deform_conv2d(*up, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
+                             groups, offset_groups, use_mask).to(input.dtype)
     n, c, h, w = input.shape
     o, _, kh, kw = weight.shape
     out_h = (h + 2 * pad_h - (dilation_h * (kh - 1) + 1)) // stride_h + 1

@@ -149,37 +149,56 @@ __global__ void gather_grad_kernel(const scalar_t* __restrict__ grad, Strides4 s
   }
 }
 
+// index_t: the flat index and all the geometry (with_index_type and
+// geometry_fits_int32 decide); the column offsets stay int64.
 template <typename scalar_t, typename index_t>
 __global__ void col2im_kernel(const scalar_t* __restrict__ input_cols, int64_t p,
                               const int64_t* __restrict__ index_map, MaskedConvGeometry g,
                               index_t total, scalar_t* __restrict__ grad_input) {
   using T = at::opmath_type<scalar_t>;
   const index_t width = g.width, height = g.height, channels = g.in_channels;
-  const index_t cpg = g.in_per_group();
-  const int64_t k_total = g.col_rows(), taps = g.kernel_h * g.kernel_w;
+  const index_t cpg = g.in_per_group(), taps = g.kernel_h * g.kernel_w;
+  const index_t kh = g.kernel_h, kw = g.kernel_w, out_h = g.out_h, out_w = g.out_w;
+  const index_t sh = g.stride_h, sw = g.stride_w, ph = g.pad_h, pw = g.pad_w;
+  const index_t dh = g.dil_h, dw = g.dil_w;
+  const int64_t k_total = g.col_rows();
   for (index_t e = grid_start<index_t>(); e < total; e += grid_stride<index_t>()) {
     const index_t iw = e % width, t1 = e / width;
     const index_t ih = t1 % height, nc = t1 / height;
     const index_t c = nc % channels, n = nc / channels;
     const index_t grp = c / cpg, cl = c - grp * cpg;
-    const scalar_t* rows = input_cols + (grp * k_total + cl * taps) * p;
-    const int64_t* map = index_map + static_cast<int64_t>(n) * g.out_h * g.out_w;
+    const scalar_t* rows = input_cols + (grp * k_total + static_cast<int64_t>(cl) * taps) * p;
+    const int64_t* map = index_map + static_cast<int64_t>(n) * out_h * out_w;
     T acc = T(0);
-    for (int64_t i = 0; i < g.kernel_h; ++i) {
-      const int64_t oh = masked_conv_out_coord(ih, i, g.stride_h, g.pad_h, g.dil_h, g.out_h);
+    for (index_t i = 0; i < kh; ++i) {
+      const index_t oh = masked_conv_out_coord<index_t>(ih, i, sh, ph, dh, out_h);
       if (oh < 0) {
         continue;
       }
-      for (int64_t j = 0; j < g.kernel_w; ++j) {
-        const int64_t ow = masked_conv_out_coord(iw, j, g.stride_w, g.pad_w, g.dil_w, g.out_w);
-        const int64_t r = ow < 0 ? -1 : map[oh * g.out_w + ow];
+      for (index_t j = 0; j < kw; ++j) {
+        const index_t ow = masked_conv_out_coord<index_t>(iw, j, sw, pw, dw, out_w);
+        const int64_t r = ow < 0 ? -1 : map[oh * out_w + ow];
         if (r >= 0) {
-          acc += static_cast<T>(rows[(i * g.kernel_w + j) * p + r]);
+          acc += static_cast<T>(rows[static_cast<int64_t>(i * kw + j) * p + r]);
         }
       }
     }
     grad_input[e] = static_cast<scalar_t>(acc);
   }
+}
+
+// Whether col2im_kernel's geometry terms (sizes, strides, padding, dilation
+// and the intermediate i + pad - k * dil) fit in int32.
+inline bool geometry_fits_int32(const MaskedConvGeometry& g) {
+  constexpr int64_t kLimit = int64_t(1) << 29;
+  for (const int64_t v : {g.height, g.width, g.in_channels, g.out_h * g.out_w, g.kernel_h,
+                          g.kernel_w, g.kernel_h * g.kernel_w, g.stride_h, g.stride_w, g.pad_h,
+                          g.pad_w, g.dil_h * g.kernel_h, g.dil_w * g.kernel_w}) {
+    if (v > kLimit) {
+      return false;
+    }
+  }
+  return true;
 }
 
 bool capturing(cudaStream_t stream) {
@@ -296,14 +315,19 @@ struct CudaKernels {
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, grad_input.scalar_type(), "torchops._masked_conv2d_backward",
         [&] {
-          with_index_type(total, blocks, kThreads, [&](auto index) {
+          auto launch = [&](auto index) {
             using index_t = decltype(index);
             col2im_kernel<scalar_t, index_t><<<blocks, kThreads, 0, current_stream()>>>(
                 input_cols.const_data_ptr<scalar_t>(), pos.count(),
                 pos.index_map.const_data_ptr<int64_t>(), g, static_cast<index_t>(total),
                 grad_input.mutable_data_ptr<scalar_t>());
             C10_CUDA_KERNEL_LAUNCH_CHECK();
-          });
+          };
+          if (geometry_fits_int32(g)) {
+            with_index_type(total, blocks, kThreads, launch);
+          } else {
+            launch(int64_t{});
+          }
         });
   }
 };
