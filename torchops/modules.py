@@ -72,6 +72,31 @@ def _pair(v) -> tuple[int, int]:
     return (v[0], v[1]) if isinstance(v, (list, tuple)) else (v, v)
 
 
+def _init_conv(module: nn.Module, in_channels: int, out_channels: int, kernel_size,
+               stride, padding, dilation, groups: int, bias: bool) -> None:
+    """The attributes (named as ``nn.Conv2d``'s) and the ``weight`` and ``bias``
+    parameters, uninitialised, of the deformable convolution modules."""
+    module.in_channels = in_channels
+    module.out_channels = out_channels
+    module.kernel_size = _pair(kernel_size)
+    module.stride = _pair(stride)
+    module.padding = _pair(padding)
+    module.dilation = _pair(dilation)
+    module.groups = groups
+    module.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups,
+                                             *module.kernel_size))
+    if bias:
+        module.bias = nn.Parameter(torch.empty(out_channels))
+    else:
+        module.register_parameter("bias", None)
+
+
+def _conv_repr(module: nn.Module) -> str:
+    return (f"{module.in_channels}, {module.out_channels}, kernel_size={module.kernel_size}, "
+            f"stride={module.stride}, padding={module.padding}, dilation={module.dilation}, "
+            f"groups={module.groups}")
+
+
 class DeformConv2d(nn.Module):
     """:func:`torchops.deform_conv2d` as a module, like
     ``torchvision.ops.DeformConv2d``: ``DeformConv2d(in_channels,
@@ -90,19 +115,8 @@ class DeformConv2d(nn.Module):
             raise ValueError("torchops.DeformConv2d: 'in_channels' must be divisible by 'groups'")
         if out_channels % groups != 0:
             raise ValueError("torchops.DeformConv2d: 'out_channels' must be divisible by 'groups'")
-        self.in_channels = in_channels
-        self.out_channels = out_channels
-        self.kernel_size = _pair(kernel_size)
-        self.stride = _pair(stride)
-        self.padding = _pair(padding)
-        self.dilation = _pair(dilation)
-        self.groups = groups
-        self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups,
-                                               *self.kernel_size))
-        if bias:
-            self.bias = nn.Parameter(torch.empty(out_channels))
-        else:
-            self.register_parameter("bias", None)
+        _init_conv(self, in_channels, out_channels, kernel_size, stride, padding, dilation,
+                   groups, bias)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -117,9 +131,7 @@ class DeformConv2d(nn.Module):
                                  padding=self.padding, dilation=self.dilation, mask=mask)
 
     def extra_repr(self) -> str:
-        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, "
-                f"groups={self.groups}, bias={self.bias is not None}")
+        return f"{_conv_repr(self)}, bias={self.bias is not None}"
 
 
 class ModulatedDeformConv2dPack(nn.Module):
@@ -140,20 +152,9 @@ class ModulatedDeformConv2dPack(nn.Module):
                  dilation: int | tuple[int, int] = 1, groups: int = 1, deform_groups: int = 1,
                  bias: bool = True) -> None:
         super().__init__()
-        self.in_channels = in_channels
-        self.out_channels = out_channels
-        self.kernel_size = _pair(kernel_size)
-        self.stride = _pair(stride)
-        self.padding = _pair(padding)
-        self.dilation = _pair(dilation)
-        self.groups = groups
+        _init_conv(self, in_channels, out_channels, kernel_size, stride, padding, dilation,
+                   groups, bias)
         self.deform_groups = deform_groups
-        self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups,
-                                               *self.kernel_size))
-        if bias:
-            self.bias = nn.Parameter(torch.empty(out_channels))
-        else:
-            self.register_parameter("bias", None)
         self.conv_offset = nn.Conv2d(
             in_channels, deform_groups * 3 * self.kernel_size[0] * self.kernel_size[1],
             kernel_size=self.kernel_size, stride=self.stride, padding=self.padding,
@@ -178,9 +179,7 @@ class ModulatedDeformConv2dPack(nn.Module):
                                  mask=torch.sigmoid(mask))
 
     def extra_repr(self) -> str:
-        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, "
-                f"groups={self.groups}, deform_groups={self.deform_groups}, "
+        return (f"{_conv_repr(self)}, deform_groups={self.deform_groups}, "
                 f"bias={self.bias is not None}")
 
 

@@ -120,4 +120,29 @@ inline CarafeShape check_carafe_backward(
   return p;
 }
 
+// The backward's gradients, allocated; `done` when the kernels have nothing
+// to compute: empty gradients, or no channels or pixels (no output, so every
+// mask gets a zero gradient).
+struct CarafeGrads {
+  at::Tensor features, masks;
+  bool done;
+};
+
+inline CarafeGrads carafe_backward_outputs(const char* op, const CarafeShape& p,
+                                           const at::Tensor& features,
+                                           const at::Tensor& masks) {
+  CarafeGrads r{new_output(op, {p.n, p.c, p.h, p.w}, features.options()),
+                new_output(op, {p.n, p.g * p.taps(), p.ho, p.wo}, masks.options()),
+                true};
+  if (r.features.numel() == 0 && r.masks.numel() == 0) {
+    return r;
+  }
+  if (p.c == 0 || p.h == 0 || p.w == 0) {
+    r.masks.zero_();
+    return r;
+  }
+  r.done = false;
+  return r;
+}
+
 }  // namespace torchops

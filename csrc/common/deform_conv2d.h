@@ -237,6 +237,26 @@ inline DeformGeometry deform_geometry(const DeformConvSizes& s,
                         dilation_w,  groups,     offset_groups, use_mask};
 }
 
+// A call's checked sizes and the geometry its kernels place samples by:
+// the prologue of every deform_conv2d kernel, CPU and CUDA.
+struct DeformCall {
+  DeformConvSizes s;
+  DeformGeometry g;
+};
+
+inline DeformCall check_deform_call(
+    const char* op, c10::DeviceType device, const at::Tensor& input,
+    const at::Tensor& weight, const at::Tensor& offset, const at::Tensor& mask,
+    const at::Tensor& bias, int64_t stride_h, int64_t stride_w, int64_t pad_h,
+    int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t groups,
+    int64_t offset_groups, bool use_mask) {
+  const DeformConvSizes s = check_deform_conv2d(
+      op, device, input, weight, offset, mask, bias, stride_h, stride_w, pad_h,
+      pad_w, dilation_h, dilation_w, groups, offset_groups, use_mask);
+  return {s, deform_geometry(s, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                             dilation_w, groups, offset_groups, use_mask)};
+}
+
 // Checks of the backward operator's incoming gradient.
 inline void check_deform_grad(const char* op, c10::DeviceType device,
                               const at::Tensor& grad, const at::Tensor& input,

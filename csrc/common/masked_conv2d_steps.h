@@ -25,6 +25,7 @@
 #include <optional>
 #include <tuple>
 
+#include "common/accumulate.h"
 #include "common/masked_conv2d.h"
 #include "common/library_matmul.h"
 
@@ -103,8 +104,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> masked_conv2d_backward(
   Kernels::gather_grad(grad, pos, g, grad_cols);
   const at::Tensor grad_groups = grad_cols.view({g.groups, g.out_per_group(), p});
   if (output_mask[2]) {
-    const at::ScalarType acc =
-        grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const at::ScalarType acc = accumulate_type(grad.scalar_type());
     grad_bias = at::sum(grad_cols, {1}, /*keepdim=*/false, acc).to(grad.scalar_type());
   }
   if (output_mask[1]) {

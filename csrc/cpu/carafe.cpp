@@ -401,16 +401,10 @@ std::tuple<at::Tensor, at::Tensor> carafe_backward(
   const CarafeShape p =
       check_carafe_backward(op, grad_in, features_in, masks_in, kernel_size,
                             group_size, scale_factor, c10::DeviceType::CPU);
-  at::Tensor grad_features =
-      new_output(op, {p.n, p.c, p.h, p.w}, features_in.options());
-  at::Tensor grad_masks =
-      new_output(op, {p.n, p.g * p.taps(), p.ho, p.wo}, masks_in.options());
-  if (grad_features.numel() == 0 && grad_masks.numel() == 0) {
-    return {grad_features, grad_masks};
-  }
-  if (p.c == 0 || p.h == 0 || p.w == 0) {
-    // No channels: no output, so every mask gets a zero gradient.
-    grad_masks.zero_();
+  CarafeGrads grads = carafe_backward_outputs(op, p, features_in, masks_in);
+  at::Tensor& grad_features = grads.features;
+  at::Tensor& grad_masks = grads.masks;
+  if (grads.done) {
     return {grad_features, grad_masks};
   }
   const at::Tensor grad = grad_in.contiguous();

@@ -30,6 +30,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "common/accumulate.h"
 #include "common/deform_conv2d.h"
 #include "common/deform_gemm.h"
 #include "cpu/common/parallel.h"
@@ -316,10 +317,6 @@ void deformable_col2im(const Chunk<T>& ch, const T* grad_columns,
   }, 1);
 }
 
-at::ScalarType compute_type(at::ScalarType t) {
-  return t == at::kDouble ? at::kDouble : at::kFloat;
-}
-
 at::Tensor up(const at::Tensor& t, at::ScalarType ct) {
   return t.to(ct).contiguous();
 }
@@ -355,15 +352,14 @@ at::Tensor deform_conv2d(const at::Tensor& input, const at::Tensor& weight,
                          int64_t dilation_h, int64_t dilation_w, int64_t groups,
                          int64_t offset_groups, bool use_mask) {
   const char* op = "deform_conv2d";
-  const DeformConvSizes s = check_deform_conv2d(
+  const DeformCall call = check_deform_call(
       op, c10::DeviceType::CPU, input, weight, offset, mask, bias, stride_h,
       stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups,
       use_mask);
-  const DeformGeometry g =
-      deform_geometry(s, stride_h, stride_w, pad_h, pad_w, dilation_h,
-                      dilation_w, groups, offset_groups, use_mask);
+  const DeformConvSizes& s = call.s;
+  const DeformGeometry& g = call.g;
   check_padded_plane(op, s);
-  const at::ScalarType dtype = input.scalar_type(), ct = compute_type(dtype);
+  const at::ScalarType dtype = input.scalar_type(), ct = accumulate_type(dtype);
   const int64_t N = s.batch, O = s.out_channels, C = s.channels;
   const int64_t K = g.taps(), P = g.pixels();
   at::Tensor out = new_output(op, {N, O, s.out_h, s.out_w},
@@ -405,16 +401,15 @@ deform_conv2d_backward(const at::Tensor& grad, const at::Tensor& input,
                        int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
                        int64_t groups, int64_t offset_groups, bool use_mask) {
   const char* op = "_deform_conv2d_backward";
-  const DeformConvSizes s = check_deform_conv2d(
+  const DeformCall call = check_deform_call(
       op, c10::DeviceType::CPU, input, weight, offset, mask, bias, stride_h,
       stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups,
       use_mask);
+  const DeformConvSizes& s = call.s;
+  const DeformGeometry& g = call.g;
   check_deform_grad(op, c10::DeviceType::CPU, grad, input, s);
-  const DeformGeometry g =
-      deform_geometry(s, stride_h, stride_w, pad_h, pad_w, dilation_h,
-                      dilation_w, groups, offset_groups, use_mask);
   check_padded_plane(op, s);
-  const at::ScalarType dtype = input.scalar_type(), ct = compute_type(dtype);
+  const at::ScalarType dtype = input.scalar_type(), ct = accumulate_type(dtype);
   const int64_t N = s.batch, O = s.out_channels, C = s.channels;
   const int64_t H = s.height, W = s.width, K = g.taps(), P = g.pixels();
   const auto opts = input.options().dtype(ct);

@@ -21,6 +21,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/accumulate.h"
 #include "common/deform_roi_pool.h"
 #include "cpu/common/roi_loops.h"
 #include "cpu/common/roi_taps.h"
@@ -87,22 +88,9 @@ std::vector<BinTaps<T>> build_bin_taps(const scalar_t* rois,
 template <typename scalar_t, typename T>
 void pool_bins(const scalar_t* __restrict__ plane, int64_t width,
                const BinTaps<T>& t, int64_t bins, scalar_t* __restrict__ out) {
-  const int64_t* ri = t.rows.index.data();
-  const T* rw = t.rows.weight.data();
-  const int64_t* ci = t.cols.index.data();
-  const T* cw = t.cols.weight.data();
   for (int64_t b = 0; b < bins; ++b) {
-    const int64_t q0 = t.cols.begin(b), q1 = t.cols.end(b);
-    T acc = T(0);
-    for (int64_t r = t.rows.begin(b); r < t.rows.end(b); ++r) {
-      const scalar_t* row = plane + ri[r] * width;
-      T s = T(0);
-      for (int64_t q = q0; q < q1; ++q) {
-        s += cw[q] * static_cast<T>(row[ci[q]]);
-      }
-      acc += rw[r] * s;
-    }
-    out[b] = static_cast<scalar_t>(acc);
+    out[b] = static_cast<scalar_t>(
+        separable_sum(plane, width, t.rows, b, t.cols, b));
   }
 }
 
@@ -110,20 +98,8 @@ void pool_bins(const scalar_t* __restrict__ plane, int64_t width,
 template <typename scalar_t, typename T>
 void scatter_bins(const scalar_t* __restrict__ grad, const BinTaps<T>& t,
                   int64_t bins, int64_t width, T* __restrict__ plane) {
-  const int64_t* ri = t.rows.index.data();
-  const T* rw = t.rows.weight.data();
-  const int64_t* ci = t.cols.index.data();
-  const T* cw = t.cols.weight.data();
   for (int64_t b = 0; b < bins; ++b) {
-    const int64_t q0 = t.cols.begin(b), q1 = t.cols.end(b);
-    const T gv = static_cast<T>(grad[b]);
-    for (int64_t r = t.rows.begin(b); r < t.rows.end(b); ++r) {
-      T* row = plane + ri[r] * width;
-      const T gr = gv * rw[r];
-      for (int64_t q = q0; q < q1; ++q) {
-        row[ci[q]] += gr * cw[q];
-      }
-    }
+    separable_add(static_cast<T>(grad[b]), t.rows, b, t.cols, b, width, plane);
   }
 }
 
@@ -224,7 +200,7 @@ std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
   const int64_t height = input.size(2), width = input.size(3);
   const at::ScalarType dtype = grad.scalar_type();
   // Half types accumulate in a float32 buffer, rounded once at the end.
-  const at::ScalarType acc_type = dtype == at::kDouble ? at::kDouble : at::kFloat;
+  const at::ScalarType acc_type = accumulate_type(dtype);
   at::Tensor grad_input =
       new_output(op, {batch_size, channels, height, width},
                  grad.options().dtype(acc_type), /*zero=*/true);

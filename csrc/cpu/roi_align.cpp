@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/accumulate.h"
 #include "common/roi_align.h"
 #include "cpu/common/parallel.h"
 #include "cpu/common/roi_loops.h"
@@ -333,17 +334,8 @@ void pool_plane(const scalar_t* __restrict__ plane, int64_t width,
       continue;
     }
     for (int64_t pw = 0; pw < pooled_width; ++pw) {
-      const int64_t q0 = t.cols.begin(pw), q1 = t.cols.end(pw);
-      T acc = T(0);
-      for (int64_t r = r0; r < r1; ++r) {
-        const scalar_t* row = plane + ri[r] * width;
-        T s = T(0);
-        for (int64_t q = q0; q < q1; ++q) {
-          s += cw[q] * static_cast<T>(row[ci[q]]);
-        }
-        acc += rw[r] * s;
-      }
-      o[pw] = static_cast<scalar_t>(acc);
+      o[pw] = static_cast<scalar_t>(
+          separable_sum(plane, width, t.rows, ph, t.cols, pw));
     }
   }
 }
@@ -393,15 +385,7 @@ void scatter_plane(const scalar_t* __restrict__ grad, const RoiTaps<T>& t,
       continue;
     }
     for (int64_t pw = 0; pw < pooled_width; ++pw) {
-      const int64_t q0 = t.cols.begin(pw), q1 = t.cols.end(pw);
-      const T gv = static_cast<T>(g[pw]);
-      for (int64_t r = r0; r < r1; ++r) {
-        T* row = plane + ri[r] * width;
-        const T gr = gv * rw[r];
-        for (int64_t q = q0; q < q1; ++q) {
-          row[ci[q]] += gr * cw[q];
-        }
-      }
+      separable_add(static_cast<T>(g[pw]), t.rows, ph, t.cols, pw, width, plane);
     }
   }
 }
@@ -475,7 +459,7 @@ at::Tensor roi_align_backward(const at::Tensor& grad_in,
   const int64_t k = rois.size(0);
   const at::ScalarType dtype = grad.scalar_type();
   // Half types accumulate in a float32 buffer, rounded once at the end.
-  const at::ScalarType acc_type = dtype == at::kDouble ? at::kDouble : at::kFloat;
+  const at::ScalarType acc_type = accumulate_type(dtype);
   at::Tensor grad_input = new_output(op, {batch_size, channels, height, width},
                                      grad.options().dtype(acc_type), /*zero=*/true);
   const RoiAlignParams p{spatial_scale, pooled_height, pooled_width,

@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/accumulate.h"
 #include "common/roi_pool.h"
 #include "cpu/common/roi_loops.h"
 
@@ -129,7 +130,7 @@ at::Tensor roi_pool_backward(const at::Tensor& grad_in,
   const at::Tensor argmax = argmax_in.contiguous();
   const int64_t k = rois.size(0);
   const at::ScalarType dtype = grad.scalar_type();
-  const at::ScalarType acc_type = dtype == at::kDouble ? at::kDouble : at::kFloat;
+  const at::ScalarType acc_type = accumulate_type(dtype);
   at::Tensor grad_input = new_output(op, {batch_size, channels, height, width},
                                      grad.options().dtype(acc_type), /*zero=*/true);
   AT_DISPATCH_FLOATING_TYPES_AND2(

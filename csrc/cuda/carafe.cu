@@ -335,6 +335,20 @@ struct PixelBlock {
   }
 };
 
+// f(tap, value) for each tap of the K x K window at `win` in a staged
+// feature tile (rows kTileCols + K - 1 apart).
+template <int K, typename T, typename F>
+__device__ __forceinline__ void for_each_tap(const T* win, F&& f) {
+  constexpr int kPitch = kTileCols + K - 1;
+#pragma unroll
+  for (int ky = 0; ky < K; ++ky) {
+#pragma unroll
+    for (int kx = 0; kx < K; ++kx) {
+      f(ky * K + kx, win[ky * kPitch + kx]);
+    }
+  }
+}
+
 // PH rows of PW values from `v` to `dst` (rows `pitch` apart); PW = 2
 // stores are aligned: even output width, even column.
 template <int PH, int PW, typename scalar_t, typename T>
@@ -402,17 +416,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
         for (int q = 0; q < P; ++q) {
           acc[q] = T(0);
         }
+        for_each_tap<K>(win, [&](int kk, T v) {
 #pragma unroll
-        for (int ky = 0; ky < K; ++ky) {
-#pragma unroll
-          for (int kx = 0; kx < K; ++kx) {
-            const T v = win[ky * kPitch + kx];
-#pragma unroll
-            for (int q = 0; q < P; ++q) {
-              acc[q] += v * m[q][ky * K + kx];
-            }
+          for (int q = 0; q < P; ++q) {
+            acc[q] += v * m[q][kk];
           }
-        }
+        });
         store_block<PH, PW>(op, a.wo, acc);
         win += a.sp;
         op += a.oplane;
@@ -479,17 +488,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
         if (cl + 1 < nc) {
           load_block<PH, PW>(gp + a.oplane, a.wo, next);
         }
+        for_each_tap<K>(win, [&](int kk, T v) {
 #pragma unroll
-        for (int ky = 0; ky < K; ++ky) {
-#pragma unroll
-          for (int kx = 0; kx < K; ++kx) {
-            const T v = win[ky * kPitch + kx];
-#pragma unroll
-            for (int q = 0; q < P; ++q) {
-              acc[q][ky * K + kx] += gv[q] * v;
-            }
+          for (int q = 0; q < P; ++q) {
+            acc[q][kk] += gv[q] * v;
           }
-        }
+        });
         win += a.sp;
         gp += a.oplane;
       }
@@ -874,63 +878,70 @@ bool grad_features_tiled(const CarafeShape& p, const scalar_t* grad,
   }
 }
 
+// `tiled(kc)` for kernel size kc (it returns whether it could run the call)
+// where the testing switch and `tiled_ok` allow it, else `generic()`.
+template <typename Tiled, typename Generic>
+void tiled_or_generic(const char* op, const char* kernel, int64_t k,
+                      bool tiled_ok, Tiled&& tiled, Generic&& generic) {
+  bool ran = false;
+  if (path_choice(op) != PathChoice::kGeneric && tiled_ok) {
+    with_tiled_kernel_size(k, [&](auto kc) { ran = tiled(kc); });
+  }
+  check_forced_path(op, kernel, ran);
+  if (!ran) {
+    generic();
+  }
+}
+
 template <typename scalar_t>
 void run_forward(const CarafeShape& p, const scalar_t* features,
              const scalar_t* masks, scalar_t* out, int sms) {
-  const char* op = "carafe";
-  bool tiled = false;
-  if (path_choice(op) != PathChoice::kGeneric) {
-    with_tiled_kernel_size(p.k, [&](auto kc) {
-      tiled = forward_tiled<scalar_t, decltype(kc)::value>(p, features, masks,
-                                                           out, sms);
-    });
-  }
-  check_forced_path(op, "forward", tiled);
-  if (!tiled) {
-    launch_generic(carafe_forward_generic<scalar_t, at::opmath_type<scalar_t>>,
-                   p.n * p.c * p.ho * p.wo, features, masks, out,
-                   generic_args(p));
-  }
+  tiled_or_generic(
+      "carafe", "forward", p.k, true,
+      [&](auto kc) {
+        return forward_tiled<scalar_t, decltype(kc)::value>(p, features, masks,
+                                                            out, sms);
+      },
+      [&] {
+        launch_generic(
+            carafe_forward_generic<scalar_t, at::opmath_type<scalar_t>>,
+            p.n * p.c * p.ho * p.wo, features, masks, out, generic_args(p));
+      });
 }
 
 template <typename scalar_t>
 void run_grad_masks(const CarafeShape& p, const scalar_t* grad,
                 const scalar_t* features, scalar_t* out, int sms) {
-  const char* op = "_carafe_backward";
-  bool tiled = false;
-  if (path_choice(op) != PathChoice::kGeneric) {
-    with_tiled_kernel_size(p.k, [&](auto kc) {
-      tiled = grad_masks_tiled<scalar_t, decltype(kc)::value>(p, grad, features,
-                                                              out, sms);
-    });
-  }
-  check_forced_path(op, "grad_masks", tiled);
-  if (!tiled) {
-    launch_generic(carafe_grad_masks_generic<scalar_t, at::opmath_type<scalar_t>>,
-                   p.n * p.g * p.taps() * p.ho * p.wo, grad, features, out,
-                   generic_args(p));
-  }
+  tiled_or_generic(
+      "_carafe_backward", "grad_masks", p.k, true,
+      [&](auto kc) {
+        return grad_masks_tiled<scalar_t, decltype(kc)::value>(p, grad, features,
+                                                               out, sms);
+      },
+      [&] {
+        launch_generic(
+            carafe_grad_masks_generic<scalar_t, at::opmath_type<scalar_t>>,
+            p.n * p.g * p.taps() * p.ho * p.wo, grad, features, out,
+            generic_args(p));
+      });
 }
 
 template <typename scalar_t>
 void run_grad_features(const CarafeShape& p, const scalar_t* grad,
                    const scalar_t* masks, scalar_t* out, int sms) {
-  const char* op = "_carafe_backward";
-  bool tiled = false;
-  if (path_choice(op) != PathChoice::kGeneric && (p.s == 1 || p.s == 2)) {
-    with_tiled_kernel_size(p.k, [&](auto kc) {
-      constexpr int K = decltype(kc)::value;
-      tiled = p.s == 1
-                  ? grad_features_tiled<scalar_t, K, 1>(p, grad, masks, out, sms)
-                  : grad_features_tiled<scalar_t, K, 2>(p, grad, masks, out, sms);
-    });
-  }
-  check_forced_path(op, "grad_features", tiled);
-  if (!tiled) {
-    launch_generic(
-        carafe_grad_features_generic<scalar_t, at::opmath_type<scalar_t>>,
-        p.n * p.c * p.h * p.w, grad, masks, out, generic_args(p));
-  }
+  tiled_or_generic(
+      "_carafe_backward", "grad_features", p.k, p.s == 1 || p.s == 2,
+      [&](auto kc) {
+        constexpr int K = decltype(kc)::value;
+        return p.s == 1
+                   ? grad_features_tiled<scalar_t, K, 1>(p, grad, masks, out, sms)
+                   : grad_features_tiled<scalar_t, K, 2>(p, grad, masks, out, sms);
+      },
+      [&] {
+        launch_generic(
+            carafe_grad_features_generic<scalar_t, at::opmath_type<scalar_t>>,
+            p.n * p.c * p.h * p.w, grad, masks, out, generic_args(p));
+      });
 }
 
 // ---------------------------------------------------------------------------
@@ -970,15 +981,10 @@ std::tuple<at::Tensor, at::Tensor> carafe_backward(
       check_carafe_backward(op, grad_in, features_in, masks_in, kernel_size,
                             group_size, scale_factor, c10::DeviceType::CUDA);
   const c10::cuda::CUDAGuard guard(features_in.device());
-  at::Tensor grad_features =
-      new_output(op, {p.n, p.c, p.h, p.w}, features_in.options());
-  at::Tensor grad_masks =
-      new_output(op, {p.n, p.g * p.taps(), p.ho, p.wo}, masks_in.options());
-  if (grad_features.numel() == 0 && grad_masks.numel() == 0) {
-    return {grad_features, grad_masks};
-  }
-  if (p.c == 0 || p.h == 0 || p.w == 0) {
-    grad_masks.zero_();  // no output, so no gradient
+  CarafeGrads grads = carafe_backward_outputs(op, p, features_in, masks_in);
+  at::Tensor& grad_features = grads.features;
+  at::Tensor& grad_masks = grads.masks;
+  if (grads.done) {
     return {grad_features, grad_masks};
   }
   const at::Tensor grad = grad_in.contiguous();

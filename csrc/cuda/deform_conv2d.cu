@@ -41,6 +41,7 @@
 #include <algorithm>
 #include <tuple>
 
+#include "common/accumulate.h"
 #include "common/deform_conv2d.h"
 #include "common/deform_gemm.h"
 #include "cuda/common/launch.cuh"
@@ -391,10 +392,6 @@ void coordinate_grads(const Chunk<scalar_t>& ch, const scalar_t* grad_columns,
   });
 }
 
-at::ScalarType accumulate_type(at::ScalarType t) {
-  return t == at::kDouble ? at::kDouble : at::kFloat;
-}
-
 at::Tensor deform_conv2d(const at::Tensor& input, const at::Tensor& weight,
                          const at::Tensor& offset, const at::Tensor& mask,
                          const at::Tensor& bias, int64_t stride_h,
@@ -402,14 +399,13 @@ at::Tensor deform_conv2d(const at::Tensor& input, const at::Tensor& weight,
                          int64_t dilation_h, int64_t dilation_w, int64_t groups,
                          int64_t offset_groups, bool use_mask) {
   const char* op = "deform_conv2d";
-  const DeformConvSizes s = check_deform_conv2d(
+  const DeformCall call = check_deform_call(
       op, c10::DeviceType::CUDA, input, weight, offset, mask, bias, stride_h,
       stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups,
       use_mask);
+  const DeformConvSizes& s = call.s;
+  const DeformGeometry& g = call.g;
   const c10::cuda::CUDAGuard guard(input.device());
-  const DeformGeometry g =
-      deform_geometry(s, stride_h, stride_w, pad_h, pad_w, dilation_h,
-                      dilation_w, groups, offset_groups, use_mask);
   const int64_t N = s.batch, O = s.out_channels, C = s.channels;
   const int64_t K = g.taps(), P = g.pixels();
   at::Tensor out = new_output(op, {N, O, s.out_h, s.out_w}, input.options());
@@ -452,15 +448,14 @@ deform_conv2d_backward(const at::Tensor& grad, const at::Tensor& input,
                        int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
                        int64_t groups, int64_t offset_groups, bool use_mask) {
   const char* op = "_deform_conv2d_backward";
-  const DeformConvSizes s = check_deform_conv2d(
+  const DeformCall call = check_deform_call(
       op, c10::DeviceType::CUDA, input, weight, offset, mask, bias, stride_h,
       stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups,
       use_mask);
+  const DeformConvSizes& s = call.s;
+  const DeformGeometry& g = call.g;
   check_deform_grad(op, c10::DeviceType::CUDA, grad, input, s);
   const c10::cuda::CUDAGuard guard(input.device());
-  const DeformGeometry g =
-      deform_geometry(s, stride_h, stride_w, pad_h, pad_w, dilation_h,
-                      dilation_w, groups, offset_groups, use_mask);
   const at::ScalarType dtype = input.scalar_type();
   const at::ScalarType acc = accumulate_type(dtype);
   const int64_t N = s.batch, O = s.out_channels, C = s.channels;

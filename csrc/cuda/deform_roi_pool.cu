@@ -27,6 +27,7 @@
 #include <optional>
 #include <tuple>
 
+#include "common/accumulate.h"
 #include "common/deform_roi_pool.h"
 #include "cuda/common/roi_bins.cuh"
 #include "cuda/common/roi_gather.cuh"
@@ -282,7 +283,7 @@ std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
     return {grad_input, grad_offset};
   }
   // Half types accumulate in a float32 buffer, rounded once at the end.
-  const at::ScalarType acc_type = dtype == at::kDouble ? at::kDouble : at::kFloat;
+  const at::ScalarType acc_type = accumulate_type(dtype);
   at::Tensor grad_input = new_output(op, {batch_size, channels, height, width},
                                      grad.options().dtype(acc_type), /*zero=*/true);
   AT_DISPATCH_FLOATING_TYPES_AND2(

@@ -15,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
+#include "common/accumulate.h"
 #include "common/roi_align.h"
 #include "cuda/common/roi_bins.cuh"
 #include "cuda/common/roi_gather.cuh"
@@ -105,7 +106,7 @@ at::Tensor roi_align_backward(const at::Tensor& grad, const at::Tensor& rois_in,
     return out;
   }
   // Half types accumulate in a float32 buffer, rounded once at the end.
-  const at::ScalarType acc_type = dtype == at::kDouble ? at::kDouble : at::kFloat;
+  const at::ScalarType acc_type = accumulate_type(dtype);
   at::Tensor grad_input = new_output(op, {batch_size, channels, height, width},
                                      grad.options().dtype(acc_type), /*zero=*/true);
   AT_DISPATCH_FLOATING_TYPES_AND2(

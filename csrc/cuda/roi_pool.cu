@@ -26,6 +26,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "common/accumulate.h"
 #include "common/roi_pool.h"
 #include "cuda/common/roi.cuh"
 
@@ -301,7 +302,7 @@ at::Tensor roi_pool_backward(const at::Tensor& grad, const at::Tensor& rois_in,
         });
     return grad_input;
   }
-  const at::ScalarType acc_type = dtype == at::kDouble ? at::kDouble : at::kFloat;
+  const at::ScalarType acc_type = accumulate_type(dtype);
   at::Tensor grad_input = new_output(op, {batch_size, channels, height, width},
                                      grad.options().dtype(acc_type), /*zero=*/true);
   AT_DISPATCH_FLOATING_TYPES_AND2(

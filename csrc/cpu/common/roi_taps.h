@@ -91,4 +91,48 @@ struct AxisTaps {
   int64_t end(int64_t p) const { return offsets[p + 1]; }
 };
 
+// One bin's value: sum_r wy[r] * sum_q wx[q] * plane[r, q] over row group
+// `gr` of `rows` and column group `gc` of `cols`.
+template <typename scalar_t, typename T>
+inline T separable_sum(const scalar_t* __restrict__ plane, int64_t width,
+                       const AxisTaps<T>& rows, int64_t gr,
+                       const AxisTaps<T>& cols, int64_t gc) {
+  const int64_t* ri = rows.index.data();
+  const T* rw = rows.weight.data();
+  const int64_t* ci = cols.index.data();
+  const T* cw = cols.weight.data();
+  const int64_t r0 = rows.begin(gr), r1 = rows.end(gr);
+  const int64_t q0 = cols.begin(gc), q1 = cols.end(gc);
+  T acc = T(0);
+  for (int64_t r = r0; r < r1; ++r) {
+    const scalar_t* row = plane + ri[r] * width;
+    T s = T(0);
+    for (int64_t q = q0; q < q1; ++q) {
+      s += cw[q] * static_cast<T>(row[ci[q]]);
+    }
+    acc += rw[r] * s;
+  }
+  return acc;
+}
+
+// The transpose of separable_sum: plane[r, q] += g * wy[r] * wx[q].
+template <typename T>
+inline void separable_add(T g, const AxisTaps<T>& rows, int64_t gr,
+                          const AxisTaps<T>& cols, int64_t gc, int64_t width,
+                          T* __restrict__ plane) {
+  const int64_t* ri = rows.index.data();
+  const T* rw = rows.weight.data();
+  const int64_t* ci = cols.index.data();
+  const T* cw = cols.weight.data();
+  const int64_t r0 = rows.begin(gr), r1 = rows.end(gr);
+  const int64_t q0 = cols.begin(gc), q1 = cols.end(gc);
+  for (int64_t r = r0; r < r1; ++r) {
+    T* row = plane + ri[r] * width;
+    const T gr_w = g * rw[r];
+    for (int64_t q = q0; q < q1; ++q) {
+      row[ci[q]] += gr_w * cw[q];
+    }
+  }
+}
+
 }  // namespace torchops::cpu
