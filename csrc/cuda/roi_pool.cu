@@ -54,18 +54,30 @@ __device__ __forceinline__ int64_t offset_of(const RoiBin& b, const Params& p) {
 // The max over one bin's pixels.  plane_t indexes inside one (H, W) plane:
 // int32 whenever the plane's element offsets fit (always, in practice), since
 // this loop is the kernel's whole cost and 64-bit address arithmetic doubles
-// its instruction count.
+// its instruction count.  A dense plane (unit column stride, rows W apart:
+// any contiguous input) walks one running index that is both the load's
+// offset and the argmax, as torchvision's kernel does: ncu counted 1.4x
+// torchvision's instructions for the strided walk on the large bench case.
 template <typename scalar_t, typename T, typename plane_t>
 __device__ __forceinline__ void bin_max(const scalar_t* __restrict__ plane,
                                         plane_t stride_h, plane_t stride_w,
                                         plane_t width, plane_t h0, plane_t h1,
                                         plane_t w0, plane_t w1, T& best,
                                         plane_t& best_at) {
+  if (stride_w == 1 && stride_h == width) {
+    for (plane_t h = h0; h < h1; ++h) {
+      for (plane_t idx = h * width + w0, end = h * width + w1; idx < end; ++idx) {
+        const T v = static_cast<T>(plane[idx]);
+        if (v > best) {
+          best = v;
+          best_at = idx;
+        }
+      }
+    }
+    return;
+  }
   for (plane_t h = h0; h < h1; ++h) {
     const scalar_t* row = plane + h * stride_h;
-    // Unrolled so several loads are in flight: the compares stay in order
-    // (the first maximum wins), only the loads are hoisted.
-#pragma unroll 4
     for (plane_t w = w0; w < w1; ++w) {
       const T v = static_cast<T>(row[w * stride_w]);
       if (v > best) {
