@@ -15,6 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules.utils import _pair
 
 from torchops import ops
 
@@ -66,10 +67,6 @@ class RoIPool(nn.Module):
 
 __all__ += ["DeformConv2d", "ModulatedDeformConv2dPack", "DeformRoIPool", "DeformRoIPoolPack",
             "ModulatedDeformRoIPoolPack"]
-
-
-def _pair(v) -> tuple[int, int]:
-    return (v[0], v[1]) if isinstance(v, (list, tuple)) else (v, v)
 
 
 def _init_conv(module: nn.Module, in_channels: int, out_channels: int, kernel_size,

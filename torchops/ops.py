@@ -293,13 +293,15 @@ def _roi_rows(op: str, boxes, name: str = "boxes") -> Tensor:
     return torch.cat([index, cat], dim=1)
 
 
-def _pair(op: str, output_size) -> tuple[int, int]:
-    if isinstance(output_size, (list, tuple)):
-        if len(output_size) != 2:
-            raise ValueError(f"torchops.{op}: expected 'output_size' to be an int or a pair, "
-                             f"got {output_size!r}")
-        return output_size[0], output_size[1]
-    return output_size, output_size
+def _pair(op: str, value, name: str = "output_size") -> tuple[int, int]:
+    """An int or a pair -> (height, width); a plain raise, not torch._check:
+    dynamo traces the wrappers, and these are constants there."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise ValueError(f"torchops.{op}: expected '{name}' to be an int or a pair, "
+                             f"got {value!r}")
+        return value[0], value[1]
+    return value, value
 
 
 def roi_align(input: Tensor, boxes: Tensor | list[Tensor], output_size: int | tuple[int, int],
@@ -575,15 +577,6 @@ def _deform_roi_pool_backward_fake(grad: Tensor, input: Tensor, rois: Tensor,
 __all__ += ["deform_conv2d"]
 
 
-def _deform_pair(name: str, v) -> tuple:
-    if isinstance(v, (list, tuple)):
-        if len(v) != 2:
-            raise ValueError(f"torchops.deform_conv2d: expected '{name}' to be an int or a pair, "
-                             f"got {v!r}")
-        return v[0], v[1]
-    return v, v
-
-
 def deform_conv2d(input: Tensor, offset: Tensor, weight: Tensor, bias: Tensor | None = None,
                   stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0,
                   dilation: int | tuple[int, int] = 1, mask: Tensor | None = None) -> Tensor:
@@ -621,9 +614,9 @@ def deform_conv2d(input: Tensor, offset: Tensor, weight: Tensor, bias: Tensor | 
     shapes that do not fit (offset or mask channels, groups that do not
     divide the channels, ...).
     """
-    stride_h, stride_w = _deform_pair("stride", stride)
-    pad_h, pad_w = _deform_pair("padding", padding)
-    dil_h, dil_w = _deform_pair("dilation", dilation)
+    stride_h, stride_w = _pair("deform_conv2d", stride, "stride")
+    pad_h, pad_w = _pair("deform_conv2d", padding, "padding")
+    dil_h, dil_w = _pair("deform_conv2d", dilation, "dilation")
     kh, kw = weight.shape[-2], weight.shape[-1]
     offset_groups = offset.shape[1] // (2 * kh * kw)
     if offset_groups == 0:
@@ -823,17 +816,6 @@ def _sigmoid_focal_loss_backward_fake(grad: Tensor, inputs: Tensor, targets: Ten
 __all__ += ["masked_conv2d"]
 
 
-def _conv_pair(op: str, name: str, value) -> list[int]:
-    """An int or a pair of ints -> [height, width] (a plain raise: dynamo
-    traces the wrapper, and these are constants there)."""
-    if isinstance(value, (list, tuple)):
-        if len(value) != 2:
-            raise ValueError(f"torchops.{op}: expected '{name}' to be an int or a pair of ints, "
-                             f"got {value!r}")
-        return [value[0], value[1]]
-    return [value, value]
-
-
 def masked_conv2d(input: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | None = None,
                   padding: int | tuple[int, int] = 0, stride: int | tuple[int, int] = 1,
                   dilation: int | tuple[int, int] = 1, groups: int = 1) -> Tensor:
@@ -883,8 +865,8 @@ def masked_conv2d(input: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | No
     """
     op = "masked_conv2d"
     return torch.ops.torchops.masked_conv2d.default(
-        input, mask, weight, bias, _conv_pair(op, "padding", padding),
-        _conv_pair(op, "stride", stride), _conv_pair(op, "dilation", dilation), groups)
+        input, mask, weight, bias, _pair(op, padding, "padding"),
+        _pair(op, stride, "stride"), _pair(op, dilation, "dilation"), groups)
 
 
 def _check_conv_list(op: str, name: str, value, low: int) -> None:
