@@ -129,3 +129,86 @@ def test_cuda_graph_replays_any_mask():
         torch.cuda.synchronize()
         want = torchops.masked_conv2d(x, mask, weight, bias, padding=1)
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+PATH_SWITCH = "TORCHOPS_TESTING_MASKED_CONV_PATH"
+
+
+@cuda
+@needs_cuda
+@pytest.mark.parametrize("path", ["sparse", "dense"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", ["plain", "strided_groups", "shared_float_mask"])
+def test_cuda_forward_paths_match_float64(monkeypatch, path, dtype, case):
+    """Both CUDA forwards (the sparse gather + GEMM, and the dense hand-off
+    to cuDNN that high densities take) against the float64 reference, with
+    float32 exact (the default precision) on both."""
+    monkeypatch.setenv(PATH_SWITCH, path)
+    torch.manual_seed(3)
+    n, c, c_out, h, w = 2, 8, 12, 13, 17
+    stride, dilation, groups = ((2, 1), (1, 2), 2) if case == "strided_groups" else ((1, 1), (1, 1), 1)
+    x = torch.randn(n, c, h, w, device="cuda", dtype=torch.float64)
+    weight = torch.randn(c_out, c // groups, 3, 3, device="cuda", dtype=torch.float64)
+    bias = torch.randn(c_out, device="cuda", dtype=torch.float64)
+    h_out = (h + 2 - dilation[0] * 2 - 1) // stride[0] + 1
+    w_out = (w + 2 - dilation[1] * 2 - 1) // stride[1] + 1
+    if case == "shared_float_mask":
+        mask = random_mask((1, h_out, w_out), "cuda", torch.float32, density=0.6, seed=7)
+    else:
+        mask = random_mask((n, h_out, w_out), "cuda", density=0.6, seed=7)
+    want = references.masked_conv2d(x, mask, weight, bias, (1, 1), stride, dilation, groups)
+    got = torchops.masked_conv2d(x.to(dtype), mask, weight.to(dtype), bias.to(dtype), padding=1,
+                                 stride=stride, dilation=dilation, groups=groups)
+    assert got.dtype == dtype and got.is_contiguous()
+    tol = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 0.1}[dtype]
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+    assert (got[~(mask > 0).expand(n, h_out, w_out).unsqueeze(1).expand_as(got)] == 0).all()
+
+
+@cuda
+@needs_cuda
+def test_cuda_dense_path_keeps_unread_nan_out():
+    """The dense hand-off convolves every position, but where() (not a
+    product with the mask) keeps the unselected ones exactly 0, NaN inputs
+    included."""
+    x, _, weight, bias = _args("cuda", torch.float32, requires_grad=False)
+    x = x.clone()
+    x[:, :, :3, :3] = float("nan")
+    mask = torch.zeros(2, 9, 11, dtype=torch.bool, device="cuda")
+    mask[:, 5:, 5:] = True
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv(PATH_SWITCH, "dense")
+        out = torchops.masked_conv2d(x, mask, weight, bias, padding=1)
+    assert torch.isfinite(out).all()
+    assert (out[:, :, :5] == 0).all() and (out[:, :, :, :5] == 0).all()
+
+
+@cuda
+@needs_cuda
+def test_cuda_graph_capture_with_tensor_cores_replays_any_mask():
+    """bfloat16 may use tensor cores, so under capture (every position
+    counted) the forward is the dense hand-off: still right for any mask."""
+    x, mask, weight, bias = (t.bfloat16() if t.is_floating_point() else t
+                             for t in _args("cuda", torch.float32, requires_grad=False))
+    torchops.masked_conv2d(x, mask, weight, bias, padding=1)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torchops.masked_conv2d(x, mask, weight, bias, padding=1)
+    for seed, density in ((1, 0.1), (2, 0.9), (3, 0.0)):
+        mask.copy_(random_mask(mask.shape, "cuda", seed=seed, density=density))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = references.masked_conv2d(x.double(), mask, weight.double(), bias.double(), (1, 1))
+        torch.testing.assert_close(out.double(), want, rtol=0.05, atol=0.05)
+
+
+@cuda
+@needs_cuda
+def test_path_switch_rejects_unknown_values(monkeypatch):
+    """The testing switch is checked: a typo raises instead of silently
+    testing the default path (CUDA only; CPU has one path)."""
+    monkeypatch.setenv(PATH_SWITCH, "fast")
+    x, mask, weight, bias = _args("cuda", torch.float32, requires_grad=False)
+    with pytest.raises(RuntimeError, match="TORCHOPS_TESTING_MASKED_CONV_PATH"):
+        torchops.masked_conv2d(x, mask, weight, bias, padding=1)

@@ -840,11 +840,17 @@ def masked_conv2d(input: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | No
         groups: divides ``C_in`` and ``C_out``.
 
     The work is proportional to the selected positions: their im2col columns
-    are gathered, multiplied by the weight in one GEMM per group
-    (:func:`torchops.matmul`'s kernels; float32 follows
-    ``torch.set_float32_matmul_precision`` like it: exact by default, TF32
-    tensor cores with ``"high"``; the half types accumulate in float32), and
-    the products written to the output, whose other positions get 0.
+    are gathered, multiplied by the weight in one GEMM per group (cuBLAS on
+    CUDA, :func:`torchops.matmul` on CPU and under deterministic
+    algorithms; float32 follows ``torch.set_float32_matmul_precision``:
+    exact by default, TF32 tensor cores with ``"high"``; the half types
+    accumulate in float32), and the products written to the output, whose
+    other positions get 0.  On CUDA, where tensor cores may be used (the
+    half types, or float32 with TF32 allowed) and at least 30% (float32) or
+    20% (half types) of the positions are selected, the forward is instead
+    cuDNN's convolution of every position followed by ``torch.where``
+    (faster from there on; same precision rule, same result at the
+    unselected positions).
     Differentiable with respect to ``input``, ``weight`` and ``bias``; the
     backward is deterministic on CPU and CUDA alike (every input pixel
     gathers its taps; no atomics), so it needs nothing under
@@ -854,8 +860,9 @@ def masked_conv2d(input: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | No
     On CUDA, counting the selected positions is one device-to-host sync per
     call (forward, and again in the backward).  Inside CUDA graph capture,
     where a sync is not allowed, the op sizes its work for every position
-    instead (the cost of a dense convolution), so captured graphs stay
-    correct for any mask they are replayed with.
+    instead (the cost of a dense convolution, and the dense hand-off where
+    tensor cores may be used), so captured graphs stay correct for any mask
+    they are replayed with.
 
     Raises RuntimeError naming the argument for a mask of the wrong shape or
     dtype, channels that ``groups`` does not divide, a weight that does not

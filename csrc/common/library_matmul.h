@@ -9,6 +9,7 @@
 
 #include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/matmul.h>
 
 #include "dispatch/handle.h"
 
@@ -25,6 +26,17 @@ inline at::Tensor library_matmul(const at::Tensor& a, const at::Tensor& b) {
 // ATen's: on CUDA under torch.use_deterministic_algorithms(True).
 inline bool deterministic_cuda_gemm(const at::Tensor& t) {
   return t.is_cuda() && at::globalContext().deterministicAlgorithms();
+}
+
+// An op's internal GEMM, a @ b (2-D or batched 3-D): ATen's (cuBLAS) on
+// CUDA, whose heuristics pick split-K and tile shapes for the thin GEMMs
+// masked positions make; torchops.matmul under deterministic algorithms
+// and on CPU, where its result does not depend on the thread count.
+inline at::Tensor op_matmul(const at::Tensor& a, const at::Tensor& b) {
+  if (a.is_cuda() && !deterministic_cuda_gemm(a)) {
+    return at::matmul(a, b);
+  }
+  return library_matmul(a, b);
 }
 
 }  // namespace torchops

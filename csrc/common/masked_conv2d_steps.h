@@ -1,11 +1,19 @@
 // The steps of torchops.masked_conv2d and its backward, written once for
 // both devices: each device supplies the five data-parallel kernels (a
-// `Kernels` type with the static functions below), the GEMMs are
-// torchops::matmul, called through the dispatcher (its own kernels on each
-// device: deterministic, no cuBLAS workspace configuration needed, and
-// float32 follows torch's matmul precision like torchops.matmul).
+// `Kernels` type with the static functions below); the GEMMs are
+// op_matmul's (common/library_matmul.h): cuBLAS on CUDA, torchops.matmul on
+// CPU and under deterministic algorithms (no cuBLAS workspace
+// configuration needed).  float32 follows torch's matmul precision either
+// way.
 //
-//   Kernels::positions(mask, g)                  -> MaskedPositions
+//   Kernels::positions(mask, g, meanwhile)       -> MaskedPositions; calls
+//                                                  meanwhile() once, while
+//                                                  the count is in flight
+//   Kernels::clear_output(out)                     with write_output, writes
+//                                                  every element of out
+//   Kernels::dense_forward(input, ..., g, pos, out) -> whether it wrote out
+//                                                  itself, densely (a device
+//                                                  may hand dense masks off)
 //   Kernels::gather_cols(input, pos, g) -> cols     (G, P, K), in the memory
 //                                                  order the device's GEMM
 //                                                  reads best
@@ -22,6 +30,7 @@
 #include <ATen/ops/sum.h>
 
 #include <array>
+#include <functional>
 #include <optional>
 #include <tuple>
 
@@ -57,10 +66,17 @@ at::Tensor masked_conv2d_forward(const at::Tensor& input, const at::Tensor& mask
   if (out.numel() == 0) {
     return out;
   }
-  const MaskedPositions pos = Kernels::positions(mask, g);
+  // The device reads the positions' count back to the host: the output's
+  // zeros are queued behind that copy, so they are written while the host
+  // waits.
+  const MaskedPositions pos = Kernels::positions(mask, g, [&] { Kernels::clear_output(out); });
+  if (Kernels::dense_forward(input, mask, weight, bias, padding, stride, dilation, groups, g, pos,
+                             out)) {
+    return out;
+  }
   const at::Tensor cols = Kernels::gather_cols(input, pos, g);
   // (G, C_out / G, K) @ (G, K, P)
-  const at::Tensor out_cols = library_matmul(
+  const at::Tensor out_cols = op_matmul(
       weight.reshape({g.groups, g.out_per_group(), g.col_rows()}), cols.transpose(1, 2));
   Kernels::write_output(out_cols.view({g.out_channels, pos.count()}), bias, pos, g, out);
   return out;
@@ -98,7 +114,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> masked_conv2d_backward(
   if (output_mask[0]) {
     grad_input = new_output(op, input.sizes(), input.options());
   }
-  const MaskedPositions pos = Kernels::positions(mask, g);
+  const MaskedPositions pos = Kernels::positions(mask, g, [] {});
   const int64_t p = pos.count();
   at::Tensor grad_cols = new_output(op, {g.out_channels, p}, grad.options());
   Kernels::gather_grad(grad, pos, g, grad_cols);
@@ -109,14 +125,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> masked_conv2d_backward(
   }
   if (output_mask[1]) {
     // (G, C_out / G, P) @ (G, P, K)
-    grad_weight = library_matmul(grad_groups, Kernels::gather_cols(input, pos, g))
+    grad_weight = op_matmul(grad_groups, Kernels::gather_cols(input, pos, g))
                       .view(weight.sizes());
   }
   if (output_mask[0]) {
     // (G, K, C_out / G) @ (G, C_out / G, P): the columns' gradients, then
     // each input pixel gathers its taps.
     const at::Tensor w = weight.reshape({g.groups, g.out_per_group(), g.col_rows()});
-    const at::Tensor input_cols = library_matmul(w.transpose(1, 2), grad_groups);
+    const at::Tensor input_cols = op_matmul(w.transpose(1, 2), grad_groups);
     Kernels::col2im(input_cols, pos, g, grad_input);
   }
   return {grad_input, grad_weight, grad_bias};

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -38,7 +39,9 @@ using Position = MaskedConvPosition<int64_t>;
 struct CpuKernels {
   // One pass in order: ranks come out ascending (the mask is small beside
   // the convolution: N * H_out * W_out values).
-  static MaskedPositions positions(const at::Tensor& mask, const MaskedConvGeometry& g) {
+  static MaskedPositions positions(const at::Tensor& mask, const MaskedConvGeometry& g,
+                                   const std::function<void()>& meanwhile) {
+    meanwhile();
     const int64_t all = g.all_positions();
     at::Tensor index_map = at::empty({all}, mask.options().dtype(at::kLong));
     int64_t* map = index_map.mutable_data_ptr<int64_t>();
@@ -112,6 +115,17 @@ struct CpuKernels {
         });
     return cols.transpose(1, 2);
   }
+
+  // Always sparse on CPU.
+  static bool dense_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const std::optional<at::Tensor>&, c10::IntArrayRef, c10::IntArrayRef,
+                            c10::IntArrayRef, int64_t, const MaskedConvGeometry&,
+                            const MaskedPositions&, at::Tensor&) {
+    return false;
+  }
+
+  // write_output writes the zeros too, in the same pass.
+  static void clear_output(at::Tensor& /*out*/) {}
 
   static void write_output(const at::Tensor& out_cols, const std::optional<at::Tensor>& bias,
                            const MaskedPositions& pos, const MaskedConvGeometry& g,

@@ -98,13 +98,6 @@ void check_forced_path(const char* op, const char* kernel, bool tiled) {
               "sizes out of its range)");
 }
 
-int sm_count(const at::Tensor& t) {
-  int sms = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
-                                        t.get_device()));
-  return std::max(sms, 1);
-}
-
 // ---------------------------------------------------------------------------
 // Tiling
 // ---------------------------------------------------------------------------

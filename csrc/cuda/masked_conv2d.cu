@@ -1,29 +1,45 @@
 // CUDA kernels of torchops.masked_conv2d and its backward: the data-parallel
-// steps of common/masked_conv2d_steps.h (the GEMMs are torchops::matmul's).
+// steps of common/masked_conv2d_steps.h (the GEMMs are op_matmul's).
 //
-// Positions: one pass flags the selected (n, oh, ow), an inclusive scan
-// (at::cumsum) ranks them, and a second pass writes the position list and,
-// in the flags' place, the index map.  The number of positions sizes the
-// columns and the GEMM, so it is read back to the host: one sync per call.
+// Positions: one pass counts the selected (n, oh, ow) per tile, a second
+// ranks them and writes the position list and the index map.  The number
+// of positions sizes the columns and the GEMM, so it is read back to the
+// host: one sync per call, with the output's zeros written meanwhile.
+// Where tensor cores may be used and enough positions are selected, the
+// forward hands off to cuDNN instead (kDenseShareTf32).
 // Under CUDA graph capture, where a sync is an error, the count is taken to
 // be every position of the batch instead (the list is padded with -1, whose
 // columns are zero and are never read back): the graph then holds a dense
 // convolution's work and stays right for whatever mask it is replayed with.
 //
-// Columns are gathered through a shared-memory tile, so that both the
-// input reads (along positions, i.e. along the output row) and the column
-// writes (along k) coalesce.  No kernel adds with atomics: col2im gathers
-// the taps of each input pixel through the index map, in a fixed order, so
-// the backward is bitwise deterministic with no extra memory.
+// Columns are written along k (coalesced), each thread keeping one tap so
+// that the index math is per row, not per element.  Writing the output,
+// gathering the gradient and col2im give each thread one or more channels
+// of one position or pixel, sharing its decode and index-map lookups.  No
+// kernel adds with atomics: col2im gathers the taps of each input pixel
+// through the index map, in a fixed order, so the backward is bitwise
+// deterministic with no extra memory.
+#include <ATen/Context.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/cumsum.h>
+#include <ATen/ops/_convolution.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/gt.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include <algorithm>
 #include <array>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
 #include <optional>
 #include <tuple>
 
@@ -35,155 +51,322 @@ namespace torchops::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-// Columns tile: kTile positions x kTile rows of k, kTile x kTileRows threads.
-constexpr int kTile = 32;
-constexpr int kTileRows = 8;
+
+// Positions in two passes over tiles of kScanTile positions (kScanItems
+// consecutive ones per thread): count_kernel counts each tile's selected
+// positions, rank_kernel adds up the tiles before its own, scans within it
+// and writes the index map, the position list and (last tile) the total.
+// Two launches and no temporary beyond the tile counts: the host's cost
+// before the sync is what a sparse call waits on.
+constexpr int kScanThreads = 256;
+constexpr int kScanItems = 4;
+constexpr int64_t kScanTile = int64_t(kScanThreads) * kScanItems;
+
+// This thread's kScanItems flags (bit u: position first + u is selected).
+template <typename mask_t>
+__device__ unsigned int tile_flags(const mask_t* __restrict__ mask, int64_t sn, int64_t sh,
+                                   int64_t sw, const MaskedConvGeometry& g, int64_t first) {
+  const int64_t all = g.all_positions();
+  unsigned int bits = 0;
+  if (first >= all) {
+    return bits;
+  }
+  MaskedConvPosition<int64_t> q(first, g.out_h, g.out_w);
+  for (int u = 0; u < kScanItems && first + u < all; ++u) {
+    if (masked_conv_selects(mask[q.n * sn + q.oh * sh + q.ow * sw])) {
+      bits |= 1u << u;
+    }
+    if (++q.ow == g.out_w) {
+      q.ow = 0;
+      if (++q.oh == g.out_h) {
+        q.oh = 0;
+        ++q.n;
+      }
+    }
+  }
+  return bits;
+}
 
 template <typename mask_t>
-__global__ void flag_kernel(const mask_t* __restrict__ mask, int64_t sn, int64_t sh, int64_t sw,
-                            MaskedConvGeometry g, int64_t* __restrict__ flags) {
+__global__ void __launch_bounds__(kScanThreads)
+    count_kernel(const mask_t* __restrict__ mask, int64_t sn, int64_t sh, int64_t sw,
+                 MaskedConvGeometry g, int64_t* __restrict__ tile_counts) {
+  using Reduce = cub::BlockReduce<int, kScanThreads>;
+  __shared__ typename Reduce::TempStorage temp;
+  const int64_t first = blockIdx.x * kScanTile + int64_t(threadIdx.x) * kScanItems;
+  const int count = __popc(tile_flags(mask, sn, sh, sw, g, first));
+  const int total = Reduce(temp).Sum(count);
+  if (threadIdx.x == 0) {
+    tile_counts[blockIdx.x] = total;
+  }
+}
+
+// tile_counts: one per tile, then one slot for the total.
+template <typename mask_t>
+__global__ void __launch_bounds__(kScanThreads)
+    rank_kernel(const mask_t* __restrict__ mask, int64_t sn, int64_t sh, int64_t sw,
+                MaskedConvGeometry g, int64_t* __restrict__ tile_counts,
+                int64_t* __restrict__ index_map, int64_t* __restrict__ positions) {
+  using Reduce = cub::BlockReduce<int64_t, kScanThreads>;
+  using Scan = cub::BlockScan<int, kScanThreads>;
+  __shared__ union {
+    typename Reduce::TempStorage reduce;
+    typename Scan::TempStorage scan;
+  } temp;
+  __shared__ int64_t tile_offset;
+  int64_t before = 0;
+  for (int64_t t = threadIdx.x; t < blockIdx.x; t += kScanThreads) {
+    before += tile_counts[t];
+  }
+  before = Reduce(temp.reduce).Sum(before);
+  if (threadIdx.x == 0) {
+    tile_offset = before;
+  }
+  __syncthreads();
+  const int64_t first = blockIdx.x * kScanTile + int64_t(threadIdx.x) * kScanItems;
+  const unsigned int bits = tile_flags(mask, sn, sh, sw, g, first);
+  int rank = 0, tile_total = 0;
+  Scan(temp.scan).ExclusiveSum(__popc(bits), rank, tile_total);
   const int64_t all = g.all_positions();
-  for (int64_t i = grid_start<int64_t>(); i < all; i += grid_stride<int64_t>()) {
-    const MaskedConvPosition<int64_t> q(i, g.out_h, g.out_w);
-    flags[i] = masked_conv_selects(mask[q.n * sn + q.oh * sh + q.ow * sw]) ? 1 : 0;
-  }
-}
-
-// flags_to_map holds the flags on entry and the index map on exit; `rank`
-// is their inclusive scan.
-__global__ void rank_kernel(const int64_t* __restrict__ rank, int64_t all,
-                            int64_t* __restrict__ flags_to_map, int64_t* __restrict__ positions) {
-  for (int64_t i = grid_start<int64_t>(); i < all; i += grid_stride<int64_t>()) {
-    const bool selected = flags_to_map[i] != 0;
-    const int64_t r = rank[i] - 1;
+  int64_t r = tile_offset + rank;
+  for (int u = 0; u < kScanItems && first + u < all; ++u) {
+    const bool selected = (bits >> u) & 1u;
+    index_map[first + u] = selected ? r : -1;
     if (selected) {
-      positions[r] = i;
+      positions[r++] = first + u;
     }
-    flags_to_map[i] = selected ? r : -1;
+  }
+  if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 0) {
+    tile_counts[gridDim.x] = tile_offset + tile_total;
   }
 }
 
-template <typename scalar_t>
+// Columns (G, P, K), row = group * P + rank.  A block fills rows_per_block
+// rows at a time, thread v taking column w = v % per_row of row v / per_row:
+// tap w % taps of channels w / taps, w / taps + cstep, ...  A thread's tap,
+// and so its decode, stays fixed, and consecutive threads write consecutive
+// k (coalesced); the index math happens once per row, not per element (the
+// old per-element int64 division made this kernel 615 us at 100% density).
+// Each block walks a contiguous run of rows, so on a dense mask the
+// neighbouring positions' overlapping windows come from L1.
+constexpr int kGatherUnroll = 4;
+
+struct ColsLayout {
+  int taps, cstep, per_row, rows_per_block;
+};
+
+template <typename scalar_t, typename index_t>
 __global__ void gather_cols_kernel(const scalar_t* __restrict__ input, Strides4 s,
-                                   const int64_t* __restrict__ positions, int64_t p,
-                                   MaskedConvGeometry g, scalar_t* __restrict__ cols) {
-  __shared__ scalar_t tile[kTile][kTile + 1];
-  const int64_t k_total = g.col_rows(), cpg = g.in_per_group();
-  const int64_t taps = g.kernel_h * g.kernel_w;
-  const int64_t tiles_k = (k_total + kTile - 1) / kTile;
-  const int64_t tiles_p = (p + kTile - 1) / kTile;
-  const int64_t tiles = g.groups * tiles_p * tiles_k;
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int64_t kt = t % tiles_k, rest = t / tiles_k;
-    const int64_t pt = rest % tiles_p, grp = rest / tiles_p;
-    // Load: this thread's position, kTile / kTileRows rows of k.
-    const int64_t j = pt * kTile + tx;
-    const int64_t flat = j < p ? positions[j] : -1;
-    const MaskedConvPosition<int64_t> q(flat < 0 ? 0 : flat, g.out_h, g.out_w);
-    const scalar_t* base = input + q.n * s.n + grp * cpg * s.c;
-#pragma unroll
-    for (int r = 0; r < kTile / kTileRows; ++r) {
-      const int64_t k = kt * kTile + ty + r * kTileRows;
-      scalar_t v = scalar_t(0);
-      if (flat >= 0 && k < k_total) {
-        const int64_t c = k / taps, tap = k - c * taps;
-        const int64_t i = tap / g.kernel_w, jj = tap - i * g.kernel_w;
-        const int64_t ih = masked_conv_in_coord(q.oh, i, g.stride_h, g.pad_h, g.dil_h);
-        const int64_t iw = masked_conv_in_coord(q.ow, jj, g.stride_w, g.pad_w, g.dil_w);
+                                   const int64_t* __restrict__ positions, index_t p,
+                                   MaskedConvGeometry g, ColsLayout lay, index_t batches_per_block,
+                                   scalar_t* __restrict__ cols) {
+  const index_t cpg = g.in_per_group(), out_h = g.out_h, out_w = g.out_w;
+  const int64_t k_total = g.col_rows();
+  const index_t rows = static_cast<index_t>(g.groups) * p;
+  const int64_t k_step = int64_t(lay.cstep) * lay.taps, c_step = lay.cstep * s.c;
+  const index_t first = static_cast<index_t>(blockIdx.x) * batches_per_block * lay.rows_per_block;
+  const index_t last = first + batches_per_block * lay.rows_per_block;
+  for (int v = threadIdx.x; v < lay.per_row * lay.rows_per_block; v += blockDim.x) {
+    const int sub = v / lay.per_row, w = v - sub * lay.per_row;
+    const int c0 = w / lay.taps, tap = w - c0 * lay.taps;
+    const int i = tap / static_cast<int>(g.kernel_w), j = tap - i * static_cast<int>(g.kernel_w);
+    const int64_t di = i * g.dil_h - g.pad_h, dj = j * g.dil_w - g.pad_w;
+    for (index_t row = first + sub; row < rows && row < last; row += lay.rows_per_block) {
+      const index_t grp = row / p, r = row - grp * p;
+      const int64_t flat = positions[r];
+      int64_t off = -1;
+      if (flat >= 0) {
+        const MaskedConvPosition<index_t> q(static_cast<index_t>(flat), out_h, out_w);
+        const int64_t ih = q.oh * g.stride_h + di, iw = q.ow * g.stride_w + dj;
         if (ih >= 0 && ih < g.height && iw >= 0 && iw < g.width) {
-          v = base[c * s.c + ih * s.h + iw * s.w];
+          off = q.n * s.n + (static_cast<int64_t>(grp) * cpg + c0) * s.c + ih * s.h + iw * s.w;
         }
       }
-      tile[ty + r * kTileRows][tx] = v;
-    }
-    __syncthreads();
-    // Store: kTile consecutive k of each position.
+      scalar_t* dst = cols + static_cast<int64_t>(row) * k_total + w;
+      const int64_t stride = off >= 0 ? c_step : 0;
+      // kGatherUnroll loads in flight per thread: a row has few channels
+      // per thread, and one load at a time left this kernel latency-bound.
+      index_t c = c0;
+      for (; c + (kGatherUnroll - 1) * lay.cstep < cpg; c += kGatherUnroll * lay.cstep) {
+        scalar_t v[kGatherUnroll];
 #pragma unroll
-    for (int r = 0; r < kTile / kTileRows; ++r) {
-      const int64_t jw = pt * kTile + ty + r * kTileRows;
-      const int64_t k = kt * kTile + tx;
-      if (jw < p && k < k_total) {
-        cols[(grp * p + jw) * k_total + k] = tile[tx][ty + r * kTileRows];
+        for (int u = 0; u < kGatherUnroll; ++u) {
+          v[u] = off >= 0 ? input[off + u * stride] : scalar_t(0);
+        }
+#pragma unroll
+        for (int u = 0; u < kGatherUnroll; ++u) {
+          dst[u * k_step] = v[u];
+        }
+        dst += kGatherUnroll * k_step;
+        off += kGatherUnroll * stride;
+      }
+      for (; c < cpg; c += lay.cstep) {
+        *dst = off >= 0 ? input[off] : scalar_t(0);
+        dst += k_step;
+        off += stride;
       }
     }
-    __syncthreads();
   }
 }
 
+// write_output, gather_grad and col2im: a thread serves kChannels channels
+// of one pixel or position, so its index-map lookups and coordinate math
+// are shared by them.  Grid: x over the pixels or positions, y over the
+// (image,) channel chunks (grid-strided: N * C / kChannels can pass 65535).
+constexpr int kChannels = 8;
+// write_output and gather_grad touch one element per (position, channel):
+// fewer channels per thread, so that a few thousand positions still fill
+// the device.
+constexpr int kScatterChannels = 2;
+
+// out[n, co, oh, ow] = out_cols[co, rank] + bias[co] at the selected
+// positions (clear_output zeroed the rest while the count was read back).
 template <typename scalar_t, typename index_t>
-__global__ void write_output_kernel(const scalar_t* __restrict__ out_cols, int64_t p,
+__global__ void write_output_kernel(const scalar_t* __restrict__ out_cols,
+                                    const int64_t* __restrict__ positions, int64_t p,
                                     const scalar_t* __restrict__ bias, int64_t bias_stride,
-                                    const int64_t* __restrict__ index_map, index_t plane,
-                                    index_t channels, index_t total, scalar_t* __restrict__ out) {
+                                    index_t plane, int64_t channels, scalar_t* __restrict__ out) {
   using T = at::opmath_type<scalar_t>;
-  for (index_t e = grid_start<index_t>(); e < total; e += grid_stride<index_t>()) {
-    const index_t nc = e / plane, i = e - nc * plane;
-    const index_t n = nc / channels, co = nc - n * channels;
-    const int64_t r = index_map[static_cast<int64_t>(n) * plane + i];
-    T v = T(0);
-    if (r >= 0) {
-      v = static_cast<T>(out_cols[static_cast<int64_t>(co) * p + r]);
-      if (bias != nullptr) {
-        v += static_cast<T>(bias[static_cast<int64_t>(co) * bias_stride]);
-      }
-    }
-    out[e] = static_cast<scalar_t>(v);
-  }
-}
-
-template <typename scalar_t, typename index_t>
-__global__ void gather_grad_kernel(const scalar_t* __restrict__ grad, Strides4 s,
-                                   const int64_t* __restrict__ positions, index_t p,
-                                   index_t total, index_t out_h, index_t out_w,
-                                   scalar_t* __restrict__ grad_cols) {
-  for (index_t e = grid_start<index_t>(); e < total; e += grid_stride<index_t>()) {
-    const index_t co = e / p, j = e - co * p;
-    const int64_t flat = positions[j];
-    scalar_t v = scalar_t(0);
-    if (flat >= 0) {
-      const MaskedConvPosition<index_t> q(static_cast<index_t>(flat), out_h, out_w);
-      v = grad[q.n * s.n + co * s.c + q.oh * s.h + q.ow * s.w];
-    }
-    grad_cols[e] = v;
-  }
-}
-
-// index_t: the flat index and all the geometry (with_index_type and
-// geometry_fits_int32 decide); the column offsets stay int64.
-template <typename scalar_t, typename index_t>
-__global__ void col2im_kernel(const scalar_t* __restrict__ input_cols, int64_t p,
-                              const int64_t* __restrict__ index_map, MaskedConvGeometry g,
-                              index_t total, scalar_t* __restrict__ grad_input) {
-  using T = at::opmath_type<scalar_t>;
-  const index_t width = g.width, height = g.height, channels = g.in_channels;
-  const index_t cpg = g.in_per_group(), taps = g.kernel_h * g.kernel_w;
-  const index_t kh = g.kernel_h, kw = g.kernel_w, out_h = g.out_h, out_w = g.out_w;
-  const index_t sh = g.stride_h, sw = g.stride_w, ph = g.pad_h, pw = g.pad_w;
-  const index_t dh = g.dil_h, dw = g.dil_w;
-  const int64_t k_total = g.col_rows();
-  for (index_t e = grid_start<index_t>(); e < total; e += grid_stride<index_t>()) {
-    const index_t iw = e % width, t1 = e / width;
-    const index_t ih = t1 % height, nc = t1 / height;
-    const index_t c = nc % channels, n = nc / channels;
-    const index_t grp = c / cpg, cl = c - grp * cpg;
-    const scalar_t* rows = input_cols + (grp * k_total + static_cast<int64_t>(cl) * taps) * p;
-    const int64_t* map = index_map + static_cast<int64_t>(n) * out_h * out_w;
-    T acc = T(0);
-    for (index_t i = 0; i < kh; ++i) {
-      const index_t oh = masked_conv_out_coord<index_t>(ih, i, sh, ph, dh, out_h);
-      if (oh < 0) {
+  const int64_t chunks = ceil_div(channels, kScatterChannels);
+  for (int64_t y = blockIdx.y; y < chunks; y += gridDim.y) {
+    const int64_t co0 = y * kScatterChannels;
+    const int count = static_cast<int>(channels - co0 < kScatterChannels ? channels - co0 : kScatterChannels);
+    for (int64_t j = grid_start<int64_t>(); j < p; j += grid_stride<int64_t>()) {
+      const int64_t flat = positions[j];
+      if (flat < 0) {
         continue;
       }
-      for (index_t j = 0; j < kw; ++j) {
-        const index_t ow = masked_conv_out_coord<index_t>(iw, j, sw, pw, dw, out_w);
-        const int64_t r = ow < 0 ? -1 : map[oh * out_w + ow];
-        if (r >= 0) {
-          acc += static_cast<T>(rows[static_cast<int64_t>(i * kw + j) * p + r]);
+      const index_t n = static_cast<index_t>(flat) / plane;
+      const index_t pixel = static_cast<index_t>(flat) - n * plane;
+      scalar_t* dst = out + (n * channels + co0) * static_cast<int64_t>(plane) + pixel;
+#pragma unroll
+      for (int u = 0; u < kScatterChannels; ++u) {
+        if (u < count) {
+          T v = static_cast<T>(out_cols[(co0 + u) * p + j]);
+          if (bias != nullptr) {
+            v += static_cast<T>(bias[(co0 + u) * bias_stride]);
+          }
+          dst[u * static_cast<int64_t>(plane)] = static_cast<scalar_t>(v);
         }
       }
     }
-    grad_input[e] = static_cast<scalar_t>(acc);
+  }
+}
+
+// grad_cols (C_out, P): the gradient at each position, channel by channel.
+template <typename scalar_t, typename index_t>
+__global__ void gather_grad_kernel(const scalar_t* __restrict__ grad, Strides4 s,
+                                   const int64_t* __restrict__ positions, int64_t p,
+                                   index_t out_h, index_t out_w, int64_t channels,
+                                   scalar_t* __restrict__ grad_cols) {
+  const int64_t chunks = ceil_div(channels, kScatterChannels);
+  for (int64_t y = blockIdx.y; y < chunks; y += gridDim.y) {
+    const int64_t co0 = y * kScatterChannels;
+    const int count = static_cast<int>(channels - co0 < kScatterChannels ? channels - co0 : kScatterChannels);
+    for (int64_t j = grid_start<int64_t>(); j < p; j += grid_stride<int64_t>()) {
+      const int64_t flat = positions[j];
+      int64_t off = -1;
+      if (flat >= 0) {
+        const MaskedConvPosition<index_t> q(static_cast<index_t>(flat), out_h, out_w);
+        off = q.n * s.n + co0 * s.c + q.oh * s.h + q.ow * s.w;
+      }
+#pragma unroll
+      for (int u = 0; u < kScatterChannels; ++u) {
+        if (u < count) {
+          grad_cols[(co0 + u) * p + j] = off >= 0 ? grad[off + u * s.c] : scalar_t(0);
+        }
+      }
+    }
+  }
+}
+
+// grad_input[n, c, ih, iw] = sum over the taps (i, j) whose output position
+// (oh, ow) is selected of input_cols[g, (c', i, j), rank(oh, ow)], taps in
+// order: each pixel gathers, nothing is added twice, no atomics.
+// index_t: the pixel and the geometry (geometry_fits_int32 decides); the
+// column offsets stay int64.  kUnitStride: stride 1 in both dims, where the
+// output coordinate needs no division (most layers; ncu counted 1.6k
+// instructions per thread on the general path).
+template <bool kUnitStride, typename index_t>
+__device__ __forceinline__ index_t col2im_out_coord(index_t i, index_t k, index_t stride,
+                                                     index_t pad, index_t dil, index_t out_size) {
+  if constexpr (kUnitStride) {
+    const index_t o = i + pad - k * dil;
+    return o >= 0 && o < out_size ? o : -1;
+  } else {
+    return masked_conv_out_coord<index_t>(i, k, stride, pad, dil, out_size);
+  }
+}
+
+// KH, KW: the kernel size when known at compile time (3 x 3), else 0: a
+// fixed size unrolls the taps, so a pixel's index-map loads are all in
+// flight at once instead of one after another.
+template <typename scalar_t, typename index_t, bool kUnitStride, int KH, int KW>
+__global__ void col2im_kernel(const scalar_t* __restrict__ input_cols, int64_t p,
+                              const int64_t* __restrict__ index_map, MaskedConvGeometry g,
+                              scalar_t* __restrict__ grad_input) {
+  using T = at::opmath_type<scalar_t>;
+  const index_t width = g.width, plane = g.height * g.width;
+  const index_t kh = KH > 0 ? KH : g.kernel_h, kw = KW > 0 ? KW : g.kernel_w;
+  const index_t out_h = g.out_h, out_w = g.out_w;
+  const index_t sh = g.stride_h, sw = g.stride_w, ph = g.pad_h, pw = g.pad_w;
+  const index_t dh = g.dil_h, dw = g.dil_w;
+  const int64_t channels = g.in_channels, cpg = g.in_per_group(), taps = g.kernel_h * g.kernel_w;
+  const int64_t k_total = g.col_rows();
+  const int64_t per_image = ceil_div(channels, kChannels);
+  const int64_t chunks = g.batch * per_image;
+  for (int64_t y = blockIdx.y; y < chunks; y += gridDim.y) {
+    const int64_t n = y / per_image, c0 = (y - n * per_image) * kChannels;
+    const int count = static_cast<int>(channels - c0 < kChannels ? channels - c0 : kChannels);
+    // Each channel's first column row: (group, channel in group, tap 0).
+    int64_t rows[kChannels];
+    int64_t grp = c0 / cpg, cl = c0 - grp * cpg;
+#pragma unroll
+    for (int u = 0; u < kChannels; ++u) {
+      rows[u] = (grp * k_total + cl * taps) * p;
+      if (u + 1 < count && ++cl == cpg) {
+        cl = 0;
+        ++grp;
+      }
+    }
+    const int64_t* map = index_map + n * g.out_h * g.out_w;
+    for (index_t e = grid_start<index_t>(); e < plane; e += grid_stride<index_t>()) {
+      const index_t ih = e / width, iw = e - ih * width;
+      T acc[kChannels];
+#pragma unroll
+      for (int u = 0; u < kChannels; ++u) {
+        acc[u] = T(0);
+      }
+#pragma unroll
+      for (index_t i = 0; i < kh; ++i) {
+        const index_t oh = col2im_out_coord<kUnitStride>(ih, i, sh, ph, dh, out_h);
+        if (oh < 0) {
+          continue;
+        }
+#pragma unroll
+        for (index_t j = 0; j < kw; ++j) {
+          const index_t ow = col2im_out_coord<kUnitStride>(iw, j, sw, pw, dw, out_w);
+          const int64_t r = ow < 0 ? -1 : map[oh * out_w + ow];
+          if (r < 0) {
+            continue;
+          }
+          const int64_t t = static_cast<int64_t>(i * kw + j) * p + r;
+#pragma unroll
+          for (int u = 0; u < kChannels; ++u) {
+            if (u < count) {
+              acc[u] += static_cast<T>(input_cols[rows[u] + t]);
+            }
+          }
+        }
+      }
+      scalar_t* dst = grad_input + (n * channels + c0) * plane + e;
+#pragma unroll
+      for (int u = 0; u < kChannels; ++u) {
+        if (u < count) {
+          dst[u * plane] = static_cast<scalar_t>(acc[u]);
+        }
+      }
+    }
   }
 }
 
@@ -191,15 +374,73 @@ __global__ void col2im_kernel(const scalar_t* __restrict__ input_cols, int64_t p
 // and the intermediate i + pad - k * dil) fit in int32.
 inline bool geometry_fits_int32(const MaskedConvGeometry& g) {
   constexpr int64_t kLimit = int64_t(1) << 29;
-  for (const int64_t v : {g.height, g.width, g.in_channels, g.out_h * g.out_w, g.kernel_h,
-                          g.kernel_w, g.kernel_h * g.kernel_w, g.stride_h, g.stride_w, g.pad_h,
-                          g.pad_w, g.dil_h * g.kernel_h, g.dil_w * g.kernel_w}) {
+  for (const int64_t v : {g.height, g.width, g.height * g.width, g.in_channels,
+                          g.out_h * g.out_w, g.kernel_h, g.kernel_w, g.kernel_h * g.kernel_w,
+                          g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.dil_h * g.kernel_h,
+                          g.dil_w * g.kernel_w}) {
     if (v > kLimit) {
       return false;
     }
   }
   return true;
 }
+
+// A 2-D grid: x over `items` (threads kThreads), y over `chunks`.
+dim3 grid_2d(int64_t items, int64_t chunks) {
+  return dim3(grid_for(items, kThreads), static_cast<unsigned int>(std::min<int64_t>(chunks, 65535)));
+}
+
+// An event recorded on a stream, for the host to wait on what is queued
+// before it and not after.
+class CopyEvent {
+ public:
+  explicit CopyEvent(cudaStream_t stream) {
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    const cudaError_t recorded = cudaEventRecord(event_, stream);
+    if (recorded != cudaSuccess) {
+      cudaEventDestroy(event_);
+      C10_CUDA_CHECK(recorded);
+    }
+  }
+  ~CopyEvent() { cudaEventDestroy(event_); }
+  CopyEvent(const CopyEvent&) = delete;
+  CopyEvent& operator=(const CopyEvent&) = delete;
+  void wait() const { C10_CUDA_CHECK(cudaEventSynchronize(event_)); }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// TORCHOPS_TESTING_MASKED_CONV_PATH=auto|sparse|dense (read at each call)
+// forces the forward's path, so that tests reach both on any mask.
+enum class ForwardPath { kAuto, kSparse, kDense };
+
+ForwardPath forward_path() {
+  const char* v = std::getenv("TORCHOPS_TESTING_MASKED_CONV_PATH");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) {
+    return ForwardPath::kAuto;
+  }
+  if (std::strcmp(v, "sparse") == 0) {
+    return ForwardPath::kSparse;
+  }
+  if (std::strcmp(v, "dense") == 0) {
+    return ForwardPath::kDense;
+  }
+  TORCH_CHECK(false, "torchops.masked_conv2d: TORCHOPS_TESTING_MASKED_CONV_PATH='", v,
+              "' is not one of auto, sparse, dense (a testing switch; unset it for normal use)");
+}
+
+// The share of selected positions from which the forward hands off to
+// cuDNN, where cuDNN may use tensor cores: the sparse path's column traffic
+// grows with the positions (280 MB at 100% of the benchmark's layer) while
+// cuDNN's implicit GEMM reads the input once.  Measured on the H200
+// (2x256x100x152, 3x3, per call): float32 with TF32, sparse 204 us and
+// dense 237 us at 25%, 246 and 236 at 30%, 322 and 235 at 50%; bfloat16,
+// sparse 213 us at 25% against a dense 175-180 us at any density.  Exact
+// float32 and float64 stay sparse: cuDNN's exact convolution (1.26 ms) was
+// slower than the sparse path even at 100% (1.08 ms).
+constexpr double kDenseShareTf32 = 0.3;
+constexpr double kDenseShareHalf = 0.2;
 
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -208,35 +449,94 @@ bool capturing(cudaStream_t stream) {
 }
 
 struct CudaKernels {
-  static MaskedPositions positions(const at::Tensor& mask, const MaskedConvGeometry& g) {
+  static MaskedPositions positions(const at::Tensor& mask, const MaskedConvGeometry& g,
+                                   const std::function<void()>& meanwhile) {
     const c10::cuda::CUDAGuard guard(mask.device());
     const cudaStream_t stream = current_stream();
     const int64_t all = g.all_positions();
     at::Tensor index_map = at::empty({all}, mask.options().dtype(at::kLong));
-    const unsigned int blocks = grid_for(all, kThreads);
+    const int64_t tiles = ceil_div(all, kScanTile);
+    TORCH_CHECK(tiles <= std::numeric_limits<int32_t>::max(), "torchops.masked_conv2d: ", all,
+                " output positions are more than it can index");
+    at::Tensor tile_counts = at::empty({tiles + 1}, index_map.options());
+    const bool padded = capturing(stream);
+    at::Tensor positions = padded ? at::full({all}, -1, index_map.options())
+                                  : at::empty({all}, index_map.options());
     const int64_t sn = g.mask_broadcast ? 0 : mask.stride(0);
     AT_DISPATCH_FLOATING_TYPES_AND3(
         at::kHalf, at::kBFloat16, at::kBool, mask.scalar_type(), "torchops.masked_conv2d", [&] {
-          flag_kernel<scalar_t><<<blocks, kThreads, 0, stream>>>(
+          const auto grid = static_cast<unsigned int>(tiles);
+          count_kernel<scalar_t><<<grid, kScanThreads, 0, stream>>>(
               mask.const_data_ptr<scalar_t>(), sn, mask.stride(1), mask.stride(2), g,
-              index_map.mutable_data_ptr<int64_t>());
+              tile_counts.mutable_data_ptr<int64_t>());
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          rank_kernel<scalar_t><<<grid, kScanThreads, 0, stream>>>(
+              mask.const_data_ptr<scalar_t>(), sn, mask.stride(1), mask.stride(2), g,
+              tile_counts.mutable_data_ptr<int64_t>(), index_map.mutable_data_ptr<int64_t>(),
+              positions.mutable_data_ptr<int64_t>());
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         });
-    const at::Tensor rank = at::cumsum(index_map, 0);
-    const bool padded = capturing(stream);
-    // The one sync of the call (see the top of the file).
-    const int64_t count = padded ? all : rank[all - 1].item<int64_t>();
-    at::Tensor positions = padded ? at::full({all}, -1, index_map.options())
-                                  : at::empty({count}, index_map.options());
-    rank_kernel<<<blocks, kThreads, 0, stream>>>(rank.const_data_ptr<int64_t>(), all,
-                                                 index_map.mutable_data_ptr<int64_t>(),
-                                                 positions.mutable_data_ptr<int64_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return {positions, index_map};
+    if (padded) {
+      meanwhile();
+      return {positions, index_map};
+    }
+    // The one sync of the call (see the top of the file): the count goes to
+    // pinned memory, `meanwhile` queues its work behind the copy, and only
+    // then does the host wait, for the copy alone.
+    at::Tensor count = at::empty({1}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+    C10_CUDA_CHECK(cudaMemcpyAsync(count.mutable_data_ptr<int64_t>(),
+                                   tile_counts.const_data_ptr<int64_t>() + tiles, sizeof(int64_t),
+                                   cudaMemcpyDeviceToHost, stream));
+    const CopyEvent copied(stream);
+    meanwhile();
+    copied.wait();
+    return {positions.narrow(0, 0, *count.const_data_ptr<int64_t>()), index_map};
   }
 
-  // Stored (G, P, K): read transposed as the forward GEMM's (K, P) operand,
-  // it is K-contiguous, the layout tensor-core GEMMs load without a copy.
+  // A memset: the cheapest zeros on both the host and the device.
+  static void clear_output(at::Tensor& out) {
+    const c10::cuda::CUDAGuard guard(out.device());
+    C10_CUDA_CHECK(cudaMemsetAsync(out.mutable_data_ptr(), 0, out.nbytes(), current_stream()));
+  }
+
+  // The dense hand-off (see kDenseShareTf32): cuDNN's convolution of every
+  // position, with the TF32 rule of torch's matmuls (the sparse path's, so
+  // the precision never depends on the mask), then 0 where the mask is not.
+  static bool dense_forward(const at::Tensor& input, const at::Tensor& mask,
+                            const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                            c10::IntArrayRef padding, c10::IntArrayRef stride,
+                            c10::IntArrayRef dilation, int64_t groups,
+                            const MaskedConvGeometry& g, const MaskedPositions& pos,
+                            at::Tensor& out) {
+    const ForwardPath path = forward_path();
+    const at::ScalarType dtype = input.scalar_type();
+    const bool tf32 = at::globalContext().allowTF32CuBLAS();
+    const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
+    const bool tensor_cores = half || (dtype == at::kFloat && tf32);
+    const double share = half ? kDenseShareHalf : kDenseShareTf32;
+    const bool dense =
+        path == ForwardPath::kDense ||
+        (path == ForwardPath::kAuto && tensor_cores &&
+         static_cast<double>(pos.count()) >= share * static_cast<double>(g.all_positions()));
+    if (!dense) {
+      return false;
+    }
+    const c10::cuda::CUDAGuard guard(input.device());
+    const auto& ctx = at::globalContext();
+    const std::array<int64_t, 2> no_output_padding{0, 0};
+    const at::Tensor conv = at::_convolution(
+        input, weight, bias, stride, padding, dilation, /*transposed=*/false, no_output_padding,
+        groups, ctx.benchmarkCuDNN(), ctx.deterministicCuDNN() || ctx.deterministicAlgorithms(),
+        ctx.userEnabledCuDNN(), tf32);
+    const at::Tensor selected = mask.scalar_type() == at::kBool ? mask : at::gt(mask, 0);
+    // A device zero: a CPU scalar would be a host-to-device copy, which
+    // CUDA graph capture forbids.
+    at::where_out(out, selected.unsqueeze(1), conv, at::zeros({}, conv.options()));
+    return true;
+  }
+
+  // Stored (G, P, K): read transposed as the forward GEMM's (K, P) operand
+  // it is K-contiguous, the layout GEMMs load without a copy.
   static at::Tensor gather_cols(const at::Tensor& input, const MaskedPositions& pos,
                                 const MaskedConvGeometry& g) {
     const int64_t p = pos.count();
@@ -245,15 +545,34 @@ struct CudaKernels {
       return cols;
     }
     const c10::cuda::CUDAGuard guard(input.device());
-    const int64_t tiles = g.groups * ceil_div(p, kTile) * ceil_div(g.col_rows(), kTile);
-    const unsigned int blocks =
-        static_cast<unsigned int>(std::min<int64_t>(tiles, 65535LL * 32));
+    // A kernel's taps fit in int: the weight holds C_out * C_in / G of them.
+    const int64_t taps = g.kernel_h * g.kernel_w;
+    ColsLayout lay{};
+    lay.taps = static_cast<int>(taps);
+    lay.cstep = static_cast<int>(std::clamp<int64_t>(kThreads / taps, 1, g.in_per_group()));
+    lay.per_row = lay.cstep * lay.taps;
+    lay.rows_per_block = std::max(1, kThreads / lay.per_row);
+    const int64_t rows = g.groups * p;
+    const int64_t batches = ceil_div(rows, lay.rows_per_block);
+    // About 16 blocks per SM, each walking a contiguous run of rows.
+    const int64_t sms = sm_count(input);
+    const int64_t per_block = ceil_div(batches, std::min(batches, sms * 16));
+    const auto blocks = static_cast<unsigned int>(ceil_div(batches, per_block));
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, input.scalar_type(), "torchops.masked_conv2d", [&] {
-          gather_cols_kernel<scalar_t><<<blocks, dim3(kTile, kTileRows), 0, current_stream()>>>(
-              input.const_data_ptr<scalar_t>(), strides4(input),
-              pos.positions.const_data_ptr<int64_t>(), p, g, cols.mutable_data_ptr<scalar_t>());
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          auto launch = [&](auto index) {
+            using index_t = decltype(index);
+            gather_cols_kernel<scalar_t, index_t><<<blocks, kThreads, 0, current_stream()>>>(
+                input.const_data_ptr<scalar_t>(), strides4(input),
+                pos.positions.const_data_ptr<int64_t>(), static_cast<index_t>(p), g, lay,
+                static_cast<index_t>(per_block), cols.mutable_data_ptr<scalar_t>());
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          };
+          if (fits_int32(rows + per_block * lay.rows_per_block) && fits_int32(g.all_positions())) {
+            launch(int32_t{});
+          } else {
+            launch(int64_t{});
+          }
         });
     return cols;
   }
@@ -261,70 +580,88 @@ struct CudaKernels {
   static void write_output(const at::Tensor& out_cols, const std::optional<at::Tensor>& bias,
                            const MaskedPositions& pos, const MaskedConvGeometry& g,
                            at::Tensor& out) {
+    const int64_t p = pos.count();
+    if (p == 0) {
+      return;
+    }
     const c10::cuda::CUDAGuard guard(out.device());
     const bool has_bias = bias.has_value() && bias->defined();
-    const int64_t total = out.numel();
-    const unsigned int blocks = grid_for(total, kThreads);
+    const int64_t plane = g.out_h * g.out_w;
+    const dim3 grid = grid_2d(p, ceil_div(g.out_channels, kScatterChannels));
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, out.scalar_type(), "torchops.masked_conv2d", [&] {
-          with_index_type(total, blocks, kThreads, [&](auto index) {
+          auto launch = [&](auto index) {
             using index_t = decltype(index);
-            write_output_kernel<scalar_t, index_t><<<blocks, kThreads, 0, current_stream()>>>(
-                out_cols.const_data_ptr<scalar_t>(), pos.count(),
+            write_output_kernel<scalar_t, index_t><<<grid, kThreads, 0, current_stream()>>>(
+                out_cols.const_data_ptr<scalar_t>(), pos.positions.const_data_ptr<int64_t>(), p,
                 has_bias ? bias->const_data_ptr<scalar_t>() : nullptr,
-                has_bias ? bias->stride(0) : 0, pos.index_map.const_data_ptr<int64_t>(),
-                static_cast<index_t>(g.out_h * g.out_w), static_cast<index_t>(g.out_channels),
-                static_cast<index_t>(total), out.mutable_data_ptr<scalar_t>());
+                has_bias ? bias->stride(0) : 0, static_cast<index_t>(plane), g.out_channels,
+                out.mutable_data_ptr<scalar_t>());
             C10_CUDA_KERNEL_LAUNCH_CHECK();
-          });
+          };
+          // The positions' decode, in int32 where every flat index fits.
+          if (fits_int32(g.all_positions())) {
+            launch(int32_t{});
+          } else {
+            launch(int64_t{});
+          }
         });
   }
 
   static void gather_grad(const at::Tensor& grad, const MaskedPositions& pos,
                           const MaskedConvGeometry& g, at::Tensor& grad_cols) {
-    const int64_t total = grad_cols.numel();
-    if (total == 0) {
+    if (grad_cols.numel() == 0) {
       return;
     }
     const c10::cuda::CUDAGuard guard(grad.device());
-    const unsigned int blocks = grid_for(total, kThreads);
+    const int64_t p = pos.count();
+    const dim3 grid = grid_2d(p, ceil_div(g.out_channels, kScatterChannels));
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, grad.scalar_type(), "torchops._masked_conv2d_backward", [&] {
-          // Positions index (n, oh, ow) of the gradient: its offsets fit in
-          // index_t when its element count does.
-          with_index_type(std::max(total, grad.numel()), blocks, kThreads, [&](auto index) {
+          auto launch = [&](auto index) {
             using index_t = decltype(index);
-            gather_grad_kernel<scalar_t, index_t><<<blocks, kThreads, 0, current_stream()>>>(
+            gather_grad_kernel<scalar_t, index_t><<<grid, kThreads, 0, current_stream()>>>(
                 grad.const_data_ptr<scalar_t>(), strides4(grad),
-                pos.positions.const_data_ptr<int64_t>(), static_cast<index_t>(pos.count()),
-                static_cast<index_t>(total), static_cast<index_t>(g.out_h),
-                static_cast<index_t>(g.out_w), grad_cols.mutable_data_ptr<scalar_t>());
+                pos.positions.const_data_ptr<int64_t>(), p, static_cast<index_t>(g.out_h),
+                static_cast<index_t>(g.out_w), g.out_channels,
+                grad_cols.mutable_data_ptr<scalar_t>());
             C10_CUDA_KERNEL_LAUNCH_CHECK();
-          });
+          };
+          // The positions' decode, in int32 where every flat index fits.
+          if (fits_int32(g.all_positions())) {
+            launch(int32_t{});
+          } else {
+            launch(int64_t{});
+          }
         });
   }
 
   static void col2im(const at::Tensor& input_cols, const MaskedPositions& pos,
                      const MaskedConvGeometry& g, at::Tensor& grad_input) {
-    const int64_t total = grad_input.numel();
-    if (total == 0) {
+    if (grad_input.numel() == 0) {
       return;
     }
     const c10::cuda::CUDAGuard guard(grad_input.device());
-    const unsigned int blocks = grid_for(total, kThreads);
+    const dim3 grid = grid_2d(g.height * g.width, g.batch * ceil_div(g.in_channels, kChannels));
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, grad_input.scalar_type(), "torchops._masked_conv2d_backward",
         [&] {
           auto launch = [&](auto index) {
             using index_t = decltype(index);
-            col2im_kernel<scalar_t, index_t><<<blocks, kThreads, 0, current_stream()>>>(
+            const bool unit = g.stride_h == 1 && g.stride_w == 1;
+            const bool k3 = g.kernel_h == 3 && g.kernel_w == 3;
+            const auto kernel = unit ? (k3 ? col2im_kernel<scalar_t, index_t, true, 3, 3>
+                                           : col2im_kernel<scalar_t, index_t, true, 0, 0>)
+                                     : (k3 ? col2im_kernel<scalar_t, index_t, false, 3, 3>
+                                           : col2im_kernel<scalar_t, index_t, false, 0, 0>);
+            kernel<<<grid, kThreads, 0, current_stream()>>>(
                 input_cols.const_data_ptr<scalar_t>(), pos.count(),
-                pos.index_map.const_data_ptr<int64_t>(), g, static_cast<index_t>(total),
+                pos.index_map.const_data_ptr<int64_t>(), g,
                 grad_input.mutable_data_ptr<scalar_t>());
             C10_CUDA_KERNEL_LAUNCH_CHECK();
           };
           if (geometry_fits_int32(g)) {
-            with_index_type(total, blocks, kThreads, launch);
+            launch(int32_t{});
           } else {
             launch(int64_t{});
           }

@@ -5,6 +5,7 @@
 // user streams see the work) and is followed by C10_CUDA_KERNEL_LAUNCH_CHECK.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -19,7 +20,7 @@ inline cudaStream_t current_stream() {
   return c10::cuda::getCurrentCUDAStream().stream();
 }
 
-inline int64_t ceil_div(int64_t a, int64_t b) {
+__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
@@ -28,6 +29,13 @@ inline int64_t ceil_div(int64_t a, int64_t b) {
 inline unsigned int grid_for(int64_t n, int threads) {
   const int64_t blocks = std::max<int64_t>(1, ceil_div(n, threads));
   return static_cast<unsigned int>(std::min<int64_t>(blocks, 65535LL * 32));
+}
+
+// The SMs of the device `t` is on, for grids sized to fill it.
+inline int sm_count(const at::Tensor& t) {
+  int sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, t.get_device()));
+  return std::max(sms, 1);
 }
 
 inline bool fits_int32(int64_t n) {
