@@ -146,7 +146,9 @@ def test_cuda_forward_paths_match_float64(monkeypatch, path, dtype, case):
     monkeypatch.setenv(PATH_SWITCH, path)
     torch.manual_seed(3)
     n, c, c_out, h, w = 2, 8, 12, 13, 17
-    stride, dilation, groups = ((2, 1), (1, 2), 2) if case == "strided_groups" else ((1, 1), (1, 1), 1)
+    stride, dilation, groups = (1, 1), (1, 1), 1
+    if case == "strided_groups":
+        stride, dilation, groups = (2, 1), (1, 2), 2
     x = torch.randn(n, c, h, w, device="cuda", dtype=torch.float64)
     weight = torch.randn(c_out, c // groups, 3, 3, device="cuda", dtype=torch.float64)
     bias = torch.randn(c_out, device="cuda", dtype=torch.float64)

@@ -219,6 +219,11 @@ constexpr int kChannels = 8;
 // the device.
 constexpr int kScatterChannels = 2;
 
+// The channels of the chunk that starts at c0: `per`, or fewer at the end.
+__device__ __forceinline__ int chunk_channels(int64_t channels, int64_t c0, int per) {
+  return static_cast<int>(channels - c0 < per ? channels - c0 : per);
+}
+
 // out[n, co, oh, ow] = out_cols[co, rank] + bias[co] at the selected
 // positions (clear_output zeroed the rest while the count was read back).
 template <typename scalar_t, typename index_t>
@@ -230,7 +235,7 @@ __global__ void write_output_kernel(const scalar_t* __restrict__ out_cols,
   const int64_t chunks = ceil_div(channels, kScatterChannels);
   for (int64_t y = blockIdx.y; y < chunks; y += gridDim.y) {
     const int64_t co0 = y * kScatterChannels;
-    const int count = static_cast<int>(channels - co0 < kScatterChannels ? channels - co0 : kScatterChannels);
+    const int count = chunk_channels(channels, co0, kScatterChannels);
     for (int64_t j = grid_start<int64_t>(); j < p; j += grid_stride<int64_t>()) {
       const int64_t flat = positions[j];
       if (flat < 0) {
@@ -262,7 +267,7 @@ __global__ void gather_grad_kernel(const scalar_t* __restrict__ grad, Strides4 s
   const int64_t chunks = ceil_div(channels, kScatterChannels);
   for (int64_t y = blockIdx.y; y < chunks; y += gridDim.y) {
     const int64_t co0 = y * kScatterChannels;
-    const int count = static_cast<int>(channels - co0 < kScatterChannels ? channels - co0 : kScatterChannels);
+    const int count = chunk_channels(channels, co0, kScatterChannels);
     for (int64_t j = grid_start<int64_t>(); j < p; j += grid_stride<int64_t>()) {
       const int64_t flat = positions[j];
       int64_t off = -1;
@@ -317,7 +322,7 @@ __global__ void col2im_kernel(const scalar_t* __restrict__ input_cols, int64_t p
   const int64_t chunks = g.batch * per_image;
   for (int64_t y = blockIdx.y; y < chunks; y += gridDim.y) {
     const int64_t n = y / per_image, c0 = (y - n * per_image) * kChannels;
-    const int count = static_cast<int>(channels - c0 < kChannels ? channels - c0 : kChannels);
+    const int count = chunk_channels(channels, c0, kChannels);
     // Each channel's first column row: (group, channel in group, tap 0).
     int64_t rows[kChannels];
     int64_t grp = c0 / cpg, cl = c0 - grp * cpg;
@@ -387,7 +392,8 @@ inline bool geometry_fits_int32(const MaskedConvGeometry& g) {
 
 // A 2-D grid: x over `items` (threads kThreads), y over `chunks`.
 dim3 grid_2d(int64_t items, int64_t chunks) {
-  return dim3(grid_for(items, kThreads), static_cast<unsigned int>(std::min<int64_t>(chunks, 65535)));
+  return dim3(grid_for(items, kThreads),
+              static_cast<unsigned int>(std::min<int64_t>(chunks, 65535)));
 }
 
 // An event recorded on a stream, for the host to wait on what is queued
@@ -560,19 +566,16 @@ struct CudaKernels {
     const auto blocks = static_cast<unsigned int>(ceil_div(batches, per_block));
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, input.scalar_type(), "torchops.masked_conv2d", [&] {
-          auto launch = [&](auto index) {
+          const bool narrow = fits_int32(rows + per_block * lay.rows_per_block) &&
+                              fits_int32(g.all_positions());
+          with_index_type_if(narrow, [&](auto index) {
             using index_t = decltype(index);
             gather_cols_kernel<scalar_t, index_t><<<blocks, kThreads, 0, current_stream()>>>(
                 input.const_data_ptr<scalar_t>(), strides4(input),
                 pos.positions.const_data_ptr<int64_t>(), static_cast<index_t>(p), g, lay,
                 static_cast<index_t>(per_block), cols.mutable_data_ptr<scalar_t>());
             C10_CUDA_KERNEL_LAUNCH_CHECK();
-          };
-          if (fits_int32(rows + per_block * lay.rows_per_block) && fits_int32(g.all_positions())) {
-            launch(int32_t{});
-          } else {
-            launch(int64_t{});
-          }
+          });
         });
     return cols;
   }
@@ -590,7 +593,8 @@ struct CudaKernels {
     const dim3 grid = grid_2d(p, ceil_div(g.out_channels, kScatterChannels));
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, out.scalar_type(), "torchops.masked_conv2d", [&] {
-          auto launch = [&](auto index) {
+          // The positions' decode, in int32 where every flat index fits.
+          with_index_type_if(fits_int32(g.all_positions()), [&](auto index) {
             using index_t = decltype(index);
             write_output_kernel<scalar_t, index_t><<<grid, kThreads, 0, current_stream()>>>(
                 out_cols.const_data_ptr<scalar_t>(), pos.positions.const_data_ptr<int64_t>(), p,
@@ -598,13 +602,7 @@ struct CudaKernels {
                 has_bias ? bias->stride(0) : 0, static_cast<index_t>(plane), g.out_channels,
                 out.mutable_data_ptr<scalar_t>());
             C10_CUDA_KERNEL_LAUNCH_CHECK();
-          };
-          // The positions' decode, in int32 where every flat index fits.
-          if (fits_int32(g.all_positions())) {
-            launch(int32_t{});
-          } else {
-            launch(int64_t{});
-          }
+          });
         });
   }
 
@@ -618,7 +616,8 @@ struct CudaKernels {
     const dim3 grid = grid_2d(p, ceil_div(g.out_channels, kScatterChannels));
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, grad.scalar_type(), "torchops._masked_conv2d_backward", [&] {
-          auto launch = [&](auto index) {
+          // The positions' decode, in int32 where every flat index fits.
+          with_index_type_if(fits_int32(g.all_positions()), [&](auto index) {
             using index_t = decltype(index);
             gather_grad_kernel<scalar_t, index_t><<<grid, kThreads, 0, current_stream()>>>(
                 grad.const_data_ptr<scalar_t>(), strides4(grad),
@@ -626,13 +625,7 @@ struct CudaKernels {
                 static_cast<index_t>(g.out_w), g.out_channels,
                 grad_cols.mutable_data_ptr<scalar_t>());
             C10_CUDA_KERNEL_LAUNCH_CHECK();
-          };
-          // The positions' decode, in int32 where every flat index fits.
-          if (fits_int32(g.all_positions())) {
-            launch(int32_t{});
-          } else {
-            launch(int64_t{});
-          }
+          });
         });
   }
 
@@ -646,7 +639,7 @@ struct CudaKernels {
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, grad_input.scalar_type(), "torchops._masked_conv2d_backward",
         [&] {
-          auto launch = [&](auto index) {
+          with_index_type_if(geometry_fits_int32(g), [&](auto index) {
             using index_t = decltype(index);
             const bool unit = g.stride_h == 1 && g.stride_w == 1;
             const bool k3 = g.kernel_h == 3 && g.kernel_w == 3;
@@ -659,12 +652,7 @@ struct CudaKernels {
                 pos.index_map.const_data_ptr<int64_t>(), g,
                 grad_input.mutable_data_ptr<scalar_t>());
             C10_CUDA_KERNEL_LAUNCH_CHECK();
-          };
-          if (geometry_fits_int32(g)) {
-            launch(int32_t{});
-          } else {
-            launch(int64_t{});
-          }
+          });
         });
   }
 };

@@ -54,6 +54,17 @@ void with_index_type(int64_t total, unsigned int blocks, int threads, F&& f) {
   }
 }
 
+// Calls f(int32_t{}) when `narrow` (the caller has checked that its index
+// math fits), else f(int64_t{}).
+template <typename F>
+void with_index_type_if(bool narrow, F&& f) {
+  if (narrow) {
+    f(int32_t{});
+  } else {
+    f(int64_t{});
+  }
+}
+
 // The first index of a grid-stride loop and its stride, in index_t.
 template <typename index_t>
 __device__ __forceinline__ index_t grid_start() {
