@@ -31,8 +31,17 @@
 # GPU_CHECK_TEST_ARGS (extra pytest arguments), GPU_CHECK_MEMCHECK_K and
 # GPU_CHECK_RACECHECK_K (pytest -k expressions for the sanitizer runs),
 # GPU_CHECK_BENCH_ARGS (extra bench arguments, e.g. --slow), TORCHOPS_COMMIT
-# (the commit to name in the reports where the checkout has no .git).
+# (the commit to name in the reports where the checkout has no .git),
+# GPU_CHECK_PART (below).
+#
+# GPU_CHECK_PART=tests, then GPU_CHECK_PART=bench, on the same machine: the
+# check in two commands, each with the whole budget, for when the benchmarks
+# no longer fit beside the tests in one (every CPU row included).  "tests"
+# runs every step but bench (its precompile fills the compile caches the
+# bench reads); "bench" runs wheels, env, build-aot (incremental: the first
+# command built) and bench.  The default, "all", is every step in one.
 set -uo pipefail
+PART=${GPU_CHECK_PART:-all}
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${1:-gpu-check}
@@ -52,7 +61,13 @@ RACECHECK_K=${GPU_CHECK_RACECHECK_K:-"(correctness or grad_vs_reference) and (ma
 T0=$(date +%s)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-STEPS=(wheels env build-aot jit-build precompile tests memcheck racecheck bench)
+case "$PART" in
+  all) STEPS=(wheels env build-aot jit-build precompile tests memcheck racecheck bench) ;;
+  tests) STEPS=(wheels env build-aot jit-build precompile tests memcheck racecheck) ;;
+  bench) STEPS=(wheels env build-aot bench) ;;
+  *) echo "gpu_check: GPU_CHECK_PART must be all, tests or bench, not '$PART'" >&2; exit 2 ;;
+esac
+has_step() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 rm -f "$OUT"/{summary.txt,gpu_check.log,bench.csv,bench.json,bench.png,performance.md}
 
 say() { echo "[gpu_check $(( $(date +%s) - T0 ))s] $*"; }
@@ -145,9 +160,11 @@ step build-aot "$(cap 300 "$(left)")" env TORCHOPS_CUDA=1 MAX_JOBS="$(nproc)" ba
    && '$PY' scripts/smoke.py --expect prebuilt"
 finished build-aot
 
+if has_step tests; then
 # --- jit-build, tests, memcheck + racecheck: at the same time -----------------------------------
-# The benchmarks need the machine to themselves afterwards: keep ~200 s for them.
-WINDOW=$(( $(left) - 200 ))
+# The benchmarks need the machine to themselves afterwards: keep ~200 s for
+# them (when this command runs them).
+WINDOW=$(( $(left) - (${#STEPS[@]} == 9 ? 200 : 10) ))
 [ "$WINDOW" -lt 60 ] && WINDOW=60
 say "jit-build, precompile, tests, memcheck+racecheck in parallel (at most ${WINDOW}s) ..."
 ( step jit-build "$(cap 300 "$WINDOW")" env TORCHOPS_PREBUILT=0 TORCHOPS_CUDA=1 \
@@ -205,6 +222,8 @@ finished tests
 wait "$JIT_PID"; finished jit-build
 wait "$PRE_PID"; finished precompile
 if [ -n "$SAN_PID" ]; then wait "$SAN_PID"; finished memcheck; finished racecheck; fi
+fi
+has_step bench || return 0
 
 # --- bench ------------------------------------------------------------------------------------
 BENCH_LIMIT=$(( $(left) - 10 ))
@@ -225,7 +244,7 @@ fi
 if [ "$(status wheels)" = ok ] && [ "$(status env)" = ok ]; then
   run_steps
 else
-  for s in build-aot jit-build precompile tests memcheck racecheck bench; do
+  for s in "${STEPS[@]:2}"; do
     cannot "$s" "the wheels or env step failed"
   done
 fi
@@ -257,7 +276,7 @@ note() {  # the line of a step's log that says how it went
 TOTAL=$(( $(date +%s) - T0 ))
 FAILED=0
 {
-  echo "GPU check of ${TORCHOPS_COMMIT:-$(git -C "$ROOT" log -1 --format='%h %s' 2>/dev/null | cut -c1-70)} on" \
+  echo "GPU check$([ "$PART" = all ] || echo " (part $PART)") of ${TORCHOPS_COMMIT:-$(git -C "$ROOT" log -1 --format='%h %s' 2>/dev/null | cut -c1-70)} on" \
        "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1): ${TOTAL}s (budget ${BUDGET}s)"
   printf '%-10s %-11s %7s  %s\n' step status seconds note
   for s in "${STEPS[@]}"; do
