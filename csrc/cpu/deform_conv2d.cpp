@@ -32,6 +32,7 @@
 
 #include "common/accumulate.h"
 #include "common/deform_conv2d.h"
+#include "common/deform_conv2d_steps.h"
 #include "common/deform_gemm.h"
 #include "cpu/common/parallel.h"
 
@@ -317,10 +318,6 @@ void deformable_col2im(const Chunk<T>& ch, const T* grad_columns,
   }, 1);
 }
 
-at::Tensor up(const at::Tensor& t, at::ScalarType ct) {
-  return t.to(ct).contiguous();
-}
-
 // The padded planes are indexed with int32 (see sample_block).
 void check_padded_plane(const char* op, const DeformConvSizes& s) {
   TORCH_CHECK((s.height + 2) * (s.width + 3) < (int64_t(1) << 31), "torchops.",
@@ -328,143 +325,78 @@ void check_padded_plane(const char* op, const DeformConvSizes& s) {
               " pixels are too large for the CPU kernel (at most 2^31)");
 }
 
-// The chunk's input planes with their border of zeros (see Chunk).
-at::Tensor padded_input(const at::Tensor& in, int64_t n0, int64_t images) {
-  return at::constant_pad_nd(in.narrow(0, n0, images), {1, 2, 1, 1}, 0);
-}
-
 template <typename T>
-Chunk<T> chunk_of(const DeformGeometry& g, const at::Tensor& padded,
-                  const at::Tensor& off, const at::Tensor& msk, int64_t n0,
-                  int64_t images) {
-  const int64_t K = g.taps(), P = g.pixels();
-  return Chunk<T>{
-      g, images, padded.const_data_ptr<T>(),
-      off.const_data_ptr<T>() + n0 * 2 * g.offset_groups * K * P,
-      g.use_mask ? msk.const_data_ptr<T>() + n0 * g.offset_groups * K * P
-                 : nullptr};
+Chunk<T> chunk_of(const DeformChunkTensors& c) {
+  return Chunk<T>{c.g, c.images, c.input.const_data_ptr<T>(),
+                  c.offset.const_data_ptr<T>(),
+                  c.g.use_mask ? c.mask.const_data_ptr<T>() : nullptr};
 }
 
-at::Tensor deform_conv2d(const at::Tensor& input, const at::Tensor& weight,
-                         const at::Tensor& offset, const at::Tensor& mask,
-                         const at::Tensor& bias, int64_t stride_h,
-                         int64_t stride_w, int64_t pad_h, int64_t pad_w,
-                         int64_t dilation_h, int64_t dilation_w, int64_t groups,
-                         int64_t offset_groups, bool use_mask) {
-  const char* op = "deform_conv2d";
-  const DeformCall call = check_deform_call(
-      op, c10::DeviceType::CPU, input, weight, offset, mask, bias, stride_h,
-      stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups,
-      use_mask);
-  const DeformConvSizes& s = call.s;
-  const DeformGeometry& g = call.g;
-  check_padded_plane(op, s);
-  const at::ScalarType dtype = input.scalar_type(), ct = accumulate_type(dtype);
-  const int64_t N = s.batch, O = s.out_channels, C = s.channels;
-  const int64_t K = g.taps(), P = g.pixels();
-  at::Tensor out = new_output(op, {N, O, s.out_h, s.out_w},
-                              input.options().dtype(ct));
-  if (out.numel() == 0) {
-    return out.to(dtype);
+// The steps of common/deform_conv2d_steps.h, on the CPU.
+struct CpuKernels {
+  static constexpr c10::DeviceType device = c10::DeviceType::CPU;
+
+  struct Prepared {};
+  static Prepared prepare(const char* op, const DeformConvSizes& s,
+                          const at::Tensor& /*input*/) {
+    check_padded_plane(op, s);
+    return {};
   }
-  const at::Tensor b = up(bias, ct);
-  at::Tensor out3 = out.view({N, O, P});
-  if (C == 0) {
-    out3.copy_(b.view({1, O, 1}).expand({N, O, P}));
-    return out.to(dtype);
+
+  static at::ScalarType compute_type(at::ScalarType dtype) {
+    return accumulate_type(dtype);
   }
-  const at::Tensor in = up(input, ct), w = up(weight, ct),
-                   off = up(offset, ct);
-  const at::Tensor msk = use_mask ? up(mask, ct) : at::Tensor();
-  const int64_t chunk = deform_chunk(N, C * K, P, at::elementSize(ct));
-  at::Tensor columns = at::empty({C * K * chunk * P}, in.options());
-  at::Tensor scratch = at::empty({O * chunk * P}, in.options());
-  const DeformGemm d{groups, O, C * K, P};
-  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
-    const int64_t B = std::min(chunk, N - n0);
-    const at::Tensor cols = columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
-    const at::Tensor padded = padded_input(in, n0, B);
-    AT_DISPATCH_FLOATING_TYPES(ct, "torchops.deform_conv2d", [&] {
-      deformable_im2col(chunk_of<scalar_t>(g, padded, off, msk, n0, B),
-                        cols.mutable_data_ptr<scalar_t>());
+
+  // The chunk's input planes with their border of zeros (see Chunk).
+  static at::Tensor chunk_input(const at::Tensor& in, int64_t n0,
+                                int64_t images) {
+    return at::constant_pad_nd(in.narrow(0, n0, images), {1, 2, 1, 1}, 0);
+  }
+
+  template <typename Name>
+  static void im2col(const DeformChunkTensors& c, const at::Tensor& cols) {
+    AT_DISPATCH_FLOATING_TYPES(cols.scalar_type(), Name::value, [&] {
+      deformable_im2col(chunk_of<scalar_t>(c), cols.mutable_data_ptr<scalar_t>());
     });
-    deform_forward_gemm(d, out3, n0, B, w, cols, b, scratch);
   }
-  return out.to(dtype);
-}
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-deform_conv2d_backward(const at::Tensor& grad, const at::Tensor& input,
-                       const at::Tensor& weight, const at::Tensor& offset,
-                       const at::Tensor& mask, const at::Tensor& bias,
-                       int64_t stride_h, int64_t stride_w, int64_t pad_h,
-                       int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
-                       int64_t groups, int64_t offset_groups, bool use_mask) {
-  const char* op = "_deform_conv2d_backward";
-  const DeformCall call = check_deform_call(
-      op, c10::DeviceType::CPU, input, weight, offset, mask, bias, stride_h,
-      stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups,
-      use_mask);
-  const DeformConvSizes& s = call.s;
-  const DeformGeometry& g = call.g;
-  check_deform_grad(op, c10::DeviceType::CPU, grad, input, s);
-  check_padded_plane(op, s);
-  const at::ScalarType dtype = input.scalar_type(), ct = accumulate_type(dtype);
-  const int64_t N = s.batch, O = s.out_channels, C = s.channels;
-  const int64_t H = s.height, W = s.width, K = g.taps(), P = g.pixels();
-  const auto opts = input.options().dtype(ct);
-  at::Tensor grad_input = new_output(op, {N, C, H, W}, opts, /*zero=*/true);
-  at::Tensor grad_weight = new_output(op, weight.sizes(), opts, true);
-  at::Tensor grad_offset = new_output(op, offset.sizes(), opts, true);
-  at::Tensor grad_mask = new_output(op, mask.sizes(), opts, true);
-  const at::Tensor go = up(grad, ct).view({N, O, P});
-  at::Tensor grad_bias = go.sum(at::IntArrayRef{0, 2});
-  if (N > 0 && C > 0 && O > 0) {
-    const at::Tensor in = up(input, ct), w = up(weight, ct),
-                     off = up(offset, ct);
-    const at::Tensor msk = use_mask ? up(mask, ct) : at::Tensor();
-    const int64_t chunk = deform_chunk(N, C * K, P, at::elementSize(ct));
-    at::Tensor columns = at::empty({C * K * chunk * P}, opts);
-    at::Tensor grad_columns = at::empty({C * K * chunk * P}, opts);
-    at::Tensor grad_padded = at::empty({chunk, C, H + 2, W + 3}, opts);
-    const DeformGemm d{groups, O, C * K, P};
-    for (int64_t n0 = 0; n0 < N; n0 += chunk) {
-      const int64_t B = std::min(chunk, N - n0);
-      grad_padded.zero_();
-      const at::Tensor cols =
-          columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
-      at::Tensor gcols =
-          grad_columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
-      const at::Tensor padded = padded_input(in, n0, B);
-      AT_DISPATCH_FLOATING_TYPES(ct, "torchops._deform_conv2d_backward", [&] {
-        deformable_im2col(chunk_of<scalar_t>(g, padded, off, msk, n0, B),
-                          cols.mutable_data_ptr<scalar_t>());
-      });
-      deform_backward_gemm(d, go, n0, B, w, cols, gcols, grad_weight);
-      AT_DISPATCH_FLOATING_TYPES(ct, "torchops._deform_conv2d_backward", [&] {
-        using T = scalar_t;
-        const Chunk<T> ch = chunk_of<T>(g, padded, off, msk, n0, B);
-        const T* gcp = gcols.const_data_ptr<T>();
-        coordinate_grads(
-            ch, gcp,
-            grad_offset.mutable_data_ptr<T>() + n0 * 2 * offset_groups * K * P,
-            use_mask ? grad_mask.mutable_data_ptr<T>() + n0 * offset_groups * K * P
-                     : nullptr);
-        deformable_col2im(ch, gcp, grad_padded.mutable_data_ptr<T>());
-      });
-      grad_input.narrow(0, n0, B).copy_(
-          grad_padded.narrow(0, 0, B).narrow(2, 1, H).narrow(3, 1, W));
-    }
+  static at::Tensor grad_bias(const at::Tensor& /*grad*/, const at::Tensor& go,
+                              at::ScalarType /*acc*/) {
+    return go.sum(at::IntArrayRef{0, 2});
   }
-  return {grad_input.to(dtype), grad_weight.to(dtype), grad_offset.to(dtype),
-          grad_mask.to(dtype), grad_bias.to(dtype)};
-}
+
+  static bool gathers_input_grad(bool /*deterministic*/) { return false; }
+
+  // The chunk's input gradient as padded planes (what lands on the border
+  // is dropped).
+  static at::Tensor col2im_buffer(int64_t chunk, const DeformConvSizes& s,
+                                  const at::TensorOptions& opts) {
+    return at::empty({chunk, s.channels, s.height + 2, s.width + 3}, opts);
+  }
+
+  static void input_grads(const DeformChunkTensors& c, const at::Tensor& gcols,
+                          at::Tensor grad_offset, at::Tensor grad_mask,
+                          at::Tensor grad_input, at::Tensor& grad_padded,
+                          bool /*gathered*/) {
+    grad_padded.zero_();
+    AT_DISPATCH_FLOATING_TYPES(gcols.scalar_type(), DeformBackwardName::value, [&] {
+      using T = scalar_t;
+      const Chunk<T> ch = chunk_of<T>(c);
+      const T* gcp = gcols.const_data_ptr<T>();
+      coordinate_grads(ch, gcp, grad_offset.mutable_data_ptr<T>(),
+                       grad_mask.defined() ? grad_mask.mutable_data_ptr<T>() : nullptr);
+      deformable_col2im(ch, gcp, grad_padded.mutable_data_ptr<T>());
+    });
+    const int64_t B = c.images, H = c.g.height, W = c.g.width;
+    grad_input.copy_(grad_padded.narrow(0, 0, B).narrow(2, 1, H).narrow(3, 1, W));
+  }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchops, CPU, m) {
-  m.impl("deform_conv2d", &deform_conv2d);
-  m.impl("_deform_conv2d_backward", &deform_conv2d_backward);
+  m.impl("deform_conv2d", &deform_conv2d_forward<CpuKernels>);
+  m.impl("_deform_conv2d_backward", &deform_conv2d_backward<CpuKernels>);
 }
 
 }  // namespace torchops::cpu

@@ -43,6 +43,7 @@
 
 #include "common/accumulate.h"
 #include "common/deform_conv2d.h"
+#include "common/deform_conv2d_steps.h"
 #include "common/deform_gemm.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/sorted_gather.cuh"
@@ -276,15 +277,11 @@ Slicing slicing(int64_t positions, int64_t cpg) {
 }
 
 template <typename scalar_t>
-Chunk<scalar_t> chunk_of(const DeformGeometry& g, const at::Tensor& in,
-                         const at::Tensor& off, const at::Tensor& msk,
-                         int64_t n0, int64_t images) {
-  const int64_t per = g.offset_groups * g.taps() * g.pixels();
+Chunk<scalar_t> chunk_of(const DeformChunkTensors& c) {
   return Chunk<scalar_t>{
-      g, images,
-      in.const_data_ptr<scalar_t>() + n0 * g.channels * g.height * g.width,
-      off.const_data_ptr<scalar_t>() + n0 * 2 * per,
-      g.use_mask ? msk.const_data_ptr<scalar_t>() + n0 * per : nullptr};
+      c.g, c.images, c.input.const_data_ptr<scalar_t>(),
+      c.offset.const_data_ptr<scalar_t>(),
+      c.g.use_mask ? c.mask.const_data_ptr<scalar_t>() : nullptr};
 }
 
 // Launches kernel(index_t{}, blocks) over `total` threads.
@@ -392,142 +389,75 @@ void coordinate_grads(const Chunk<scalar_t>& ch, const scalar_t* grad_columns,
   });
 }
 
-at::Tensor deform_conv2d(const at::Tensor& input, const at::Tensor& weight,
-                         const at::Tensor& offset, const at::Tensor& mask,
-                         const at::Tensor& bias, int64_t stride_h,
-                         int64_t stride_w, int64_t pad_h, int64_t pad_w,
-                         int64_t dilation_h, int64_t dilation_w, int64_t groups,
-                         int64_t offset_groups, bool use_mask) {
-  const char* op = "deform_conv2d";
-  const DeformCall call = check_deform_call(
-      op, c10::DeviceType::CUDA, input, weight, offset, mask, bias, stride_h,
-      stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups,
-      use_mask);
-  const DeformConvSizes& s = call.s;
-  const DeformGeometry& g = call.g;
-  const c10::cuda::CUDAGuard guard(input.device());
-  const int64_t N = s.batch, O = s.out_channels, C = s.channels;
-  const int64_t K = g.taps(), P = g.pixels();
-  at::Tensor out = new_output(op, {N, O, s.out_h, s.out_w}, input.options());
-  if (out.numel() == 0) {
-    return out;
-  }
-  const at::Tensor b = bias.contiguous();
-  at::Tensor out3 = out.view({N, O, P});
-  if (C == 0) {
-    out3.copy_(b.view({1, O, 1}).expand({N, O, P}));
-    return out;
-  }
-  const at::Tensor in = input.contiguous(), w = weight.contiguous(),
-                   off = offset.contiguous();
-  const at::Tensor msk = use_mask ? mask.contiguous() : at::Tensor();
-  const int64_t chunk = deform_chunk(N, C * K, P, input.element_size());
-  at::Tensor columns = at::empty({C * K * chunk * P}, in.options());
-  at::Tensor scratch = at::empty({O * chunk * P}, in.options());
-  const DeformGemm d{groups, O, C * K, P};
-  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
-    const int64_t B = std::min(chunk, N - n0);
-    const at::Tensor cols =
-        columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
-    AT_DISPATCH_FLOATING_TYPES_AND2(
-        at::kHalf, at::kBFloat16, in.scalar_type(), "torchops.deform_conv2d",
-        [&] {
-          im2col(chunk_of<scalar_t>(g, in, off, msk, n0, B),
-                 cols.mutable_data_ptr<scalar_t>());
-        });
-    deform_forward_gemm(d, out3, n0, B, w, cols, b, scratch);
-  }
-  return out;
-}
+// The steps of common/deform_conv2d_steps.h, on the GPU.
+struct CudaKernels {
+  static constexpr c10::DeviceType device = c10::DeviceType::CUDA;
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-deform_conv2d_backward(const at::Tensor& grad, const at::Tensor& input,
-                       const at::Tensor& weight, const at::Tensor& offset,
-                       const at::Tensor& mask, const at::Tensor& bias,
-                       int64_t stride_h, int64_t stride_w, int64_t pad_h,
-                       int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
-                       int64_t groups, int64_t offset_groups, bool use_mask) {
-  const char* op = "_deform_conv2d_backward";
-  const DeformCall call = check_deform_call(
-      op, c10::DeviceType::CUDA, input, weight, offset, mask, bias, stride_h,
-      stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups,
-      use_mask);
-  const DeformConvSizes& s = call.s;
-  const DeformGeometry& g = call.g;
-  check_deform_grad(op, c10::DeviceType::CUDA, grad, input, s);
-  const c10::cuda::CUDAGuard guard(input.device());
-  const at::ScalarType dtype = input.scalar_type();
-  const at::ScalarType acc = accumulate_type(dtype);
-  const int64_t N = s.batch, O = s.out_channels, C = s.channels;
-  const int64_t H = s.height, W = s.width, K = g.taps(), P = g.pixels();
-  const bool deterministic = at::globalContext().deterministicAlgorithms();
-  const auto opts = input.options();
+  static c10::cuda::CUDAGuard prepare(const char* /*op*/,
+                                      const DeformConvSizes& /*s*/,
+                                      const at::Tensor& input) {
+    return c10::cuda::CUDAGuard(input.device());
+  }
+
+  static at::ScalarType compute_type(at::ScalarType dtype) { return dtype; }
+
+  static at::Tensor chunk_input(const at::Tensor& in, int64_t n0,
+                                int64_t images) {
+    return in.narrow(0, n0, images);
+  }
+
+  template <typename Name>
+  static void im2col(const DeformChunkTensors& c, const at::Tensor& cols) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, cols.scalar_type(), Name::value, [&] {
+          cuda::im2col(chunk_of<scalar_t>(c), cols.mutable_data_ptr<scalar_t>());
+        });
+  }
+
+  static at::Tensor grad_bias(const at::Tensor& grad, const at::Tensor& /*go*/,
+                              at::ScalarType acc) {
+    return grad.sum({0, 2, 3}, /*keepdim=*/false, acc);
+  }
+
   // The deterministic gather writes every element of grad_input itself; the
   // atomic scatter adds into zeros (float32 for half types).
-  at::Tensor grad_input = new_output(op, {N, C, H, W},
-                                     opts.dtype(deterministic ? dtype : acc),
-                                     /*zero=*/!deterministic);
-  at::Tensor grad_weight = new_output(op, weight.sizes(), opts.dtype(acc), true);
-  at::Tensor grad_offset = new_output(op, offset.sizes(), opts, true);
-  at::Tensor grad_mask = new_output(op, mask.sizes(), opts, true);
-  at::Tensor grad_bias = grad.sum({0, 2, 3}, /*keepdim=*/false, acc);
-  if (N > 0 && C > 0 && O > 0) {
-    const at::Tensor in = input.contiguous(), w = weight.contiguous(),
-                     off = offset.contiguous();
-    const at::Tensor msk = use_mask ? mask.contiguous() : at::Tensor();
-    const at::Tensor go = grad.contiguous().view({N, O, P});
-    const int64_t chunk = deform_chunk(N, C * K, P, input.element_size());
-    at::Tensor columns = at::empty({C * K * chunk * P}, in.options());
-    at::Tensor grad_columns = at::empty({C * K * chunk * P}, in.options());
-    const DeformGemm d{groups, O, C * K, P};
-    for (int64_t n0 = 0; n0 < N; n0 += chunk) {
-      const int64_t B = std::min(chunk, N - n0);
-      const at::Tensor cols =
-          columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
-      at::Tensor gcols =
-          grad_columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
-      AT_DISPATCH_FLOATING_TYPES_AND2(
-          at::kHalf, at::kBFloat16, dtype, "torchops._deform_conv2d_backward",
-          [&] {
-            im2col(chunk_of<scalar_t>(g, in, off, msk, n0, B),
-                   cols.mutable_data_ptr<scalar_t>());
-          });
-      deform_backward_gemm(d, go, n0, B, w, cols, gcols, grad_weight);
-      AT_DISPATCH_FLOATING_TYPES_AND2(
-          at::kHalf, at::kBFloat16, dtype, "torchops._deform_conv2d_backward",
-          [&] {
-            using T = at::opmath_type<scalar_t>;
-            const Chunk<scalar_t> ch = chunk_of<scalar_t>(g, in, off, msk, n0, B);
-            const scalar_t* gcp = gcols.const_data_ptr<scalar_t>();
-            coordinate_grads(
-                ch, gcp,
-                grad_offset.mutable_data_ptr<scalar_t>() +
-                    n0 * 2 * offset_groups * K * P,
-                use_mask ? grad_mask.mutable_data_ptr<scalar_t>() +
-                               n0 * offset_groups * K * P
-                         : nullptr);
-            if (deterministic) {
-              col2im_deterministic(
-                  ch, gcp, opts,
-                  grad_input.mutable_data_ptr<scalar_t>() + n0 * C * H * W);
-            } else {
-              col2im_atomic(ch, gcp,
-                            grad_input.mutable_data_ptr<T>() + n0 * C * H * W);
-            }
-          });
-    }
-  } else if (deterministic) {
-    grad_input.zero_();
+  static bool gathers_input_grad(bool deterministic) { return deterministic; }
+
+  static at::Tensor col2im_buffer(int64_t /*chunk*/,
+                                  const DeformConvSizes& /*s*/,
+                                  const at::TensorOptions& /*opts*/) {
+    return at::Tensor();
   }
-  return {grad_input.to(dtype), grad_weight.to(dtype), grad_offset, grad_mask,
-          grad_bias.to(dtype)};
-}
+
+  static void input_grads(const DeformChunkTensors& c, const at::Tensor& gcols,
+                          at::Tensor grad_offset, at::Tensor grad_mask,
+                          at::Tensor grad_input, at::Tensor& /*buffer*/,
+                          bool deterministic) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, gcols.scalar_type(),
+        DeformBackwardName::value, [&] {
+          using T = at::opmath_type<scalar_t>;
+          const Chunk<scalar_t> ch = chunk_of<scalar_t>(c);
+          const scalar_t* gcp = gcols.const_data_ptr<scalar_t>();
+          coordinate_grads(ch, gcp, grad_offset.mutable_data_ptr<scalar_t>(),
+                           grad_mask.defined()
+                               ? grad_mask.mutable_data_ptr<scalar_t>()
+                               : nullptr);
+          if (deterministic) {
+            col2im_deterministic(ch, gcp, gcols.options(),
+                                 grad_input.mutable_data_ptr<scalar_t>());
+          } else {
+            col2im_atomic(ch, gcp, grad_input.mutable_data_ptr<T>());
+          }
+        });
+  }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
-  m.impl("deform_conv2d", &deform_conv2d);
-  m.impl("_deform_conv2d_backward", &deform_conv2d_backward);
+  m.impl("deform_conv2d", &deform_conv2d_forward<CudaKernels>);
+  m.impl("_deform_conv2d_backward", &deform_conv2d_backward<CudaKernels>);
 }
 
 }  // namespace torchops::cuda
