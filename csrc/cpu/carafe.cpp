@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "common/carafe.h"
+#include "common/carafe_steps.h"
 #include "cpu/common/parallel.h"
 
 namespace torchops::cpu {
@@ -372,61 +373,42 @@ void grad_features_kernel(const CarafeShape& p, const scalar_t* grad,
   });
 }
 
-at::Tensor carafe(const at::Tensor& features_in, const at::Tensor& masks_in,
-                  int64_t kernel_size, int64_t group_size,
-                  int64_t scale_factor) {
-  const char* op = "carafe";
-  const CarafeShape p =
-      check_carafe(op, features_in, masks_in, kernel_size, group_size,
-                   scale_factor, c10::DeviceType::CPU);
-  at::Tensor out = new_output(op, {p.n, p.c, p.ho, p.wo}, features_in.options());
-  if (out.numel() == 0) {
-    return out;
-  }
-  const at::Tensor padded = padded_features(features_in, p.radius());
-  const at::Tensor masks = masks_in.contiguous();
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, masks.scalar_type(), "torchops.carafe", [&] {
-        forward_kernel<scalar_t>(p, padded, masks.const_data_ptr<scalar_t>(),
-                                 out.mutable_data_ptr<scalar_t>());
-      });
-  return out;
-}
+// The steps of common/carafe_steps.h, on the CPU.
+struct CpuKernels {
+  static constexpr c10::DeviceType device = c10::DeviceType::CPU;
 
-std::tuple<at::Tensor, at::Tensor> carafe_backward(
-    const at::Tensor& grad_in, const at::Tensor& features_in,
-    const at::Tensor& masks_in, int64_t kernel_size, int64_t group_size,
-    int64_t scale_factor) {
-  const char* op = "_carafe_backward";
-  const CarafeShape p =
-      check_carafe_backward(op, grad_in, features_in, masks_in, kernel_size,
-                            group_size, scale_factor, c10::DeviceType::CPU);
-  CarafeGrads grads = carafe_backward_outputs(op, p, features_in, masks_in);
-  at::Tensor& grad_features = grads.features;
-  at::Tensor& grad_masks = grads.masks;
-  if (grads.done) {
-    return {grad_features, grad_masks};
+  struct NoGuard {};
+  static NoGuard guard(const at::Tensor& /*features*/) { return {}; }
+
+  static at::Tensor features(const at::Tensor& features, const CarafeShape& p) {
+    return padded_features(features, p.radius());
   }
-  const at::Tensor grad = grad_in.contiguous();
-  const at::Tensor padded = padded_features(features_in, p.radius());
-  const at::Tensor masks = masks_in.contiguous();
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, masks.scalar_type(),
-      "torchops._carafe_backward", [&] {
-        grad_masks_kernel<scalar_t>(p, grad.const_data_ptr<scalar_t>(), padded,
-                                    grad_masks.mutable_data_ptr<scalar_t>());
-        grad_features_kernel<scalar_t>(p, grad.const_data_ptr<scalar_t>(),
-                                       masks.const_data_ptr<scalar_t>(),
-                                       grad_features.mutable_data_ptr<scalar_t>());
-      });
-  return {grad_features, grad_masks};
-}
+
+  template <typename scalar_t>
+  static void forward(const CarafeShape& p, const at::Tensor& padded,
+                      const scalar_t* masks, scalar_t* out) {
+    forward_kernel<scalar_t>(p, padded, masks, out);
+  }
+
+  template <typename scalar_t>
+  static void grad_masks(const CarafeShape& p, const scalar_t* grad,
+                         const at::Tensor& padded, scalar_t* out) {
+    grad_masks_kernel<scalar_t>(p, grad, padded, out);
+  }
+
+  template <typename scalar_t>
+  static void grad_features(const CarafeShape& p, const scalar_t* grad,
+                            const scalar_t* masks, const at::Tensor& /*padded*/,
+                            scalar_t* out) {
+    grad_features_kernel<scalar_t>(p, grad, masks, out);
+  }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchops, CPU, m) {
-  m.impl("carafe", &carafe);
-  m.impl("_carafe_backward", &carafe_backward);
+  m.impl("carafe", &carafe_forward<CpuKernels>);
+  m.impl("_carafe_backward", &carafe_backward<CpuKernels>);
 }
 
 }  // namespace torchops::cpu

@@ -53,6 +53,7 @@
 #include <type_traits>
 
 #include "common/carafe.h"
+#include "common/carafe_steps.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/vectorized.cuh"
 
@@ -941,68 +942,50 @@ void run_grad_features(const CarafeShape& p, const scalar_t* grad,
 // Operators
 // ---------------------------------------------------------------------------
 
-at::Tensor carafe(const at::Tensor& features_in, const at::Tensor& masks_in,
-                  int64_t kernel_size, int64_t group_size,
-                  int64_t scale_factor) {
-  const char* op = "carafe";
-  const CarafeShape p =
-      check_carafe(op, features_in, masks_in, kernel_size, group_size,
-                   scale_factor, c10::DeviceType::CUDA);
-  const c10::cuda::CUDAGuard guard(features_in.device());
-  at::Tensor out = new_output(op, {p.n, p.c, p.ho, p.wo}, features_in.options());
-  if (out.numel() == 0) {
-    return out;
-  }
-  const at::Tensor features = features_in.contiguous();
-  const at::Tensor masks = masks_in.contiguous();
-  const int sms = sm_count(features);
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, features.scalar_type(), "torchops.carafe", [&] {
-        run_forward<scalar_t>(p, features.const_data_ptr<scalar_t>(),
-                          masks.const_data_ptr<scalar_t>(),
-                          out.mutable_data_ptr<scalar_t>(), sms);
-      });
-  return out;
-}
+// The steps of common/carafe_steps.h, on the GPU.
+struct CudaKernels {
+  static constexpr c10::DeviceType device = c10::DeviceType::CUDA;
 
-std::tuple<at::Tensor, at::Tensor> carafe_backward(
-    const at::Tensor& grad_in, const at::Tensor& features_in,
-    const at::Tensor& masks_in, int64_t kernel_size, int64_t group_size,
-    int64_t scale_factor) {
-  const char* op = "_carafe_backward";
-  const CarafeShape p =
-      check_carafe_backward(op, grad_in, features_in, masks_in, kernel_size,
-                            group_size, scale_factor, c10::DeviceType::CUDA);
-  const c10::cuda::CUDAGuard guard(features_in.device());
-  CarafeGrads grads = carafe_backward_outputs(op, p, features_in, masks_in);
-  at::Tensor& grad_features = grads.features;
-  at::Tensor& grad_masks = grads.masks;
-  if (grads.done) {
-    return {grad_features, grad_masks};
+  static c10::cuda::CUDAGuard guard(const at::Tensor& features) {
+    return c10::cuda::CUDAGuard(features.device());
   }
-  const at::Tensor grad = grad_in.contiguous();
-  const at::Tensor features = features_in.contiguous();
-  const at::Tensor masks = masks_in.contiguous();
-  const int sms = sm_count(features);
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, features.scalar_type(),
-      "torchops._carafe_backward", [&] {
-        run_grad_masks<scalar_t>(p, grad.const_data_ptr<scalar_t>(),
-                                 features.const_data_ptr<scalar_t>(),
-                                 grad_masks.mutable_data_ptr<scalar_t>(), sms);
-        run_grad_features<scalar_t>(p, grad.const_data_ptr<scalar_t>(),
-                                    masks.const_data_ptr<scalar_t>(),
-                                    grad_features.mutable_data_ptr<scalar_t>(),
-                                    sms);
-      });
-  return {grad_features, grad_masks};
-}
+
+  struct Features {
+    at::Tensor t;
+    int sms;
+  };
+  static Features features(const at::Tensor& features,
+                           const CarafeShape& /*p*/) {
+    const at::Tensor t = features.contiguous();
+    return {t, sm_count(t)};
+  }
+
+  template <typename scalar_t>
+  static void forward(const CarafeShape& p, const Features& f,
+                      const scalar_t* masks, scalar_t* out) {
+    run_forward<scalar_t>(p, f.t.const_data_ptr<scalar_t>(), masks, out, f.sms);
+  }
+
+  template <typename scalar_t>
+  static void grad_masks(const CarafeShape& p, const scalar_t* grad,
+                         const Features& f, scalar_t* out) {
+    run_grad_masks<scalar_t>(p, grad, f.t.const_data_ptr<scalar_t>(), out,
+                             f.sms);
+  }
+
+  template <typename scalar_t>
+  static void grad_features(const CarafeShape& p, const scalar_t* grad,
+                            const scalar_t* masks, const Features& f,
+                            scalar_t* out) {
+    run_grad_features<scalar_t>(p, grad, masks, out, f.sms);
+  }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
-  m.impl("carafe", &carafe);
-  m.impl("_carafe_backward", &carafe_backward);
+  m.impl("carafe", &carafe_forward<CudaKernels>);
+  m.impl("_carafe_backward", &carafe_backward<CudaKernels>);
 }
 
 }  // namespace torchops::cuda
