@@ -297,35 +297,48 @@ void launch_over(int64_t total, F&& f) {
   });
 }
 
+// Sample positions of the chunk: (offset group, tap, image, output pixel).
 template <typename scalar_t>
-void im2col(const Chunk<scalar_t>& ch, scalar_t* columns) {
-  using T = at::opmath_type<scalar_t>;
-  const int64_t positions =
-      ch.g.offset_groups * ch.g.taps() * ch.images * ch.g.pixels();
+int64_t sample_positions(const Chunk<scalar_t>& ch) {
+  return ch.g.offset_groups * ch.g.taps() * ch.images * ch.g.pixels();
+}
+
+// Launches pick(index_t{}), a kernel with a thread per (sample position,
+// channel slice), as kernel(ch, lead..., slices, per_slice, threads, out).
+template <typename scalar_t, typename Pick, typename Out, typename... Lead>
+void launch_sliced(const Chunk<scalar_t>& ch, Pick pick, Out* out,
+                   Lead... lead) {
+  const int64_t positions = sample_positions(ch);
   const Slicing sl = slicing(positions, ch.g.group_channels());
   launch_over(positions * sl.slices, [&](auto index, unsigned int blocks) {
     using index_t = decltype(index);
-    deform_im2col_kernel<scalar_t, T, index_t>
-        <<<blocks, kThreads, 0, current_stream()>>>(
-            ch, static_cast<index_t>(sl.slices), sl.per_slice,
-            static_cast<index_t>(positions * sl.slices), columns);
+    pick(index)<<<blocks, kThreads, 0, current_stream()>>>(
+        ch, lead..., static_cast<index_t>(sl.slices), sl.per_slice,
+        static_cast<index_t>(positions * sl.slices), out);
   });
+}
+
+template <typename scalar_t>
+void im2col(const Chunk<scalar_t>& ch, scalar_t* columns) {
+  launch_sliced(
+      ch,
+      [](auto index) {
+        return deform_im2col_kernel<scalar_t, at::opmath_type<scalar_t>,
+                                    decltype(index)>;
+      },
+      columns);
 }
 
 template <typename scalar_t>
 void col2im_atomic(const Chunk<scalar_t>& ch, const scalar_t* grad_columns,
                    at::opmath_type<scalar_t>* grad_input) {
-  using T = at::opmath_type<scalar_t>;
-  const int64_t positions =
-      ch.g.offset_groups * ch.g.taps() * ch.images * ch.g.pixels();
-  const Slicing sl = slicing(positions, ch.g.group_channels());
-  launch_over(positions * sl.slices, [&](auto index, unsigned int blocks) {
-    using index_t = decltype(index);
-    deform_col2im_atomic_kernel<scalar_t, T, index_t>
-        <<<blocks, kThreads, 0, current_stream()>>>(
-            ch, grad_columns, static_cast<index_t>(sl.slices), sl.per_slice,
-            static_cast<index_t>(positions * sl.slices), grad_input);
-  });
+  launch_sliced(
+      ch,
+      [](auto index) {
+        return deform_col2im_atomic_kernel<scalar_t, at::opmath_type<scalar_t>,
+                                           decltype(index)>;
+      },
+      grad_input, grad_columns);
 }
 
 template <typename scalar_t, typename key_t>
@@ -378,8 +391,7 @@ template <typename scalar_t>
 void coordinate_grads(const Chunk<scalar_t>& ch, const scalar_t* grad_columns,
                       scalar_t* grad_offset, scalar_t* grad_mask) {
   using T = at::opmath_type<scalar_t>;
-  const int64_t positions =
-      ch.g.offset_groups * ch.g.taps() * ch.images * ch.g.pixels();
+  const int64_t positions = sample_positions(ch);
   launch_over(positions, [&](auto index, unsigned int blocks) {
     using index_t = decltype(index);
     deform_coordinate_grad_kernel<scalar_t, T, index_t>
