@@ -61,4 +61,13 @@ C10_HOST_DEVICE inline T roi_pool_initial_max() {
   return static_cast<T>(-FLT_MAX);
 }
 
+// The backward's argmax: the forward's, one int64 per element of grad.
+inline void check_roi_pool_argmax(const char* op, const at::Tensor& grad,
+                                  const at::Tensor& argmax) {
+  TORCH_CHECK(argmax.scalar_type() == at::kLong && argmax.sizes() == grad.sizes(),
+              "torchops.", op, ": expected 'argmax' to be an int64 tensor of "
+              "the shape of 'grad' (", grad.sizes(), "), but got ",
+              argmax.scalar_type(), " of shape ", argmax.sizes());
+}
+
 }  // namespace torchops

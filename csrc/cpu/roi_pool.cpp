@@ -121,10 +121,7 @@ at::Tensor roi_pool_backward(const at::Tensor& grad_in,
   check_roi_backward(op, grad_in, rois_in, pooled_height, pooled_width,
                      batch_size, channels, height, width, c10::DeviceType::CPU);
   check_device_type(op, {argmax_in, "argmax"}, c10::DeviceType::CPU);
-  TORCH_CHECK(argmax_in.scalar_type() == at::kLong && argmax_in.sizes() == grad_in.sizes(),
-              "torchops._roi_pool_backward: expected 'argmax' to be an int64 "
-              "tensor of the shape of 'grad' (", grad_in.sizes(), "), but got ",
-              argmax_in.scalar_type(), " of shape ", argmax_in.sizes());
+  check_roi_pool_argmax(op, grad_in, argmax_in);
   const at::Tensor grad = grad_in.contiguous();
   const at::Tensor rois = rois_in.contiguous();
   const at::Tensor argmax = argmax_in.contiguous();

@@ -272,10 +272,7 @@ at::Tensor roi_pool_backward(const at::Tensor& grad, const at::Tensor& rois_in,
   check_roi_backward(op, grad, rois_in, pooled_height, pooled_width, batch_size,
                      channels, height, width, c10::DeviceType::CUDA);
   check_same_device(op, {grad, "grad"}, {argmax_in, "argmax"});
-  TORCH_CHECK(argmax_in.scalar_type() == at::kLong && argmax_in.sizes() == grad.sizes(),
-              "torchops._roi_pool_backward: expected 'argmax' to be an int64 "
-              "tensor of the shape of 'grad' (", grad.sizes(), "), but got ",
-              argmax_in.scalar_type(), " of shape ", argmax_in.sizes());
+  check_roi_pool_argmax(op, grad, argmax_in);
   const c10::cuda::CUDAGuard guard(grad.device());
   const at::Tensor rois = rois_in.contiguous();
   const at::Tensor argmax = argmax_in.contiguous();
