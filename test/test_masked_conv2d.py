@@ -117,18 +117,23 @@ def test_cuda_graph_replays_any_mask():
     """Captured, the op cannot count the selected positions (that is a sync):
     it takes all of them, so a replay with another mask is still right."""
     x, mask, weight, bias = _args("cuda", torch.float32, requires_grad=False)
-    mask = mask.float()
+    _replay_with_masks(x, mask.float(), weight, bias,
+                       lambda m: torchops.masked_conv2d(x, m, weight, bias, padding=1), tol=1e-5)
+
+
+def _replay_with_masks(x, mask, weight, bias, want, tol):
+    """Captures the op on `mask`, then replays it with masks of other
+    densities written into `mask`, each against want(mask)."""
     torchops.masked_conv2d(x, mask, weight, bias, padding=1)  # warm-up outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = torchops.masked_conv2d(x, mask, weight, bias, padding=1)
     for seed, density in ((1, 0.1), (2, 0.9), (3, 0.0)):
-        mask.copy_(random_mask(mask.shape, "cuda", seed=seed, density=density))
+        mask.copy_(random_mask(mask.shape, "cuda", mask.dtype, seed=seed, density=density))
         graph.replay()
         torch.cuda.synchronize()
-        want = torchops.masked_conv2d(x, mask, weight, bias, padding=1)
-        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.double(), want(mask).double(), rtol=tol, atol=tol)
 
 
 PATH_SWITCH = "TORCHOPS_TESTING_MASKED_CONV_PATH"
@@ -192,17 +197,10 @@ def test_cuda_graph_capture_with_tensor_cores_replays_any_mask():
     counted) the forward is the dense hand-off: still right for any mask."""
     x, mask, weight, bias = (t.bfloat16() if t.is_floating_point() else t
                              for t in _args("cuda", torch.float32, requires_grad=False))
-    torchops.masked_conv2d(x, mask, weight, bias, padding=1)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = torchops.masked_conv2d(x, mask, weight, bias, padding=1)
-    for seed, density in ((1, 0.1), (2, 0.9), (3, 0.0)):
-        mask.copy_(random_mask(mask.shape, "cuda", seed=seed, density=density))
-        graph.replay()
-        torch.cuda.synchronize()
-        want = references.masked_conv2d(x.double(), mask, weight.double(), bias.double(), (1, 1))
-        torch.testing.assert_close(out.double(), want, rtol=0.05, atol=0.05)
+    _replay_with_masks(
+        x, mask, weight, bias,
+        lambda m: references.masked_conv2d(x.double(), m, weight.double(), bias.double(), (1, 1)),
+        tol=0.05)
 
 
 @cuda

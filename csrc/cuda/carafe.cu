@@ -53,6 +53,7 @@
 #include <type_traits>
 
 #include "common/carafe.h"
+#include "common/testing_switch.h"
 #include "common/carafe_steps.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/vectorized.cuh"
@@ -75,19 +76,8 @@ constexpr int kGenericThreads = 256;
 enum class PathChoice { kAuto, kGeneric, kTiled };
 
 PathChoice path_choice(const char* op) {
-  const char* v = std::getenv("TORCHOPS_TESTING_CARAFE_PATH");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) {
-    return PathChoice::kAuto;
-  }
-  if (std::strcmp(v, "generic") == 0) {
-    return PathChoice::kGeneric;
-  }
-  if (std::strcmp(v, "tiled") == 0) {
-    return PathChoice::kTiled;
-  }
-  TORCH_CHECK(false, "torchops.", op, ": TORCHOPS_TESTING_CARAFE_PATH='", v,
-              "' is not one of auto, generic, tiled (a testing switch; unset "
-              "it for normal use)");
+  return static_cast<PathChoice>(
+      testing_switch(op, "TORCHOPS_TESTING_CARAFE_PATH", {"auto", "generic", "tiled"}));
 }
 
 // Raises when the testing switch requires the tiled kernels and `kernel`

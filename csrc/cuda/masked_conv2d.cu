@@ -45,6 +45,7 @@
 
 #include "common/masked_conv2d.h"
 #include "common/masked_conv2d_steps.h"
+#include "common/testing_switch.h"
 #include "cuda/common/roi.cuh"
 
 namespace torchops::cuda {
@@ -224,6 +225,21 @@ __device__ __forceinline__ int chunk_channels(int64_t channels, int64_t c0, int 
   return static_cast<int>(channels - c0 < per ? channels - c0 : per);
 }
 
+// f(co0, count, j) for every chunk of kScatterChannels channels (the first
+// co0, `count` of them) and every position j < p, over a 2-D grid: x over
+// the positions, y over the chunks.
+template <typename F>
+__device__ __forceinline__ void for_position_chunks(int64_t p, int64_t channels, F&& f) {
+  const int64_t chunks = ceil_div(channels, kScatterChannels);
+  for (int64_t y = blockIdx.y; y < chunks; y += gridDim.y) {
+    const int64_t co0 = y * kScatterChannels;
+    const int count = chunk_channels(channels, co0, kScatterChannels);
+    for (int64_t j = grid_start<int64_t>(); j < p; j += grid_stride<int64_t>()) {
+      f(co0, count, j);
+    }
+  }
+}
+
 // out[n, co, oh, ow] = out_cols[co, rank] + bias[co] at the selected
 // positions (clear_output zeroed the rest while the count was read back).
 template <typename scalar_t, typename index_t>
@@ -232,30 +248,25 @@ __global__ void write_output_kernel(const scalar_t* __restrict__ out_cols,
                                     const scalar_t* __restrict__ bias, int64_t bias_stride,
                                     index_t plane, int64_t channels, scalar_t* __restrict__ out) {
   using T = at::opmath_type<scalar_t>;
-  const int64_t chunks = ceil_div(channels, kScatterChannels);
-  for (int64_t y = blockIdx.y; y < chunks; y += gridDim.y) {
-    const int64_t co0 = y * kScatterChannels;
-    const int count = chunk_channels(channels, co0, kScatterChannels);
-    for (int64_t j = grid_start<int64_t>(); j < p; j += grid_stride<int64_t>()) {
-      const int64_t flat = positions[j];
-      if (flat < 0) {
-        continue;
-      }
-      const index_t n = static_cast<index_t>(flat) / plane;
-      const index_t pixel = static_cast<index_t>(flat) - n * plane;
-      scalar_t* dst = out + (n * channels + co0) * static_cast<int64_t>(plane) + pixel;
+  for_position_chunks(p, channels, [&](int64_t co0, int count, int64_t j) {
+    const int64_t flat = positions[j];
+    if (flat < 0) {
+      return;
+    }
+    const index_t n = static_cast<index_t>(flat) / plane;
+    const index_t pixel = static_cast<index_t>(flat) - n * plane;
+    scalar_t* dst = out + (n * channels + co0) * static_cast<int64_t>(plane) + pixel;
 #pragma unroll
-      for (int u = 0; u < kScatterChannels; ++u) {
-        if (u < count) {
-          T v = static_cast<T>(out_cols[(co0 + u) * p + j]);
-          if (bias != nullptr) {
-            v += static_cast<T>(bias[(co0 + u) * bias_stride]);
-          }
-          dst[u * static_cast<int64_t>(plane)] = static_cast<scalar_t>(v);
+    for (int u = 0; u < kScatterChannels; ++u) {
+      if (u < count) {
+        T v = static_cast<T>(out_cols[(co0 + u) * p + j]);
+        if (bias != nullptr) {
+          v += static_cast<T>(bias[(co0 + u) * bias_stride]);
         }
+        dst[u * static_cast<int64_t>(plane)] = static_cast<scalar_t>(v);
       }
     }
-  }
+  });
 }
 
 // grad_cols (C_out, P): the gradient at each position, channel by channel.
@@ -264,25 +275,20 @@ __global__ void gather_grad_kernel(const scalar_t* __restrict__ grad, Strides4 s
                                    const int64_t* __restrict__ positions, int64_t p,
                                    index_t out_h, index_t out_w, int64_t channels,
                                    scalar_t* __restrict__ grad_cols) {
-  const int64_t chunks = ceil_div(channels, kScatterChannels);
-  for (int64_t y = blockIdx.y; y < chunks; y += gridDim.y) {
-    const int64_t co0 = y * kScatterChannels;
-    const int count = chunk_channels(channels, co0, kScatterChannels);
-    for (int64_t j = grid_start<int64_t>(); j < p; j += grid_stride<int64_t>()) {
-      const int64_t flat = positions[j];
-      int64_t off = -1;
-      if (flat >= 0) {
-        const MaskedConvPosition<index_t> q(static_cast<index_t>(flat), out_h, out_w);
-        off = q.n * s.n + co0 * s.c + q.oh * s.h + q.ow * s.w;
-      }
+  for_position_chunks(p, channels, [&](int64_t co0, int count, int64_t j) {
+    const int64_t flat = positions[j];
+    int64_t off = -1;
+    if (flat >= 0) {
+      const MaskedConvPosition<index_t> q(static_cast<index_t>(flat), out_h, out_w);
+      off = q.n * s.n + co0 * s.c + q.oh * s.h + q.ow * s.w;
+    }
 #pragma unroll
-      for (int u = 0; u < kScatterChannels; ++u) {
-        if (u < count) {
-          grad_cols[(co0 + u) * p + j] = off >= 0 ? grad[off + u * s.c] : scalar_t(0);
-        }
+    for (int u = 0; u < kScatterChannels; ++u) {
+      if (u < count) {
+        grad_cols[(co0 + u) * p + j] = off >= 0 ? grad[off + u * s.c] : scalar_t(0);
       }
     }
-  }
+  });
 }
 
 // grad_input[n, c, ih, iw] = sum over the taps (i, j) whose output position
@@ -422,18 +428,8 @@ class CopyEvent {
 enum class ForwardPath { kAuto, kSparse, kDense };
 
 ForwardPath forward_path() {
-  const char* v = std::getenv("TORCHOPS_TESTING_MASKED_CONV_PATH");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) {
-    return ForwardPath::kAuto;
-  }
-  if (std::strcmp(v, "sparse") == 0) {
-    return ForwardPath::kSparse;
-  }
-  if (std::strcmp(v, "dense") == 0) {
-    return ForwardPath::kDense;
-  }
-  TORCH_CHECK(false, "torchops.masked_conv2d: TORCHOPS_TESTING_MASKED_CONV_PATH='", v,
-              "' is not one of auto, sparse, dense (a testing switch; unset it for normal use)");
+  return static_cast<ForwardPath>(testing_switch(
+      "masked_conv2d", "TORCHOPS_TESTING_MASKED_CONV_PATH", {"auto", "sparse", "dense"}));
 }
 
 // The share of selected positions from which the forward hands off to
