@@ -34,12 +34,12 @@
 # (the commit to name in the reports where the checkout has no .git),
 # GPU_CHECK_PART (below).
 #
-# GPU_CHECK_PART=tests, then GPU_CHECK_PART=bench, on the same machine: the
-# check in two commands, each with the whole budget, for when the benchmarks
-# no longer fit beside the tests in one (every CPU row included).  "tests"
-# runs every step but bench (its precompile fills the compile caches the
-# bench reads); "bench" runs wheels, env, build-aot (incremental: the first
-# command built) and bench.  The default, "all", is every step in one.
+# GPU_CHECK_PART=tests, then GPU_CHECK_PART=bench: the check in two
+# commands, each with the whole budget, for when the benchmarks no longer
+# fit beside the tests in one (every CPU row included).  "tests" runs every
+# step but bench (its precompile fills the compile caches a bench on the
+# same machine reads); "bench" runs wheels, env, build-aot (incremental on
+# the same machine) and bench.  The default, "all", is every step in one.
 set -uo pipefail
 PART=${GPU_CHECK_PART:-all}
 cd "$(dirname "$0")/.."
