@@ -175,17 +175,25 @@ def roi_align(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: 
     if sampling_ratio > 0:
         return _roi_align_grid(input, batch, x1, y1, roi_w, roi_h, pooled_height, pooled_width,
                                sampling_ratio, sampling_ratio).contiguous()
-    # ceil of NaN: no samples, as in the kernels.
-    grids = torch.stack([torch.ceil(roi_h / pooled_height), torch.ceil(roi_w / pooled_width)], 1)
-    grids = torch.nan_to_num(grids, nan=0.0).long()
-    out = zeros()
+    return _by_adaptive_grid(
+        roi_h / pooled_height, roi_w / pooled_width, zeros(),
+        lambda rows, grid_h, grid_w: _roi_align_grid(
+            input, batch[rows], x1[rows], y1[rows], roi_w[rows], roi_h[rows], pooled_height,
+            pooled_width, grid_h, grid_w))
+
+
+def _by_adaptive_grid(bin_h: Tensor, bin_w: Tensor, out: Tensor, pooled) -> Tensor:
+    """RoI-Align-style pooling with sampling_ratio 0: each RoI samples a
+    ceil(bin_h) x ceil(bin_w) grid per bin.  RoIs are grouped by grid and
+    ``pooled(rows, grid_h, grid_w)`` fills theirs into ``out``; a grid of 0
+    (or the ceil of NaN) samples nothing, as in the kernels."""
+    grids = torch.nan_to_num(torch.stack([torch.ceil(bin_h), torch.ceil(bin_w)], 1), nan=0.0)
+    grids = grids.long()
     for grid_h, grid_w in torch.unique(grids, dim=0).tolist():
         if grid_h <= 0 or grid_w <= 0:
             continue
         rows = torch.nonzero((grids[:, 0] == grid_h) & (grids[:, 1] == grid_w)).flatten()
-        out = out.index_copy(0, rows, _roi_align_grid(
-            input, batch[rows], x1[rows], y1[rows], roi_w[rows], roi_h[rows], pooled_height,
-            pooled_width, grid_h, grid_w))
+        out = out.index_copy(0, rows, pooled(rows, grid_h, grid_w))
     return out
 
 
@@ -299,15 +307,7 @@ def deform_roi_pool(input: Tensor, rois: Tensor, offset: Tensor | None, spatial_
     if sampling_ratio > 0:
         every = torch.arange(k, device=dev)
         return pooled(every, sampling_ratio, sampling_ratio).contiguous()
-    grids = torch.stack([torch.ceil(bin_h), torch.ceil(bin_w)], 1)
-    grids = torch.nan_to_num(grids, nan=0.0).long()
-    out = zeros()
-    for grid_h, grid_w in torch.unique(grids, dim=0).tolist():
-        if grid_h <= 0 or grid_w <= 0:
-            continue
-        rows = torch.nonzero((grids[:, 0] == grid_h) & (grids[:, 1] == grid_w)).flatten()
-        out = out.index_copy(0, rows, pooled(rows, grid_h, grid_w))
-    return out
+    return _by_adaptive_grid(bin_h, bin_w, zeros(), pooled)
 
 
 def sigmoid_focal_loss(inputs: Tensor, targets: Tensor, alpha: float = 0.25, gamma: float = 2.0,

@@ -210,24 +210,28 @@ void tap_rows(const CarafeShape& p, const Task& t, const T* plane,
   }
 }
 
+// Elements of one zero-padded feature plane.
+inline int64_t padded_plane(const CarafeShape& p) {
+  return (p.h + 2 * p.radius()) * (p.w + 2 * p.radius());
+}
+
 template <typename scalar_t>
 void forward_kernel(const CarafeShape& p, const at::Tensor& padded,
                     const scalar_t* masks, scalar_t* out) {
   using T = at::opmath_type<scalar_t>;
   const int64_t k2 = p.taps(), s = p.s, cg = p.group_channels();
   const int64_t spans = ceil_div(p.w, kSpan);
-  const int64_t pplane = (p.h + 2 * p.radius()) * (p.w + 2 * p.radius());
+  const int64_t pplane = padded_plane(p);
   const int64_t oplane = p.ho * p.wo;
   const T* fp = padded.const_data_ptr<T>();
   at::parallel_for(0, p.n * p.g * p.h * spans, 1, [&](int64_t b, int64_t e) {
     std::vector<T> mrows(s * s * k2 * kSpan), acc(s * kSpan);
-    std::vector<const T*> taps(k2);
+    std::vector<const T*> taps(k2), m(k2);
     for (int64_t task = b; task < e; ++task) {
       const Task t = task_of(p, task, spans);
       const PhaseRows rows{t.len, k2, s};
       split_phases(p, t, masks + (t.n * p.g + t.grp) * k2 * oplane, k2,
                    mrows.data());
-      std::vector<const T*> m(k2);
       for (int64_t c = t.grp * cg; c < (t.grp + 1) * cg; ++c) {
         tap_rows(p, t, fp + (t.n * p.c + c) * pplane, taps.data());
         for (int64_t i = 0; i < s; ++i) {
@@ -257,7 +261,7 @@ void grad_masks_kernel(const CarafeShape& p, const scalar_t* grad,
   using T = at::opmath_type<scalar_t>;
   const int64_t k2 = p.taps(), s = p.s, cg = p.group_channels();
   const int64_t spans = ceil_div(p.w, kSpan);
-  const int64_t pplane = (p.h + 2 * p.radius()) * (p.w + 2 * p.radius());
+  const int64_t pplane = padded_plane(p);
   const int64_t oplane = p.ho * p.wo;
   const T* fp = padded.const_data_ptr<T>();
   at::parallel_for(0, p.n * p.g * p.h * spans, 1, [&](int64_t b, int64_t e) {

@@ -176,13 +176,9 @@ def _roi_errors(op, extra_args):
             for sr in (65, 2**31 - 1, 2**62):
                 yield ErrorInput(Sample((x, rois, 1.0, 2, 2, sr, False)),
                                  rf"{name}.*'sampling_ratio'.*at most 64")
-        if device == "cpu":
-            bad = rois.clone()
-            bad[0, 0] = 1
-            yield ErrorInput(Sample((x, bad, 1.0, 2, 2, *extra_args)), rf"{name}.*'rois'.*batch index",
-                             kernel_only="the batch index is a value in 'rois', which a fake never reads")
-        else:
-            yield ErrorInput(Sample((x, rois.cpu(), 1.0, 2, 2, *extra_args)), rf"{name}.*'rois'")
+        yield from _bad_rois_errors(
+            lambda rois: Sample((x, rois, 1.0, 2, 2, *extra_args)), rois, device,
+            lambda sample, match, **kw: ErrorInput(sample, rf"{name}.*{match}", **kw))
         # The torchvision-style wrapper: input, boxes, output_size.
         for boxes, size, error, what in [
                 (rois[:, 1:], 2, RuntimeError, "'boxes'"),
@@ -193,6 +189,18 @@ def _roi_errors(op, extra_args):
             yield ErrorInput(Sample((x, boxes, size)), rf"{name}.*{what}", error, via_wrapper=True)
         yield from _roi_backward_errors(op, device, rois)
     return errors
+
+
+def _bad_rois_errors(call, rois, device, error):
+    """The 'rois' the kernel alone can reject: on CPU a batch index past the
+    input (a value, which a fake never reads); on CUDA, RoIs on the CPU."""
+    if device == "cpu":
+        bad = rois.clone()
+        bad[0, 0] = 1
+        yield error(call(rois=bad), "'rois'.*batch index",
+                    kernel_only="the batch index is a value in 'rois', which a fake never reads")
+    else:
+        yield error(call(rois=rois.cpu()), "'rois'")
 
 
 def _roi_backward_errors(op, device, rois):
@@ -226,13 +234,7 @@ def _roi_backward_errors(op, device, rois):
     else:
         yield error(call(argmax=torch.zeros(grad.shape, dtype=torch.int32, device=device)),
                     "'argmax'.*int64")
-    if device == "cpu":
-        bad = rois.clone()
-        bad[0, 0] = 1
-        yield error(call(rois=bad), "'rois'.*batch index",
-                    kernel_only="the batch index is a value in 'rois', which a fake never reads")
-    else:
-        yield error(call(rois=rois.cpu()), "'rois'")
+    yield from _bad_rois_errors(call, rois, device, error)
 
 
 def _roi_wrapper_sample(s: Sample) -> Sample:
@@ -363,13 +365,8 @@ def _deform_roi_pool_errors(device):
     yield error(call(off=torch.zeros(2, 2, 2, **f32)), "'offset'.*shape")
     yield error(call(off=off.double()), "'offset'.*same dtype as 'input'")
     yield error(Sample((x, rois, None, 1.0, 10**10, 10**10, 2, 0.1)), "output of shape .* too large")
-    if device == "cpu":
-        bad = rois.clone()
-        bad[0, 0] = 1
-        yield error(call(rois=bad), "'rois'.*batch index",
-                    kernel_only="the batch index is a value in 'rois', which a fake never reads")
-    else:
-        yield error(call(rois=rois.cpu()), "'rois'")
+    yield from _bad_rois_errors(call, rois, device, error)
+    if device != "cpu":
         yield error(call(off=off.cpu()), "'offset'")
     # The wrapper: (input, rois, offset, output_size, ...).
     for boxes, size, err, what in [
