@@ -60,9 +60,8 @@ C10_HOST_DEVICE inline RoiAlignBox<T> roi_align_box(
 }
 
 // Coordinate of sample i (of `grid`) in bin p along one axis.
-template <typename T>
-C10_HOST_DEVICE inline T roi_align_sample(T start, T bin, int64_t p, int64_t i,
-                                          int64_t grid) {
+template <typename T, typename I>
+C10_HOST_DEVICE inline T roi_align_sample(T start, T bin, I p, I i, I grid) {
   return start + static_cast<T>(p) * bin +
          (static_cast<T>(i) + T(0.5)) * bin / static_cast<T>(grid);
 }
@@ -70,16 +69,19 @@ C10_HOST_DEVICE inline T roi_align_sample(T start, T bin, int64_t p, int64_t i,
 // The two pixels a sample at coordinate v reads along an axis of `size`
 // pixels, and their linear weights.  False when the sample lies outside
 // [-1, size] (or is NaN): it then contributes nothing.
-template <typename T>
-C10_HOST_DEVICE inline bool roi_align_axis(T v, int64_t size, int64_t& lo,
-                                           int64_t& hi, T& w_lo, T& w_hi) {
+// I: the index type (int32 where the caller knows the plane's offsets fit,
+// as the CUDA forward does: 64-bit conversions and products cost several
+// instructions each on a GPU).
+template <typename T, typename I>
+C10_HOST_DEVICE inline bool roi_align_axis(T v, I size, I& lo, I& hi, T& w_lo,
+                                           T& w_hi) {
   if (!(v >= T(-1) && v <= static_cast<T>(size)) || size <= 0) {
     return false;
   }
   if (v <= T(0)) {
     v = T(0);
   }
-  lo = static_cast<int64_t>(v);
+  lo = static_cast<I>(v);
   if (lo >= size - 1) {
     lo = hi = size - 1;
     v = static_cast<T>(lo);
@@ -101,18 +103,17 @@ C10_HOST_DEVICE inline T roi_align_slope(T v, int64_t size) {
 }
 
 // The two pixels, and their weights, that one sample reads along an axis.
-template <typename T>
+template <typename T, typename I = int64_t>
 struct AxisTap {
-  int64_t lo = 0, hi = 0;
+  I lo = 0, hi = 0;
   T w_lo = T(0), w_hi = T(0);
 };
 
 // Sample i of bin p along one axis: where it lies (roi_align_sample) and
 // what it reads (roi_align_axis).  False when it contributes nothing.
-template <typename T>
-C10_HOST_DEVICE inline bool roi_align_tap(T start, T bin, int64_t p, int64_t i,
-                                          int64_t grid, int64_t size,
-                                          AxisTap<T>& tap) {
+template <typename T, typename I>
+C10_HOST_DEVICE inline bool roi_align_tap(T start, T bin, I p, I i, I grid,
+                                          I size, AxisTap<T, I>& tap) {
   return roi_align_axis(roi_align_sample(start, bin, p, i, grid), size, tap.lo,
                         tap.hi, tap.w_lo, tap.w_hi);
 }

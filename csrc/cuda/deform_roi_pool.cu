@@ -90,13 +90,17 @@ DeformBoxes<scalar_t, at::opmath_type<scalar_t>> deform_boxes(
 // derivative of a sample along x is slope_x * (the y-interpolated
 // difference of its right and left columns), likewise along y
 // (common/deform_roi_pool.h).
-template <typename scalar_t, typename T, typename index_t, bool kScatter>
+// plane_t indexes inside one (H, W) plane: int32 where plane_fits_int32,
+// as in the forward (roi_bins.cuh).
+template <typename scalar_t, typename T, typename index_t, typename plane_t, bool kScatter>
 __global__ void __launch_bounds__(kRoiThreads) deform_roi_pool_backward_kernel(
     const scalar_t* __restrict__ grad, Strides4 gs,
     const scalar_t* __restrict__ input, Strides4 is,
     DeformBoxes<scalar_t, T> boxes, RoiGrid g, index_t total,
     T* __restrict__ grad_input, T* __restrict__ partial) {
   const int64_t n_bins = g.rois * g.pooled_height * g.pooled_width;
+  const plane_t height = static_cast<plane_t>(g.height), width = static_cast<plane_t>(g.width);
+  const plane_t in_h = static_cast<plane_t>(is.h), in_w = static_cast<plane_t>(is.w);
   for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
     const RoiBin b = roi_bin_of<RoiOrder::kChannelsOuter, index_t>(
         i, static_cast<index_t>(g.channels),
@@ -112,34 +116,35 @@ __global__ void __launch_bounds__(kRoiThreads) deform_roi_pool_backward_kernel(
       T* gplane = kScatter ? grad_input + (box.batch * g.channels + b.c) *
                                               g.height * g.width
                            : nullptr;
-      for (int64_t iy = 0; iy < box.grid_h; ++iy) {
-        const T vy = roi_align_sample(box.start_h, box.bin_h, b.ph, iy,
-                                      box.grid_h);
-        AxisTap<T> ty;
-        if (!roi_align_axis(vy, g.height, ty.lo, ty.hi, ty.w_lo, ty.w_hi)) {
+      const plane_t ph = static_cast<plane_t>(b.ph), pw = static_cast<plane_t>(b.pw);
+      const plane_t grid_h = static_cast<plane_t>(box.grid_h);
+      const plane_t grid_w = static_cast<plane_t>(box.grid_w);
+      for (plane_t iy = 0; iy < grid_h; ++iy) {
+        const T vy = roi_align_sample(box.start_h, box.bin_h, ph, iy, grid_h);
+        AxisTap<T, plane_t> ty;
+        if (!roi_align_axis(vy, height, ty.lo, ty.hi, ty.w_lo, ty.w_hi)) {
           continue;
         }
         const T sy = roi_align_slope(vy, g.height);
-        const scalar_t* row0 = plane + ty.lo * is.h;
-        const scalar_t* row1 = plane + ty.hi * is.h;
-        for (int64_t ix = 0; ix < box.grid_w; ++ix) {
-          const T vx = roi_align_sample(box.start_w, box.bin_w, b.pw, ix,
-                                        box.grid_w);
-          AxisTap<T> tx;
-          if (!roi_align_axis(vx, g.width, tx.lo, tx.hi, tx.w_lo, tx.w_hi)) {
+        const scalar_t* row0 = plane + ty.lo * in_h;
+        const scalar_t* row1 = plane + ty.hi * in_h;
+        for (plane_t ix = 0; ix < grid_w; ++ix) {
+          const T vx = roi_align_sample(box.start_w, box.bin_w, pw, ix, grid_w);
+          AxisTap<T, plane_t> tx;
+          if (!roi_align_axis(vx, width, tx.lo, tx.hi, tx.w_lo, tx.w_hi)) {
             continue;
           }
           const T sx = roi_align_slope(vx, g.width);
-          const T v00 = static_cast<T>(row0[tx.lo * is.w]);
-          const T v01 = static_cast<T>(row0[tx.hi * is.w]);
-          const T v10 = static_cast<T>(row1[tx.lo * is.w]);
-          const T v11 = static_cast<T>(row1[tx.hi * is.w]);
+          const T v00 = static_cast<T>(row0[tx.lo * in_w]);
+          const T v01 = static_cast<T>(row0[tx.hi * in_w]);
+          const T v10 = static_cast<T>(row1[tx.lo * in_w]);
+          const T v11 = static_cast<T>(row1[tx.hi * in_w]);
           dx += sx * (ty.w_lo * (v01 - v00) + ty.w_hi * (v11 - v10));
           dy += sy * (tx.w_lo * (v10 - v00) + tx.w_hi * (v11 - v01));
           if constexpr (kScatter) {
             const T gy0 = gv * ty.w_lo, gy1 = gv * ty.w_hi;
-            T* r0 = gplane + ty.lo * g.width;
-            T* r1 = gplane + ty.hi * g.width;
+            T* r0 = gplane + ty.lo * width;
+            T* r1 = gplane + ty.hi * width;
             atomicAdd(r0 + tx.lo, gy0 * tx.w_lo);
             atomicAdd(r0 + tx.hi, gy0 * tx.w_hi);
             atomicAdd(r1 + tx.lo, gy1 * tx.w_lo);
@@ -197,13 +202,15 @@ void deform_roi_pool_offset_grad(const at::Tensor& grad, const at::Tensor& input
   const unsigned int blocks = grid_for(total, kRoiThreads);
   with_index_type(total, blocks, kRoiThreads, [&](auto index) {
     using index_t = decltype(index);
-    deform_roi_pool_backward_kernel<scalar_t, T, index_t, kScatter>
-        <<<blocks, kRoiThreads, 0, current_stream()>>>(
-            grad.const_data_ptr<scalar_t>(), strides4(grad),
-            input.const_data_ptr<scalar_t>(), strides4(input), boxes, g,
-            static_cast<index_t>(total),
-            kScatter ? grad_input->mutable_data_ptr<T>() : nullptr,
-            partial.mutable_data_ptr<T>());
+    with_index_type_if(plane_fits_int32(input), [&](auto plane) {
+      deform_roi_pool_backward_kernel<scalar_t, T, index_t, decltype(plane), kScatter>
+          <<<blocks, kRoiThreads, 0, current_stream()>>>(
+              grad.const_data_ptr<scalar_t>(), strides4(grad),
+              input.const_data_ptr<scalar_t>(), strides4(input), boxes, g,
+              static_cast<index_t>(total),
+              kScatter ? grad_input->mutable_data_ptr<T>() : nullptr,
+              partial.mutable_data_ptr<T>());
+    });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   deform_roi_pool_offset_sum_kernel<scalar_t, T>

@@ -1,8 +1,10 @@
 // CUDA kernels of torchops.roi_pool and its backward.
 //
-// Forward: one thread per output element, reading the input through its
-// strides (channel-inner thread order for channels_last inputs, memory order
-// otherwise).
+// Forward: a small kernel first works out, per RoI, its image and the pixel
+// range of every bin row and column (roi_pool_ranges_kernel); then one
+// thread per output element takes the max over its bin, reading the input
+// through its strides (channel-inner thread order for channels_last inputs,
+// memory order otherwise).
 //
 // Backward: each grad element goes to exactly one input pixel, the one its
 // argmax names.  By default with atomicAdd (into a float32 buffer for half
@@ -41,14 +43,16 @@ struct Params {
 };
 
 template <RoiOrder kOrder, typename index_t>
-__device__ __forceinline__ RoiBin bin_of(index_t i, const Params& p) {
+__device__ __forceinline__ RoiBinT<index_t> bin_of(index_t i, const Params& p) {
   return roi_bin_of<kOrder, index_t>(
       i, static_cast<index_t>(p.channels), static_cast<index_t>(p.pooled_height),
       static_cast<index_t>(p.pooled_width), static_cast<index_t>(p.rois));
 }
 
-__device__ __forceinline__ int64_t offset_of(const RoiBin& b, const Params& p) {
-  return roi_bin_offset(b, p.channels, p.pooled_height, p.pooled_width);
+template <typename I>
+__device__ __forceinline__ I offset_of(const RoiBinT<I>& b, const Params& p) {
+  return roi_bin_offset<I>(b, static_cast<I>(p.channels), static_cast<I>(p.pooled_height),
+                           static_cast<I>(p.pooled_width));
 }
 
 // The max over one bin's pixels.  plane_t indexes inside one (H, W) plane:
@@ -88,6 +92,43 @@ __device__ __forceinline__ void bin_max(const scalar_t* __restrict__ plane,
   }
 }
 
+// What every bin of RoI k reads, computed once per RoI and bin row/column
+// rather than once per output element (the forward is C times as many
+// elements): ranges[k * E] is the RoI's image, or -1 when it pools to zeros;
+// then the PH row ranges [lo, hi) and the PW column ranges, clipped to the
+// plane (E = 1 + 2 * (PH + PW)).  The 64-bit float-to-int conversions of
+// roi_pool_box and roi_pool_bin were most of the forward's per-element
+// cost on small bins (H200, 2x256x50x50 with 256 RoIs).
+__host__ __device__ inline int64_t roi_pool_range_entries(const Params& p) {
+  return 1 + 2 * (p.pooled_height + p.pooled_width);
+}
+
+template <typename scalar_t, typename T, typename range_t>
+__global__ void __launch_bounds__(kThreads) roi_pool_ranges_kernel(
+    const scalar_t* __restrict__ rois, T spatial_scale, Params p, int64_t total,
+    range_t* __restrict__ ranges) {
+  const int64_t per_roi = 1 + p.pooled_height + p.pooled_width;
+  const int64_t e = roi_pool_range_entries(p);
+  for (int64_t i = grid_start<int64_t>(); i < total; i += grid_stride<int64_t>()) {
+    const int64_t k = i / per_roi, j = i % per_roi;
+    const RoiPoolBox<T> box = roi_pool_box<T>(rois + k * 5, spatial_scale,
+                                              p.pooled_height, p.pooled_width);
+    range_t* r = ranges + k * e;
+    int64_t lo = 0, hi = 0;
+    if (j == 0) {
+      r[0] = box.batch >= 0 && box.batch < p.n_images ? static_cast<range_t>(box.batch) : -1;
+      continue;
+    }
+    if (j <= p.pooled_height) {
+      roi_pool_bin(box.bin_h, j - 1, box.start_h, p.height, lo, hi);
+    } else {
+      roi_pool_bin(box.bin_w, j - 1 - p.pooled_height, box.start_w, p.width, lo, hi);
+    }
+    r[2 * j - 1] = static_cast<range_t>(lo);
+    r[2 * j] = static_cast<range_t>(hi);
+  }
+}
+
 // The forward's register cap: 8 blocks of kThreads per SM (<= 32
 // registers), full occupancy for a kernel that waits on loads.  On the H200
 // with the L2 flushed between runs it took the forward from 1124 to 894 us
@@ -95,43 +136,39 @@ __device__ __forceinline__ void bin_max(const scalar_t* __restrict__ plane,
 // RoIs); caps of 5 and 6 blocks fell in between.
 constexpr int kForwardMinBlocks = 8;
 
+// plane_t: the type of in-plane offsets, of the ranges and of argmax's
+// values (int32 when plane_fits_int32).
 template <typename scalar_t, typename T, typename index_t, typename plane_t,
           RoiOrder kOrder>
 __global__ void __launch_bounds__(kThreads, kForwardMinBlocks) roi_pool_forward_kernel(
     const scalar_t* __restrict__ input, Strides4 s,
-    const scalar_t* __restrict__ rois, T spatial_scale, Params p,
+    const plane_t* __restrict__ ranges, Params p,
     index_t total, scalar_t* __restrict__ out, int64_t* __restrict__ argmax) {
+  const index_t e = static_cast<index_t>(roi_pool_range_entries(p));
+  const index_t ph_count = static_cast<index_t>(p.pooled_height);
   for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
-    const RoiBin b = bin_of<kOrder>(i, p);
-    const RoiPoolBox<T> box = roi_pool_box<T>(rois + b.k * 5, spatial_scale,
-                                              p.pooled_height, p.pooled_width);
+    const RoiBinT<index_t> b = bin_of<kOrder>(i, p);
+    const plane_t* r = ranges + b.k * e;
+    const plane_t image = r[0];
     T best = T(0);
     plane_t best_at = -1;
-    if (box.batch >= 0 && box.batch < p.n_images) {
-      int64_t h0, h1, w0, w1;
-      roi_pool_bin(box.bin_h, b.ph, box.start_h, p.height, h0, h1);
-      roi_pool_bin(box.bin_w, b.pw, box.start_w, p.width, w0, w1);
+    if (image >= 0) {
+      const index_t rh = 1 + 2 * b.ph;
+      const index_t rw = 1 + 2 * (ph_count + b.pw);
+      const plane_t h0 = r[rh], h1 = r[rh + 1], w0 = r[rw], w1 = r[rw + 1];
       if (h1 > h0 && w1 > w0) {
         best = roi_pool_initial_max<T>();
       }
       bin_max<scalar_t, T, plane_t>(
-          input + box.batch * s.n + b.c * s.c, static_cast<plane_t>(s.h),
-          static_cast<plane_t>(s.w), static_cast<plane_t>(p.width),
-          static_cast<plane_t>(h0), static_cast<plane_t>(h1),
-          static_cast<plane_t>(w0), static_cast<plane_t>(w1), best, best_at);
+          input + image * s.n + int64_t(b.c) * s.c, static_cast<plane_t>(s.h),
+          static_cast<plane_t>(s.w), static_cast<plane_t>(p.width), h0, h1, w0,
+          w1, best, best_at);
     }
-    const int64_t o = offset_of(b, p);
+    // Memory order visits the result in its own order.
+    const index_t o = kOrder == RoiOrder::kMemory ? i : offset_of(b, p);
     out[o] = static_cast<scalar_t>(best);
     argmax[o] = best_at;
   }
-}
-
-// Whether every element offset inside one (H, W) plane of `input`, and every
-// argmax h * W + w, fits in int32.
-inline bool plane_fits_int32(const at::Tensor& input) {
-  const int64_t h = input.size(2), w = input.size(3);
-  const int64_t last = (h - 1) * input.stride(2) + (w - 1) * input.stride(3);
-  return fits_int32(h * w) && fits_int32(last + 1);
 }
 
 std::tuple<at::Tensor, at::Tensor> roi_pool(const at::Tensor& input,
@@ -163,18 +200,27 @@ std::tuple<at::Tensor, at::Tensor> roi_pool(const at::Tensor& input,
   // cache lines with.
   const bool inner = channels_inner(input);
   const bool narrow = plane_fits_int32(input);
+  const int64_t range_total = k * (1 + pooled_height + pooled_width);
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, input.scalar_type(), "torchops.roi_pool", [&] {
         using T = at::opmath_type<scalar_t>;
         with_index_type(total, blocks, kThreads, [&](auto index) {
           using index_t = decltype(index);
           auto launch = [&](auto plane, auto order) {
-            roi_pool_forward_kernel<scalar_t, T, index_t, decltype(plane),
+            using plane_t = decltype(plane);
+            at::Tensor ranges =
+                at::empty({k * roi_pool_range_entries(p)},
+                          input.options().dtype(sizeof(plane_t) == 4 ? at::kInt : at::kLong));
+            roi_pool_ranges_kernel<scalar_t, T, plane_t>
+                <<<grid_for(range_total, kThreads), kThreads, 0, current_stream()>>>(
+                    rois.const_data_ptr<scalar_t>(), static_cast<T>(spatial_scale), p,
+                    range_total, static_cast<plane_t*>(ranges.mutable_data_ptr()));
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+            roi_pool_forward_kernel<scalar_t, T, index_t, plane_t,
                                     decltype(order)::value>
                 <<<blocks, kThreads, 0, current_stream()>>>(
                     input.const_data_ptr<scalar_t>(), strides4(input),
-                    rois.const_data_ptr<scalar_t>(),
-                    static_cast<T>(spatial_scale), p,
+                    static_cast<const plane_t*>(ranges.const_data_ptr()), p,
                     static_cast<index_t>(total),
                     out.mutable_data_ptr<scalar_t>(),
                     argmax.mutable_data_ptr<int64_t>());

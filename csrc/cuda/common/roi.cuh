@@ -19,10 +19,17 @@ inline Strides4 strides4(const at::Tensor& t) {
   return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
 }
 
-// Position of one element of a (K, C, PH, PW) result.
-struct RoiBin {
-  int64_t k, c, ph, pw;
+// Position of one element of a (K, C, PH, PW) result, in the loop's index
+// type (a kernel that keeps it in int32 saves registers and instructions).
+template <typename I>
+struct RoiBinT {
+  I k, c, ph, pw;
+  template <typename J>
+  __device__ __forceinline__ operator RoiBinT<J>() const {
+    return {k, c, ph, pw};
+  }
 };
+using RoiBin = RoiBinT<int64_t>;
 
 // The order in which a grid-stride loop visits the elements of a (K, C, PH,
 // PW) result; pw (or c) varies fastest.
@@ -42,11 +49,11 @@ enum class RoiOrder {
 
 // Flat loop index -> bin (index_t: see with_index_type in launch.cuh).
 template <RoiOrder kOrder, typename index_t>
-__device__ __forceinline__ RoiBin roi_bin_of(index_t i, index_t channels,
+__device__ __forceinline__ RoiBinT<index_t> roi_bin_of(index_t i, index_t channels,
                                              index_t pooled_height,
                                              index_t pooled_width,
                                              index_t rois) {
-  RoiBin b;
+  RoiBinT<index_t> b;
   if (kOrder == RoiOrder::kChannelsInner) {
     b.c = i % channels;
     i /= channels;
@@ -71,11 +78,19 @@ __device__ __forceinline__ RoiBin roi_bin_of(index_t i, index_t channels,
 }
 
 // Index of a bin in the contiguous (K, C, PH, PW) result.
-__device__ __forceinline__ int64_t roi_bin_offset(const RoiBin& b,
-                                                  int64_t channels,
-                                                  int64_t pooled_height,
-                                                  int64_t pooled_width) {
+template <typename I>
+__device__ __forceinline__ I roi_bin_offset(const RoiBinT<I>& b, I channels,
+                                            I pooled_height, I pooled_width) {
   return ((b.k * channels + b.c) * pooled_height + b.ph) * pooled_width + b.pw;
+}
+
+// Whether every element offset inside one (H, W) plane of `input`, and every
+// flat pixel index h * W + w, fits in int32: the kernels then index inside
+// a plane in 32 bits.
+inline bool plane_fits_int32(const at::Tensor& input) {
+  const int64_t h = input.size(2), w = input.size(3);
+  const int64_t last = (h - 1) * input.stride(2) + (w - 1) * input.stride(3);
+  return fits_int32(h * w) && fits_int32(last + 1);
 }
 
 // RoiOrder::kChannelsInner suits inputs whose channels are their densest
