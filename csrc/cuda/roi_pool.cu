@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, kForwardMinBlocks) roi_pool_forward_
   const index_t ph_count = static_cast<index_t>(p.pooled_height);
   for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
     const RoiBinT<index_t> b = bin_of<kOrder>(i, p);
-    const plane_t* r = ranges + b.k * e;
+    const plane_t* r = ranges + static_cast<int64_t>(b.k) * e;  // k * e can pass total
     const plane_t image = r[0];
     T best = T(0);
     plane_t best_at = -1;
@@ -199,7 +199,8 @@ std::tuple<at::Tensor, at::Tensor> roi_pool(const at::Tensor& input,
   // bin's max reads whole pixel rows, which neighbouring bins of one RoI share
   // cache lines with.
   const bool inner = channels_inner(input);
-  const bool narrow = plane_fits_int32(input);
+  // The ranges hold image indices too.
+  const bool narrow = plane_fits_int32(input) && fits_int32(input.size(0));
   const int64_t range_total = k * (1 + pooled_height + pooled_width);
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, input.scalar_type(), "torchops.roi_pool", [&] {
