@@ -103,10 +103,31 @@ EPS = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24
        torch.float64: 2.0**-53}
 
 
+# "tf32": float32 with TF32 allowed (precision "high"), a 10-bit mantissa.
+TF32 = "tf32"
+EPS[TF32] = 2.0**-11
+
+
+@pytest.fixture
+def matmul_dtype(request):
+    """The dtype a test runs; "tf32" is float32 under precision "high"
+    (restored afterwards)."""
+    old = torch.get_float32_matmul_precision()
+    if request.param == TF32:
+        torch.set_float32_matmul_precision("high")
+    yield torch.float32 if request.param == TF32 else request.param, EPS[request.param]
+    torch.set_float32_matmul_precision(old)
+
+
 @cuda
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("dtype", [*HALF, torch.float32, torch.float64], ids=str)
-def test_cuda_paths_match_float64(path, dtype, monkeypatch):
+@pytest.mark.parametrize("matmul_dtype", [*HALF, torch.float32, TF32, torch.float64], ids=str,
+                         indirect=True)
+def test_cuda_paths_match_float64(path, matmul_dtype, monkeypatch):
+    """With TF32, row-major operands take sm90's swapped problem (C^T =
+    B^T A^T) and column-major A its A-from-registers wgmma: both layouts
+    are in the list."""
+    dtype, eps = matmul_dtype
     monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_PATH", path)
     gen = torch.Generator(device="cuda").manual_seed(0)
     for batch, m, k, n in SHAPES:
@@ -116,7 +137,7 @@ def test_cuda_paths_match_float64(path, dtype, monkeypatch):
             a, b = _operands(batch, m, k, n, dtype, layout, gen)
             got = torch.ops.torchops.matmul(a, b)
             try:
-                _assert_close_to_float64(got, a, b, EPS[dtype] * 2)
+                _assert_close_to_float64(got, a, b, eps * 2)
             except AssertionError as e:
                 raise AssertionError(f"{path} {dtype} {layout} {batch} {m}x{k}x{n}: {e}") from None
             # Deterministic: the same call again (through the public
@@ -196,11 +217,13 @@ SANITIZER_SHAPES = [(None, 1, 1, 1), (None, 5, 33, 17), (None, 16, 264, 136), (2
 
 @cuda
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_cuda_paths_sanitizer_shapes(path, dtype, monkeypatch):
+@pytest.mark.parametrize("matmul_dtype", [torch.bfloat16, torch.float32, TF32], ids=str,
+                         indirect=True)
+def test_cuda_paths_sanitizer_shapes(path, matmul_dtype, monkeypatch):
+    dtype, eps = matmul_dtype
     monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_PATH", path)
     gen = torch.Generator(device="cuda").manual_seed(4)
     for batch, m, k, n in SANITIZER_SHAPES:
         for layout in ("nn", "tn", "nt", "tt"):
             a, b = _operands(batch, m, k, n, dtype, layout, gen)
-            _assert_close_to_float64(torch.ops.torchops.matmul(a, b), a, b, EPS[dtype] * 2)
+            _assert_close_to_float64(torch.ops.torchops.matmul(a, b), a, b, eps * 2)

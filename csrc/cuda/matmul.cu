@@ -194,15 +194,16 @@ at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
   }
   if (g.dtype == DType::f32 && g.allow_tf32) {
     if (is_hopper() && !kSm90.supports(g)) {
-      // TF32 wgmma reads A and B K-major only: copy the operand that is not
-      // (a row-major B, the common case, costs ~10% at 4096^3).
+      // sm90 takes a K-major B with any A, and a row-major B with a
+      // K-major A (as C^T = B^T A^T): what neither fits is copied, A first.
       if (!k_contiguous(a, /*k_dim=*/-1)) {
         a = padded_row_major(a);
+        g = args_of(a, b, c, s);
       }
-      if (!k_contiguous(b, /*k_dim=*/-2)) {
+      if (!kSm90.supports(g) && !k_contiguous(b, /*k_dim=*/-2)) {
         b = padded_row_major(b.transpose(-2, -1)).transpose(-2, -1);
+        g = args_of(a, b, c, s);
       }
-      g = args_of(a, b, c, s);
     }
     if (kSm90.supports(g)) {
       run_path(kSm90, g, c);

@@ -17,6 +17,11 @@
 // of 16 bytes: sm90_supports says so, and the caller copies or falls back.
 // A is read K-major (row-major A); B either K-major (B = W^T, nn.Linear's
 // weight) or N-major (row-major B), the latter with wgmma's transpose bit.
+//
+// tf32 wgmma reads shared memory K-major only.  An M-major A reaches it
+// through registers (wgmma's A-from-registers form, fragments loaded from
+// the swizzled stage), and a row-major B by computing C^T = B^T A^T, where
+// B^T is such an A and C^T is stored transposed: no operand is copied.
 #pragma once
 
 #include <algorithm>
@@ -59,6 +64,7 @@ struct Problem {
   int tiles_m, tiles_n;
   int64_t tiles;  // batch * tiles_m * tiles_n
   int k_blocks;
+  int store_t;  // the kernel computes C^T: element (i, j) goes to C[j, i]
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -132,6 +138,64 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
+template <int BN>
+__device__ __forceinline__ void wgmma_step_rs(float (&d)[BN / 2], const uint32_t (&a)[4], uint64_t db,
+                                              int scale_d) {
+  if constexpr (BN == 256) wgmma_m64n256k8_tf32_rs(d, a, db, scale_d);
+  else wgmma_m64n128k8_tf32_rs(d, a, db, scale_d);
+}
+
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+
+// Tells the compiler the registers are used here: A fragments must stay in
+// their registers until the wgmmas reading them asynchronously are waited for.
+__device__ __forceinline__ void keep_regs(uint32_t (&f)[4][4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(f[i][j])::"memory");
+}
+
+// Where a consumer's stages are: its A rows and the B tile of stage 0.
+struct RsSmem {
+  const unsigned char* a;
+  const unsigned char* b;
+  int stage_bytes;
+};
+
+// One stage of the A-from-registers form: load the stage's fragments into
+// `cur`, issue its wgmmas, and once the previous stage's are done, its
+// fragments (`prev`) and buffers are free.  Two fragment sets alternate
+// (the caller unrolls by two) because wgmma reads them asynchronously.
+template <int S, int BN>
+__device__ __forceinline__ void rs_stage(float (&acc)[BN / 2], uint32_t (&cur)[4][4],
+                                         uint32_t (&prev)[4][4], int kb, uint32_t& it,
+                                         const RsSmem& sm, uint64_t* full, uint64_t* empty,
+                                         const uint32_t (&a_off)[4]) {
+  const int s = it % S;
+  mbar_wait(&full[s], (it / S) & 1);
+  const uint32_t sa = smem_addr(sm.a + s * sm.stage_bytes);
+  const unsigned char* sb = sm.b + s * sm.stage_bytes;
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+    for (int v = 0; v < 4; ++v) cur[ks][v] = lds32(sa + ks * 8 * kRowBytes + a_off[v]);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    wgmma_step_rs<BN>(acc, cur[ks], make_desc(sb + ks * 32, 16, 1024), (kb > 0 || ks > 0) ? 1 : 0);
+  }
+  wgmma_commit();
+  wgmma_wait<1>();
+  keep_regs(prev);
+  if (kb > 0) mbar_arrive(&empty[(it + S - 1) % S]);
+  ++it;
+}
+
 template <typename T, int BN, int kTransA, int kTransB>
 __device__ __forceinline__ void wgmma_step(float (&d)[BN / 2], uint64_t da, uint64_t db, int scale_d) {
   if constexpr (T::kIsTf32) {
@@ -197,8 +261,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
   using Cfg = Config<BN, kTmaStore>;
   constexpr int kBK = kRowBytes / T::kBytes;  // k per stage
   constexpr int kBox = 64 * kRowBytes;        // bytes of a 64-row box
-  static_assert(!T::kIsTf32 || (!kTransA && !kTransB && !kTmaStore),
-                "tf32: K-major operands and the direct epilogue only");
+  static_assert(!T::kIsTf32 || (!kTransB && !kTmaStore),
+                "tf32: a K-major B and the direct epilogue only");
+  constexpr int kMRows = kRowBytes / T::kBytes;   // MN-major box: rows of 128 bytes
+  constexpr int kMBoxBytes = kRowBytes * kBK;     // one such box of a stage
+  constexpr bool kRegA = T::kIsTf32 && kTransA;   // A through registers
   constexpr int S = Cfg::kStages;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>(
@@ -234,17 +301,20 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
           unsigned char* sb = sa + Cfg::kABytes;
           mbar_expect_tx(&full[s], Cfg::kStageBytes);
           if constexpr (kTransA) {
-            // M-contiguous A: two boxes of 64 rows (m) x 64 k, one per consumer.
-            tma_load_3d(sa, &map_a, &full[s], tm * kBM, kb * kBK, bi);
-            tma_load_3d(sa + kBox, &map_a, &full[s], tm * kBM + 64, kb * kBK, bi);
+            // M-contiguous A: boxes of 128 bytes of m (64 bf16/fp16 rows,
+            // 32 fp32) x kBK k, 64 rows per consumer.
+#pragma unroll
+            for (int j = 0; j < kBM / kMRows; ++j) {
+              tma_load_3d(sa + j * kMBoxBytes, &map_a, &full[s], tm * kBM + j * kMRows, kb * kBK, bi);
+            }
           } else {
             tma_load_3d(sa, &map_a, &full[s], kb * kBK, tm * kBM, bi);
           }
           if constexpr (kTransB) {
-            // Row-major B: BN/64 boxes of 64 columns x 64 k-rows.
+            // Row-major B: boxes of 128 bytes of n x kBK k-rows.
 #pragma unroll
-            for (int j = 0; j < BN / 64; ++j) {
-              tma_load_3d(sb + j * kBox, &map_b, &full[s], tn * BN + j * 64, kb * kBK, bi);
+            for (int j = 0; j < BN / kMRows; ++j) {
+              tma_load_3d(sb + j * kMBoxBytes, &map_b, &full[s], tn * BN + j * kMRows, kb * kBK, bi);
             }
           } else {
             tma_load_3d(sb, &map_b, &full[s], kb * kBK, tn * BN, bi);
@@ -260,10 +330,34 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
   const bool bf16 = T::kIsBf16;
   float acc[BN / 2];
   uint32_t it = 0;
+  // kRegA: the byte offsets, in this consumer's 64 rows of a stage, of
+  // the four A elements lane (g, t) of warp w holds per k8 step: rows
+  // 16w + g (+8), k = t (+4); a row is in 32-row box (16w + ..) / 32, its
+  // 16-byte chunk c of k-row k swizzled to c ^ (k % 8).
+  uint32_t a_off[4] = {0, 0, 0, 0};
+  if constexpr (kRegA) {
+    const int w = tid / 32, g = (tid % 32) / 4, tq = tid % 4;
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const int row = 16 * (w % 2) + 8 * (v % 2) + g;  // in its box
+      const int k = tq + 4 * (v / 2);
+      a_off[v] = (w / 2) * kMBoxBytes + k * kRowBytes + (((row / 4) ^ k) * 16) + (row % 4) * 4;
+    }
+  }
+  uint32_t fa[4][4] = {}, fb[4][4] = {};  // kRegA: A fragments of two stages in flight
+  const RsSmem smem_rs{smem + cw * kBox, smem + Cfg::kABytes, Cfg::kStageBytes};
   for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
     int bi, tm, tn;
     tile_coords(p, t, bi, tm, tn);
-    for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+    if constexpr (kRegA) {
+      int kb = 0;
+      for (; kb + 1 < p.k_blocks; kb += 2) {
+        rs_stage<S, BN>(acc, fa, fb, kb, it, smem_rs, full, empty, a_off);
+        rs_stage<S, BN>(acc, fb, fa, kb + 1, it, smem_rs, full, empty, a_off);
+      }
+      if (kb < p.k_blocks) rs_stage<S, BN>(acc, fa, fb, kb, it, smem_rs, full, empty, a_off);
+    }
+    for (int kb = 0; kb < (kRegA ? 0 : p.k_blocks); ++kb, ++it) {
       const int s = it % S;
       mbar_wait(&full[s], (it / S) & 1);
       const unsigned char* sa = smem + s * Cfg::kStageBytes + cw * kBox;
@@ -286,6 +380,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
       if (kb > 0) mbar_arrive(&empty[(it + S - 1) % S]);
     }
     wgmma_wait<0>();
+    if constexpr (kRegA) {
+      keep_regs(fa);
+      keep_regs(fb);
+    }
     mbar_arrive(&empty[(it + S - 1) % S]);
 
     // Accumulator layout of wgmma m64nN (per warp: 16 rows): register r of
@@ -327,6 +425,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
         const int64_t col = col0 + 8 * (r / 4);
         if (row >= p.m) continue;
         if constexpr (T::kIsTf32) {
+          if (p.store_t) {
+            // C^T's rows are C's columns: 8 lanes write 32 contiguous bytes.
+            float* dst = static_cast<float*>(c) + base + col * p.m + row;
+            if (col < p.n) dst[0] = acc[r];
+            if (col + 1 < p.n) dst[p.m] = acc[r + 1];
+            continue;
+          }
           float* dst = static_cast<float*>(c) + base + row * p.n + col;
           if (pairs && col + 1 < p.n) {
             *reinterpret_cast<float2*>(dst) = make_float2(acc[r], acc[r + 1]);
@@ -421,8 +526,9 @@ inline Layout layout_of(const GemmArgs& g) {
   if (ka < 0 || kb < 0) return l;
   l.a_m_major = ka == 1;
   l.b_n_major = kb == 0;
-  // TF32 wgmma reads both operands K-major only.
-  if (g.dtype == DType::f32 && (l.a_m_major || l.b_n_major)) return l;
+  // TF32 wgmma reads shared memory K-major only; an M-major A goes through
+  // registers, an N-major B through the swapped problem (sm90_run).
+  if (g.dtype == DType::f32 && l.b_n_major) return l;
   if (g.batch > 1) {
     if (!aligned(g.a.batch_stride) || !aligned(g.b.batch_stride)) return l;
     l.a_bs = g.a.batch_stride;
@@ -443,16 +549,17 @@ inline int sm_count() {
 }
 
 template <typename T, int BN, int kTransA, int kTransB, bool kTmaStore>
-cudaError_t launch(const GemmArgs& g, const Layout& l, cudaStream_t stream) {
+cudaError_t launch(const GemmArgs& g, const Layout& l, bool store_t, cudaStream_t stream) {
   using Cfg = Config<BN, kTmaStore>;
   constexpr int kBK = kRowBytes / T::kBytes;
   constexpr int E = T::kBytes;
   CUtensorMap ma, mb, mc;
+  constexpr uint32_t kMRows = kRowBytes / E;  // MN-major boxes: 128 bytes wide
   const bool oka = kTransA
-      ? encode(&ma, g.a.ptr, E, g.m, g.k, g.batch, l.a_ld, l.a_bs, 64, kBK)
+      ? encode(&ma, g.a.ptr, E, g.m, g.k, g.batch, l.a_ld, l.a_bs, kMRows, kBK)
       : encode(&ma, g.a.ptr, E, g.k, g.m, g.batch, l.a_ld, l.a_bs, kBK, kBM);
   const bool okb = kTransB
-      ? encode(&mb, g.b.ptr, E, g.n, g.k, g.batch, l.b_ld, l.b_bs, 64, kBK)
+      ? encode(&mb, g.b.ptr, E, g.n, g.k, g.batch, l.b_ld, l.b_bs, kMRows, kBK)
       : encode(&mb, g.b.ptr, E, g.k, g.n, g.batch, l.b_ld, l.b_bs, kBK, BN);
   // C is contiguous (batch, m, n); the TMA store needs n % 8 == 0.
   const bool okc = !kTmaStore || encode(&mc, g.c, E, g.n, g.m, g.batch, g.n, g.m * g.n, 64, 64);
@@ -467,6 +574,7 @@ cudaError_t launch(const GemmArgs& g, const Layout& l, cudaStream_t stream) {
   p.tiles_n = static_cast<int>((g.n + BN - 1) / BN);
   p.tiles = g.batch * p.tiles_m * p.tiles_n;
   p.k_blocks = static_cast<int>((g.k + kBK - 1) / kBK);
+  p.store_t = store_t ? 1 : 0;
   auto kernel = gemm_kernel<T, BN, kTransA, kTransB, kTmaStore>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Cfg::kSmemBytes);
@@ -512,9 +620,11 @@ inline Choice choose(const GemmArgs& g) {
 template <typename T, int BN, int kTransA>
 cudaError_t launch_b(const GemmArgs& g, const Layout& l, bool store, cudaStream_t s) {
   if (l.b_n_major) {
-    return store ? launch<T, BN, kTransA, 1, true>(g, l, s) : launch<T, BN, kTransA, 1, false>(g, l, s);
+    return store ? launch<T, BN, kTransA, 1, true>(g, l, false, s)
+                 : launch<T, BN, kTransA, 1, false>(g, l, false, s);
   }
-  return store ? launch<T, BN, kTransA, 0, true>(g, l, s) : launch<T, BN, kTransA, 0, false>(g, l, s);
+  return store ? launch<T, BN, kTransA, 0, true>(g, l, false, s)
+               : launch<T, BN, kTransA, 0, false>(g, l, false, s);
 }
 
 template <typename T, int BN>
@@ -522,15 +632,32 @@ cudaError_t launch_ab(const GemmArgs& g, const Layout& l, bool store, cudaStream
   return l.a_m_major ? launch_b<T, BN, 1>(g, l, store, s) : launch_b<T, BN, 0>(g, l, store, s);
 }
 
+// The tf32 problem as run: C^T = B^T A^T where B is N-major (store_t).
+inline GemmArgs swapped(const GemmArgs& g) {
+  GemmArgs t = g;
+  t.a = {g.b.ptr, g.b.batch_stride, g.b.col_stride, g.b.row_stride};
+  t.b = {g.a.ptr, g.a.batch_stride, g.a.col_stride, g.a.row_stride};
+  t.m = g.n;
+  t.n = g.m;
+  return t;
+}
+
+inline cudaError_t launch_tf32(const GemmArgs& g, const Layout& l, bool store_t, cudaStream_t s) {
+  // fp32 output stored directly; an M-major A through registers.
+  using T = Tf32Tag;
+  const Choice c = choose(g);
+  if (l.a_m_major) {
+    return c.bn == 256 ? launch<T, 256, 1, 0, false>(g, l, store_t, s)
+                       : launch<T, 128, 1, 0, false>(g, l, store_t, s);
+  }
+  return c.bn == 256 ? launch<T, 256, 0, 0, false>(g, l, store_t, s)
+                     : launch<T, 128, 0, 0, false>(g, l, store_t, s);
+}
+
 template <typename T>
 cudaError_t launch_t(const GemmArgs& g, const Layout& l, cudaStream_t s) {
   const Choice c = choose(g);
-  if constexpr (T::kIsTf32) {
-    // K-major operands (layout_of), fp32 output stored directly.
-    return c.bn == 256 ? launch<T, 256, 0, 0, false>(g, l, s) : launch<T, 128, 0, 0, false>(g, l, s);
-  } else {
-    return c.bn == 256 ? launch_ab<T, 256>(g, l, c.tma_store, s) : launch_ab<T, 128>(g, l, c.tma_store, s);
-  }
+  return c.bn == 256 ? launch_ab<T, 256>(g, l, c.tma_store, s) : launch_ab<T, 128>(g, l, c.tma_store, s);
 }
 
 }  // namespace sm90_detail
@@ -548,7 +675,7 @@ inline bool sm90_supports(const GemmArgs& g) {
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
   if (major != 9 || minor != 0) return false;
   if (sm90_detail::encode_fn() == nullptr) return false;
-  return sm90_detail::layout_of(g).ok;
+  return sm90_detail::layout_of(g).ok || (tf32 && sm90_detail::layout_of(sm90_detail::swapped(g)).ok);
 }
 
 inline size_t sm90_workspace_bytes(const GemmArgs&) { return 0; }
@@ -556,15 +683,14 @@ inline size_t sm90_workspace_bytes(const GemmArgs&) { return 0; }
 inline cudaError_t sm90_run(const GemmArgs& g, void*, cudaStream_t stream) {
   using namespace sm90_detail;
   const Layout l = layout_of(g);
-  if (!l.ok) return cudaErrorInvalidValue;
-  switch (g.dtype) {
-    case DType::bf16:
-      return launch_t<Bf16Tag>(g, l, stream);
-    case DType::f16:
-      return launch_t<F16Tag>(g, l, stream);
-    default:
-      return launch_t<Tf32Tag>(g, l, stream);
+  if (g.dtype == DType::f32) {
+    if (l.ok) return launch_tf32(g, l, false, stream);
+    const GemmArgs t = swapped(g);
+    const Layout lt = layout_of(t);
+    return lt.ok ? launch_tf32(t, lt, true, stream) : cudaErrorInvalidValue;
   }
+  if (!l.ok) return cudaErrorInvalidValue;
+  return g.dtype == DType::bf16 ? launch_t<Bf16Tag>(g, l, stream) : launch_t<F16Tag>(g, l, stream);
 }
 
 }  // namespace torchops::cuda::gemm
