@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -54,7 +55,8 @@ struct Config {
   // The TMA-store epilogue stages each consumer's 64 x BN output in shared
   // memory, at the price of a stage of the ring.
   static constexpr int kCBytes = kTmaStore ? 2 * 64 * BN * 2 : 0;
-  static constexpr int kStages = kTmaStore ? (BN == 256 ? 3 : 5) : (BN == 256 ? 4 : 6);
+  static constexpr int kStages =
+      kTmaStore ? (BN == 256 ? 3 : BN == 192 ? 4 : 5) : (BN == 256 ? 4 : BN == 192 ? 5 : 6);
   // 1024-byte alignment of every stage (128-byte swizzle atoms), barriers after.
   static constexpr int kSmemBytes = kStages * kStageBytes + kCBytes + 1024 + 2 * kStages * 8;
 };
@@ -204,6 +206,9 @@ __device__ __forceinline__ void wgmma_step(float (&d)[BN / 2], uint64_t da, uint
   } else if constexpr (BN == 256) {
     if constexpr (T::kIsBf16) wgmma_m64n256k16_bf16<kTransA, kTransB>(d, da, db, scale_d);
     else wgmma_m64n256k16_f16<kTransA, kTransB>(d, da, db, scale_d);
+  } else if constexpr (BN == 192) {
+    if constexpr (T::kIsBf16) wgmma_m64n192k16_bf16<kTransA, kTransB>(d, da, db, scale_d);
+    else wgmma_m64n192k16_f16<kTransA, kTransB>(d, da, db, scale_d);
   } else {
     if constexpr (T::kIsBf16) wgmma_m64n128k16_bf16<kTransA, kTransB>(d, da, db, scale_d);
     else wgmma_m64n128k16_f16<kTransA, kTransB>(d, da, db, scale_d);
@@ -585,8 +590,13 @@ cudaError_t launch(const GemmArgs& g, const Layout& l, bool store_t, cudaStream_
   return cudaGetLastError();
 }
 
-// Which tile width: the one with fewer idle SM-slots in the last wave,
-// weighing the 256-wide tile's better data reuse.
+// A 128x192 tile's speed relative to 128x256 (a full wave of each).
+constexpr double kSpeed192 = 0.96;
+
+// Which tile width: the one whose busiest CTA has the least work (whole
+// waves of tiles), weighing the wider tiles' better data reuse.  192 (16-bit
+// only) fills one wave where 256 leaves SMs idle and 128 needs two
+// (1000x3000x768: 128 tiles of 128x192 on 132 SMs).
 inline int pick_bn(const GemmArgs& g) {
   const int sms = sm_count();
   auto cost = [&](int bn, double speed) {
@@ -594,7 +604,18 @@ inline int pick_bn(const GemmArgs& g) {
     const int64_t waves = (tiles + sms - 1) / sms;
     return static_cast<double>(waves) * bn / speed;  // time ~ waves x tile work
   };
-  return cost(256, 1.0) <= cost(128, 0.92) ? 256 : 128;
+  int best = 256;
+  double best_cost = cost(256, 1.0);
+  const bool half = g.dtype != DType::f32;
+  for (const auto& [bn, speed] : {std::pair<int, double>{192, kSpeed192}, {128, 0.92}}) {
+    if (bn == 192 && !half) continue;
+    const double c = cost(bn, speed);
+    if (c < best_cost) {
+      best = bn;
+      best_cost = c;
+    }
+  }
+  return best;
 }
 
 struct Choice {
@@ -608,7 +629,8 @@ inline Choice choose(const GemmArgs& g) {
   // Harness only: TORCHOPS_DEV_SM90="BN,STORE" (e.g. "256,0") pins the choice.
   if (const char* v = std::getenv("TORCHOPS_DEV_SM90")) {
     int bn = 0, st = 0;
-    if (std::sscanf(v, "%d,%d", &bn, &st) == 2 && (bn == 128 || bn == 256)) {
+    if (std::sscanf(v, "%d,%d", &bn, &st) == 2 &&
+        (bn == 128 || bn == 256 || (bn == 192 && g.dtype != DType::f32))) {
       c.bn = bn;
       c.tma_store = st != 0 && g.n % 8 == 0;
     }
@@ -657,7 +679,9 @@ inline cudaError_t launch_tf32(const GemmArgs& g, const Layout& l, bool store_t,
 template <typename T>
 cudaError_t launch_t(const GemmArgs& g, const Layout& l, cudaStream_t s) {
   const Choice c = choose(g);
-  return c.bn == 256 ? launch_ab<T, 256>(g, l, c.tma_store, s) : launch_ab<T, 128>(g, l, c.tma_store, s);
+  if (c.bn == 256) return launch_ab<T, 256>(g, l, c.tma_store, s);
+  if (c.bn == 192) return launch_ab<T, 192>(g, l, c.tma_store, s);
+  return launch_ab<T, 128>(g, l, c.tma_store, s);
 }
 
 }  // namespace sm90_detail
