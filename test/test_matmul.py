@@ -1,7 +1,8 @@
 """matmul-specific tests (the generic ones come from its opdb entry).  CPU:
 both vector widths of the packed GEMM on shapes that end mid-tile in every
-dimension.  CUDA: every path forced in turn, against float64, NaN/Inf, the
-float32 precision rule, CUDA graphs, and small shapes for compute-sanitizer."""
+dimension, also with tiny cache blocks.  CUDA: every path forced in turn,
+against float64, NaN/Inf, the float32 precision rule, CUDA graphs, and small
+shapes for compute-sanitizer."""
 
 from __future__ import annotations
 
@@ -47,6 +48,43 @@ def test_cpu_gemm_paths_match_reference(narrow):
     proc = subprocess.run([sys.executable, "-c", _CHECK], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0 and "CHECKED" in proc.stdout, proc.stdout + proc.stderr
+
+
+# Tiny caches through TORCHOPS_TESTING_CPU_CACHES (read once per process, hence
+# the subprocess) give blocks of 64 to 120 elements: K = 1029 takes 17 depth
+# blocks, N = 75 and 203 several column blocks, M = 301 several row blocks, all
+# ending mid-tile.
+_TINY_CACHES = r"""
+import math, torch, torchops
+torch.manual_seed(0)
+for threads in (1, 2):
+    torch.set_num_threads(threads)
+    for *pre, m, k, n in ((37, 1029, 75), (301, 300, 203), (3, 50, 70, 33)):
+        for dt, eps in ((torch.float32, 2.0**-24), (torch.float64, 2.0**-53)):
+            a = torch.randn(*pre, m, k, dtype=dt)
+            b = torch.randn(*pre, k, n, dtype=dt)
+            got = torchops.matmul(a, b).double()
+            want = torch.matmul(a.double(), b.double())
+            bound = torch.matmul(a.double().abs(), b.double().abs())
+            tol = 2 * eps * (want.abs() + 4 * math.sqrt(k) * bound)
+            excess = ((got - want).abs() - tol).max().item()
+            assert excess <= 0, (threads, pre, m, k, n, dt, excess)
+print("CHECKED")
+"""
+
+
+@pytest.mark.parametrize("narrow", ["0", "1"])
+def test_cpu_gemm_tiny_cache_blocks_match_float64(narrow):
+    env = dict(os.environ, TORCHOPS_TESTING_MATMUL_NARROW=narrow,
+               TORCHOPS_TESTING_CPU_CACHES="4096,32768,65536")
+    proc = subprocess.run([sys.executable, "-c", _TINY_CACHES], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and "CHECKED" in proc.stdout, proc.stdout + proc.stderr
+    # The kernel does read the variable: a malformed value is refused.
+    env["TORCHOPS_TESTING_CPU_CACHES"] = "4096,32768"
+    proc = subprocess.run([sys.executable, "-c", _TINY_CACHES], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0 and "TORCHOPS_TESTING_CPU_CACHES" in proc.stderr, proc.stderr
 
 
 # --- CUDA: every path, forced through TORCHOPS_TESTING_MATMUL_PATH -------------------------
@@ -186,10 +224,11 @@ def test_cuda_float32_follows_the_precision_setting():
 
 
 @cuda
-@pytest.mark.parametrize("m,k,n", [(8, 4096, 1024), (700, 512, 900)])
+@pytest.mark.parametrize("m,k,n", [(8, 4096, 1024), (16, 4096, 4096), (700, 512, 900)])
 def test_cuda_matmul_in_a_cuda_graph(m, k, n):
-    """Decode (split-K workspace) and the tensor-core path replay in a graph
-    with no host sync and the graph's own allocations."""
+    """Decode (split-K through a workspace, or on Hopper, two splits summed
+    inside a 2-CTA cluster) and the tensor-core path replay in a graph with
+    no host sync and the graph's own allocations."""
     gen = torch.Generator(device="cuda").manual_seed(3)
     a = torch.randn(m, k, generator=gen, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, generator=gen, device="cuda", dtype=torch.bfloat16)
@@ -210,9 +249,10 @@ def test_cuda_matmul_in_a_cuda_graph(m, k, n):
 
 
 # Small shapes for compute-sanitizer (memcheck and racecheck in the GPU
-# check): every path, tails in every dimension, each layout, batched.
+# check): every path, tails in every dimension, each layout, batched; 3 x
+# 1024 x 4096 splits K in two, which decode sums inside a cluster on Hopper.
 SANITIZER_SHAPES = [(None, 1, 1, 1), (None, 5, 33, 17), (None, 16, 264, 136), (2, 130, 72, 264),
-                    (None, 129, 257, 129), (3, 64, 64, 64)]
+                    (None, 129, 257, 129), (3, 64, 64, 64), (None, 3, 1024, 4096)]
 
 
 @cuda

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/matmul.h"
+#include "cpu/common/cache_sizes.h"
 #include "cpu/common/parallel.h"
 
 namespace torchops::cpu {
@@ -22,8 +23,8 @@ namespace {
 // BLIS-style GEMM (Goto's algorithm): C = A @ B for row-major, contiguous
 // A (M x K) and B (K x N) in the accumulation type.
 //
-// B is packed a (kc x kNc) block at a time into panels of NR columns, A a
-// (kMc x kc) block at a time into panels of kMr rows, so the
+// B is packed a (kc x nc) block at a time into panels of NR columns, A a
+// (mc x kc) block at a time into panels of kMr rows (sizes: Blocks), so the
 // micro-kernel streams both from contiguous memory: each step loads two
 // vectors of a B panel row, broadcasts kMr values of the A panel, and does
 // 2 * kMr fused multiply-adds into a kMr x kNr register tile of C.  The
@@ -44,15 +45,6 @@ template <int W>
 constexpr int64_t tile_rows() {
   return W == 64 ? 12 : 6;
 }
-// Block limits; the sizes used are balanced (ceil(extent / blocks), rounded
-// to whole tiles), so no block is a sliver.
-template <typename T>
-constexpr int64_t kc_limit() {
-  return 2048 / sizeof(T);  // depth: 512 floats
-}
-constexpr int64_t kNc = 480;   // a B block (kc x kNc) stays in L2
-constexpr int64_t kMc = 2040;  // A rows packed at once: B is read from
-                               // memory and packed once per kMc rows
 
 template <typename T, int W>
 constexpr int64_t lanes() {
@@ -62,6 +54,45 @@ constexpr int64_t lanes() {
 template <typename T, int W>
 constexpr int64_t nr() {
   return 2 * lanes<T, W>();  // columns of the register tile: two vectors
+}
+
+// Block limits, from this machine's caches once per process: the analytical
+// model of BLIS (Low et al., "Analytical modeling is enough for
+// high-performance BLIS") with this code's loop order, where A's micro-panel
+// is the one reused from L1.  Each block gets about half its cache; the rest
+// holds what streams past it.
+//   kc: the A micro-panel (kMr x kc), reused by every B micro-panel, in L1d;
+//       at most 2 KB deep (512 floats, 256 doubles): C's load and store per
+//       depth block is amortised by then, and a longer kc only shrinks nc
+//       (the 6x16 tile with a 48 KB L1d ran 3-10% slower at 4 KB).
+//   nc: the B block (kc x nc), reused by every A micro-panel, in 15/32 of L2
+//       (a bit under half: A's micro-panels and C pass through L2 too).
+//   mc: the A block (mc x kc), reused by every B block, in this core's share
+//       of L3; at most 2040 rows, past which B's packing (once per mc rows)
+//       costs nothing measurable.
+// Target (48 KB L1d, 2 MB L2, AVX-512): 512 x 480 x 2040 floats.  The sizes
+// used are balanced (ceil(extent / blocks), rounded to whole tiles), so no
+// block is a sliver.
+struct Blocks {
+  int64_t kc, nc, mc;
+};
+
+// bytes / per, rounded down to a multiple of q, in [lo, hi] (multiples of q).
+inline int64_t fit(int64_t bytes, int64_t per, int64_t q, int64_t lo,
+                   int64_t hi) {
+  return std::clamp(bytes / per / q * q, lo, hi);
+}
+
+template <typename T, int W>
+const Blocks& blocks() {
+  static const Blocks b = [] {
+    const CacheSizes& c = cpu_cache_sizes();
+    constexpr int64_t S = sizeof(T), kMr = tile_rows<W>(), NR = nr<T, W>();
+    const int64_t kc = fit(c.l1d / 2, kMr * S, 16, 64, 2048 / S);
+    return Blocks{kc, fit(c.l2 * 15 / 32, kc * S, NR, 64, 4096),
+                  fit(c.l3 / 2, kc * S, kMr, 96, 2040)};
+  }();
+  return b;
 }
 
 // c[r * ldc + j] (+)= tile for r < mr, j < ncols (a partial tile at the
@@ -275,13 +306,14 @@ inline int64_t balanced(int64_t n, int64_t limit, int64_t q) {
 // and every thread computes whole parts on its own, with its own packing
 // buffers: one parallel region per call, no barriers, and each thread's B
 // block in its own core's L2.  Inside a part (Goto's algorithm): per depth
-// block pc, A is packed kMc rows at a time into kMr-row panels, and per
-// column block jc the B block (kc x nc) into NR-column panels, sized for L2.
+// block pc, A is packed mc rows at a time into kMr-row panels, and per
+// column block jc the B block (kc x nc) into NR-column panels (Blocks).
 template <typename acc_t, int W>
 void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
                   const MatmulShape& s) {
   constexpr int64_t NR = nr<acc_t, W>();
   constexpr int64_t kMr = tile_rows<W>();
+  const Blocks& blk = blocks<acc_t, W>();
   const acc_t* ap = a.const_data_ptr<acc_t>();
   const acc_t* bp = b.const_data_ptr<acc_t>();
   acc_t* cp = c.mutable_data_ptr<acc_t>();
@@ -303,7 +335,7 @@ void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
       const double work = double(mt * kMr) * double(nt * NR) * double(s.k) +
                           8.0 * double(s.k) * double(mt * kMr) +
                           2.0 * double(s.k) * double(nt * NR) *
-                              double((mt * kMr + kMc - 1) / kMc);
+                              double((mt * kMr + blk.mc - 1) / blk.mc);
       const double cost = work * double(per_thread);
       if (best < 0 || cost < best * 0.999) {
         best = cost;
@@ -314,7 +346,7 @@ void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
   }
   const int64_t mpart = (row_tiles + gm - 1) / gm * kMr;
   const int64_t npart = (col_tiles + gn - 1) / gn * NR;
-  const int64_t kc_size = balanced(s.k, kc_limit<acc_t>(), 1);
+  const int64_t kc_size = balanced(s.k, blk.kc, 1);
   at::parallel_for(0, s.batch * gm * gn, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<acc_t> apack, bpack;
     for (int64_t part = begin; part < end; ++part) {
@@ -327,8 +359,8 @@ void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
       const acc_t* ab = ap + bi * s.m * s.k + i0 * s.k;
       const acc_t* bb = bp + bi * s.k * s.n + j0;
       acc_t* cb = cp + bi * s.m * s.n + i0 * s.n + j0;
-      const int64_t mc_size = balanced(m, kMc, kMr);
-      const int64_t nc_size = balanced(n, kNc, NR);
+      const int64_t mc_size = balanced(m, blk.mc, kMr);
+      const int64_t nc_size = balanced(n, blk.nc, NR);
       apack.resize(static_cast<size_t>(mc_size * kc_size));
       bpack.resize(static_cast<size_t>(nc_size * kc_size));
       gemm_part_acc(std::integral_constant<int, W>{}, ab, s.k, bb, s.n, cb,
@@ -352,7 +384,9 @@ at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
   const at::Tensor b = b_in.to(acc).contiguous();
   // TORCHOPS_TESTING_MATMUL_NARROW=1 takes the 32-byte path on an AVX-512
   // CPU too, so the tests cover both paths on one machine (read per call: a
-  // getenv is noise beside a matmul).
+  // getenv is noise beside a matmul).  TORCHOPS_TESTING_CPU_CACHES="L1,L2,L3"
+  // (bytes, read once per process: cpu/common/cache_sizes.h) sets the caches
+  // the block sizes are derived from, so tests can force many small blocks.
   const char* narrow = std::getenv("TORCHOPS_TESTING_MATMUL_NARROW");
   const bool wide = cpu_has_avx512() && !(narrow && narrow[0] == '1');
   if (acc == at::kDouble) {
