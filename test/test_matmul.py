@@ -224,11 +224,13 @@ def test_cuda_float32_follows_the_precision_setting():
 
 
 @cuda
-@pytest.mark.parametrize("m,k,n", [(8, 4096, 1024), (16, 4096, 4096), (700, 512, 900)])
+@pytest.mark.parametrize("m,k,n", [(8, 4096, 1024), (16, 4096, 4096), (700, 512, 900),
+                                   (256, 8192, 256)])
 def test_cuda_matmul_in_a_cuda_graph(m, k, n):
     """Decode (split-K through a workspace, or on Hopper, two splits summed
-    inside a 2-CTA cluster) and the tensor-core path replay in a graph with
-    no host sync and the graph's own allocations."""
+    inside a 2-CTA cluster) and the tensor-core path (256 x 8192 x 256:
+    split-K with a workspace and a summing kernel) replay in a graph with no
+    host sync and the graph's own allocations."""
     gen = torch.Generator(device="cuda").manual_seed(3)
     a = torch.randn(m, k, generator=gen, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, generator=gen, device="cuda", dtype=torch.bfloat16)

@@ -175,7 +175,7 @@ CASES: list[Case] = [
                  _mm(4096, tag="TF32", fp32_precision="high"),
                  _mm(4096, bf16), _mm(4096, f16), _mm(8192, bf16), _mm(8192, f16),
                  _mm(4093, bf16, m=4095, k=4097), _mm(3000, bf16, m=1000, k=768),
-                 _mm(1024, bf16, m=8192, k=8192),
+                 _mm(1024, bf16, m=8192, k=8192), _mm(1024, bf16, m=1024, k=16384),
                  _mm(4096, bf16, tag="Ampere path", env={"TORCHOPS_TESTING_MATMUL_PATH": "sm80"}),
                  _mm(64, f16, b=512), _mm(512, bf16, b=32), _mm(1024, torch.float64)],
         "cpu": [_mm(256, quick=True, threads=(1, 2)), _mm(1024, threads=SCALING),

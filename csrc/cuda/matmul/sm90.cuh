@@ -11,6 +11,9 @@
 //   warpgroups 1 and 2 (consumers) each own 64 rows of the tile, run wgmma
 //     m64nBNk16 on the stage, release it, and store their fp32 accumulators
 //     (converted) straight to C.
+// Where the tiles would leave most SMs idle and K is long, K is split:
+// each (tile, split) unit stores an fp32 partial into a workspace and a
+// second kernel sums them in split order (deterministic).
 // TMA does the bounds: a box that reaches past M, N or K is zero-filled, so
 // any size is exact with no tail code.  TMA needs the contiguous dimension
 // of each operand to have unit stride and the other strides to be multiples
@@ -67,7 +70,21 @@ struct Problem {
   int64_t tiles;  // batch * tiles_m * tiles_n
   int k_blocks;
   int store_t;  // the kernel computes C^T: element (i, j) goes to C[j, i]
+  // Split-K: the work is `splits` x `tiles` units, split-major; split j
+  // covers k blocks [j * split_kb, +split_kb) and stores its fp32 partial,
+  // laid out like C, at ws + j * batch * m * n (sum_splits adds them up).
+  int splits, split_kb;
+  float* ws;
 };
+
+// Unit t: its tile and its k blocks [kb0, kb0 + nkb).
+__host__ __device__ __forceinline__ void unit_k(const Problem& p, int64_t t, int64_t& tile,
+                                                 int& split, int& kb0, int& nkb) {
+  split = static_cast<int>(t / p.tiles);
+  tile = t - split * p.tiles;
+  kb0 = split * p.split_kb;
+  nkb = p.k_blocks - kb0 < p.split_kb ? p.k_blocks - kb0 : p.split_kb;
+}
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -296,10 +313,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
       uint32_t it = 0;
-      for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
-        int bi, tm, tn;
-        tile_coords(p, t, bi, tm, tn);
-        for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+      for (int64_t t = blockIdx.x; t < p.tiles * p.splits; t += gridDim.x) {
+        int64_t tile;
+        int bi, tm, tn, split, kb0, nkb;
+        unit_k(p, t, tile, split, kb0, nkb);
+        tile_coords(p, tile, bi, tm, tn);
+        for (int kb = kb0; kb < kb0 + nkb; ++kb, ++it) {
           const int s = it % S;
           mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
           unsigned char* sa = smem + s * Cfg::kStageBytes;
@@ -351,18 +370,21 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
   }
   uint32_t fa[4][4] = {}, fb[4][4] = {};  // kRegA: A fragments of two stages in flight
   const RsSmem smem_rs{smem + cw * kBox, smem + Cfg::kABytes, Cfg::kStageBytes};
-  for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
-    int bi, tm, tn;
-    tile_coords(p, t, bi, tm, tn);
+  for (int64_t t = blockIdx.x; t < p.tiles * p.splits; t += gridDim.x) {
+    int64_t tile;
+    int bi, tm, tn, split, kb0, nkb;
+    unit_k(p, t, tile, split, kb0, nkb);
+    tile_coords(p, tile, bi, tm, tn);
+    // kb counts this unit's k blocks from 0 (the first one starts the sum).
     if constexpr (kRegA) {
       int kb = 0;
-      for (; kb + 1 < p.k_blocks; kb += 2) {
+      for (; kb + 1 < nkb; kb += 2) {
         rs_stage<S, BN>(acc, fa, fb, kb, it, smem_rs, full, empty, a_off);
         rs_stage<S, BN>(acc, fb, fa, kb + 1, it, smem_rs, full, empty, a_off);
       }
-      if (kb < p.k_blocks) rs_stage<S, BN>(acc, fa, fb, kb, it, smem_rs, full, empty, a_off);
+      if (kb < nkb) rs_stage<S, BN>(acc, fa, fb, kb, it, smem_rs, full, empty, a_off);
     }
-    for (int kb = 0; kb < (kRegA ? 0 : p.k_blocks); ++kb, ++it) {
+    for (int kb = 0; kb < (kRegA ? 0 : nkb); ++kb, ++it) {
       const int s = it % S;
       mbar_wait(&full[s], (it / S) & 1);
       const unsigned char* sa = smem + s * Cfg::kStageBytes + cw * kBox;
@@ -394,6 +416,27 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
     // Accumulator layout of wgmma m64nN (per warp: 16 rows): register r of
     // lane l holds row 16*warp + l/4 + 8*((r/2)%2), column 8*(r/4) + 2*(l%4) + r%2.
     const int warp = tid / 32, lane = tid % 32;
+    if (p.splits > 1) {
+      // This split's fp32 partial, where C's element goes (host: no TMA
+      // store with split-K).
+      const int64_t row0 = static_cast<int64_t>(tm) * kBM + cw * 64 + warp * 16 + lane / 4;
+      const int64_t col0 = static_cast<int64_t>(tn) * BN + 2 * (lane % 4);
+      float* ws = p.ws + (static_cast<int64_t>(split) * p.batch + bi) * p.m * p.n;
+#pragma unroll
+      for (int r = 0; r < BN / 2; r += 2) {
+        const int64_t row = row0 + 8 * ((r / 2) % 2);
+        const int64_t col = col0 + 8 * (r / 4);
+        if (row >= p.m) continue;
+        if (p.store_t) {
+          if (col < p.n) ws[col * p.m + row] = acc[r];
+          if (col + 1 < p.n) ws[(col + 1) * p.m + row] = acc[r + 1];
+        } else {
+          if (col < p.n) ws[row * p.n + col] = acc[r];
+          if (col + 1 < p.n) ws[row * p.n + col + 1] = acc[r + 1];
+        }
+      }
+      continue;
+    }
     if constexpr (kTmaStore) {
       // Through shared memory, 128-byte swizzled like the TMA box (64 x 64
       // blocks): the 8 rows a warp writes at once land in 8 different
@@ -463,6 +506,26 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
 #else
   __trap();  // built without sm_90a: the host never selects this path then
 #endif
+}
+
+// C = the splits' partials summed in split order (bitwise reproducible).
+template <typename T>
+__global__ void __launch_bounds__(256) sum_splits(const float* __restrict__ ws, void* __restrict__ c,
+                                                  int splits, int64_t total) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    float s = 0.f;
+    for (int j = 0; j < splits; ++j) s += ws[j * total + i];
+    if constexpr (T::kIsTf32) {
+      static_cast<float*>(c)[i] = s;
+    } else {
+      static_cast<uint16_t*>(c)[i] = pack1(s, T::kIsBf16);
+    }
+#else
+    __trap();
+#endif
+  }
 }
 
 inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
@@ -554,7 +617,8 @@ inline int sm_count() {
 }
 
 template <typename T, int BN, int kTransA, int kTransB, bool kTmaStore>
-cudaError_t launch(const GemmArgs& g, const Layout& l, bool store_t, cudaStream_t stream) {
+cudaError_t launch(const GemmArgs& g, const Layout& l, bool store_t, int splits, int split_kb,
+                   void* ws, cudaStream_t stream) {
   using Cfg = Config<BN, kTmaStore>;
   constexpr int kBK = kRowBytes / T::kBytes;
   constexpr int E = T::kBytes;
@@ -580,13 +644,20 @@ cudaError_t launch(const GemmArgs& g, const Layout& l, bool store_t, cudaStream_
   p.tiles = g.batch * p.tiles_m * p.tiles_n;
   p.k_blocks = static_cast<int>((g.k + kBK - 1) / kBK);
   p.store_t = store_t ? 1 : 0;
+  p.splits = splits;
+  p.split_kb = splits > 1 ? split_kb : p.k_blocks;
+  p.ws = static_cast<float*>(ws);
   auto kernel = gemm_kernel<T, BN, kTransA, kTransB, kTmaStore>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Cfg::kSmemBytes);
   if (e != cudaSuccess) return e;
-  const int grid = static_cast<int>(std::min<int64_t>(p.tiles, sm_count()));
+  const int grid = static_cast<int>(std::min<int64_t>(p.tiles * splits, sm_count()));
   kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(
       ma, mb, mc, g.c, p);
+  if (splits == 1) return cudaGetLastError();
+  const int64_t total = g.batch * g.m * g.n;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 4096));
+  sum_splits<T><<<blocks, 256, 0, stream>>>(p.ws, g.c, splits, total);
   return cudaGetLastError();
 }
 
@@ -621,7 +692,30 @@ inline int pick_bn(const GemmArgs& g) {
 struct Choice {
   int bn;
   bool tma_store;
+  int splits = 1, split_kb = 0;  // split-K: splits x split_kb k blocks
 };
+
+// Split K where the tiles leave more than half of the SMs idle (small M x N
+// with a long K: weight gradients, masked_conv2d's GEMM): about one wave
+// of (tile, split) units, each at least kMinSplitKb k blocks so the
+// pipeline's fill stays small beside it, at most kMaxSplits (the fp32
+// partials' memory).  The partials are summed in split order by a second
+// kernel: deterministic.
+constexpr int kMinSplitKb = 8, kMaxSplits = 16;
+
+inline void pick_splits(const GemmArgs& g, Choice& c) {
+  const int sms = sm_count();
+  const int64_t tiles = g.batch * ((g.m + kBM - 1) / kBM) * ((g.n + c.bn - 1) / c.bn);
+  const int64_t kb = (g.k + kRowBytes / dtype_bytes(g.dtype) - 1) / (kRowBytes / dtype_bytes(g.dtype));
+  int64_t s = std::min<int64_t>({sms / tiles, kb / kMinSplitKb, kMaxSplits});
+#ifdef TORCHOPS_MATMUL_DEV
+  if (const char* v = std::getenv("TORCHOPS_DEV_SM90_SPLITS")) s = std::min<int64_t>(std::atoi(v), kb);
+#endif
+  if (s < 2) return;
+  c.split_kb = static_cast<int>((kb + s - 1) / s);
+  c.splits = static_cast<int>((kb + c.split_kb - 1) / c.split_kb);
+  c.tma_store = false;  // partials go straight to the workspace
+}
 
 inline Choice choose(const GemmArgs& g) {
   Choice c{pick_bn(g), g.n % 8 == 0};
@@ -636,22 +730,24 @@ inline Choice choose(const GemmArgs& g) {
     }
   }
 #endif
+  pick_splits(g, c);
   return c;
 }
 
 template <typename T, int BN, int kTransA>
-cudaError_t launch_b(const GemmArgs& g, const Layout& l, bool store, cudaStream_t s) {
+cudaError_t launch_b(const GemmArgs& g, const Layout& l, const Choice& c, void* ws, cudaStream_t s) {
+  const int n = c.splits, kb = c.split_kb;
   if (l.b_n_major) {
-    return store ? launch<T, BN, kTransA, 1, true>(g, l, false, s)
-                 : launch<T, BN, kTransA, 1, false>(g, l, false, s);
+    return c.tma_store ? launch<T, BN, kTransA, 1, true>(g, l, false, n, kb, ws, s)
+                       : launch<T, BN, kTransA, 1, false>(g, l, false, n, kb, ws, s);
   }
-  return store ? launch<T, BN, kTransA, 0, true>(g, l, false, s)
-               : launch<T, BN, kTransA, 0, false>(g, l, false, s);
+  return c.tma_store ? launch<T, BN, kTransA, 0, true>(g, l, false, n, kb, ws, s)
+                     : launch<T, BN, kTransA, 0, false>(g, l, false, n, kb, ws, s);
 }
 
 template <typename T, int BN>
-cudaError_t launch_ab(const GemmArgs& g, const Layout& l, bool store, cudaStream_t s) {
-  return l.a_m_major ? launch_b<T, BN, 1>(g, l, store, s) : launch_b<T, BN, 0>(g, l, store, s);
+cudaError_t launch_ab(const GemmArgs& g, const Layout& l, const Choice& c, void* ws, cudaStream_t s) {
+  return l.a_m_major ? launch_b<T, BN, 1>(g, l, c, ws, s) : launch_b<T, BN, 0>(g, l, c, ws, s);
 }
 
 // The tf32 problem as run: C^T = B^T A^T where B is N-major (store_t).
@@ -664,24 +760,46 @@ inline GemmArgs swapped(const GemmArgs& g) {
   return t;
 }
 
-inline cudaError_t launch_tf32(const GemmArgs& g, const Layout& l, bool store_t, cudaStream_t s) {
+inline cudaError_t launch_tf32(const GemmArgs& g, const Layout& l, bool store_t, void* ws,
+                               cudaStream_t s) {
   // fp32 output stored directly; an M-major A through registers.
   using T = Tf32Tag;
   const Choice c = choose(g);
+  const int n = c.splits, kb = c.split_kb;
   if (l.a_m_major) {
-    return c.bn == 256 ? launch<T, 256, 1, 0, false>(g, l, store_t, s)
-                       : launch<T, 128, 1, 0, false>(g, l, store_t, s);
+    return c.bn == 256 ? launch<T, 256, 1, 0, false>(g, l, store_t, n, kb, ws, s)
+                       : launch<T, 128, 1, 0, false>(g, l, store_t, n, kb, ws, s);
   }
-  return c.bn == 256 ? launch<T, 256, 0, 0, false>(g, l, store_t, s)
-                     : launch<T, 128, 0, 0, false>(g, l, store_t, s);
+  return c.bn == 256 ? launch<T, 256, 0, 0, false>(g, l, store_t, n, kb, ws, s)
+                     : launch<T, 128, 0, 0, false>(g, l, store_t, n, kb, ws, s);
 }
 
 template <typename T>
-cudaError_t launch_t(const GemmArgs& g, const Layout& l, cudaStream_t s) {
+cudaError_t launch_t(const GemmArgs& g, const Layout& l, void* ws, cudaStream_t s) {
   const Choice c = choose(g);
-  if (c.bn == 256) return launch_ab<T, 256>(g, l, c.tma_store, s);
-  if (c.bn == 192) return launch_ab<T, 192>(g, l, c.tma_store, s);
-  return launch_ab<T, 128>(g, l, c.tma_store, s);
+  if (c.bn == 256) return launch_ab<T, 256>(g, l, c, ws, s);
+  if (c.bn == 192) return launch_ab<T, 192>(g, l, c, ws, s);
+  return launch_ab<T, 128>(g, l, c, ws, s);
+}
+
+// The problem as the kernel runs it: g itself, or for tf32 with an N-major
+// B, the swapped one (store_t).  ok false: sm90 cannot take it.
+struct Resolved {
+  GemmArgs g;
+  Layout l;
+  bool store_t;
+  bool ok;
+};
+
+inline Resolved resolve(const GemmArgs& g) {
+  Resolved r{g, layout_of(g), false, false};
+  if (!r.l.ok && g.dtype == DType::f32) {
+    r.g = swapped(g);
+    r.l = layout_of(r.g);
+    r.store_t = true;
+  }
+  r.ok = r.l.ok;
+  return r;
 }
 
 }  // namespace sm90_detail
@@ -699,22 +817,31 @@ inline bool sm90_supports(const GemmArgs& g) {
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
   if (major != 9 || minor != 0) return false;
   if (sm90_detail::encode_fn() == nullptr) return false;
-  return sm90_detail::layout_of(g).ok || (tf32 && sm90_detail::layout_of(sm90_detail::swapped(g)).ok);
+  return sm90_detail::resolve(g).ok;
 }
 
-inline size_t sm90_workspace_bytes(const GemmArgs&) { return 0; }
+// Split-K's fp32 partials (none without a split).
+inline size_t sm90_workspace_bytes(const GemmArgs& g) {
+  const sm90_detail::Resolved r = sm90_detail::resolve(g);
+  if (!r.ok) return 0;
+  const sm90_detail::Choice c = sm90_detail::choose(r.g);
+  if (c.splits < 2) return 0;
+  return size_t(c.splits) * size_t(g.batch) * size_t(g.m) * size_t(g.n) * sizeof(float);
+}
 
-inline cudaError_t sm90_run(const GemmArgs& g, void*, cudaStream_t stream) {
+inline cudaError_t sm90_run(const GemmArgs& g, void* ws, cudaStream_t stream) {
   using namespace sm90_detail;
-  const Layout l = layout_of(g);
-  if (g.dtype == DType::f32) {
-    if (l.ok) return launch_tf32(g, l, false, stream);
-    const GemmArgs t = swapped(g);
-    const Layout lt = layout_of(t);
-    return lt.ok ? launch_tf32(t, lt, true, stream) : cudaErrorInvalidValue;
+  const Resolved r = resolve(g);
+  if (!r.ok) return cudaErrorInvalidValue;
+  if (choose(r.g).splits > 1 && ws == nullptr) return cudaErrorInvalidValue;
+  switch (g.dtype) {
+    case DType::f32:
+      return launch_tf32(r.g, r.l, r.store_t, ws, stream);
+    case DType::bf16:
+      return launch_t<Bf16Tag>(r.g, r.l, ws, stream);
+    default:
+      return launch_t<F16Tag>(r.g, r.l, ws, stream);
   }
-  if (!l.ok) return cudaErrorInvalidValue;
-  return g.dtype == DType::bf16 ? launch_t<Bf16Tag>(g, l, stream) : launch_t<F16Tag>(g, l, stream);
 }
 
 }  // namespace torchops::cuda::gemm
