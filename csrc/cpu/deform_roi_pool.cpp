@@ -35,12 +35,16 @@ struct Params {
 };
 
 // One RoI's taps: group b = ph * pooled_width + pw of `rows` and `cols` is
-// bin (ph, pw).
+// bin (ph, pw).  `four`: every bin has 1 to 4 rows and columns, padded to
+// four in row4 / col4 (the walk without inner loops, as roi_align's; 1.6x
+// faster on the benchmark's RoIs).
 template <typename T>
 struct BinTaps {
   int64_t batch = 0;
   T gain_h = T(0), gain_w = T(0);
   AxisTaps<T> rows, cols;
+  bool four = false;
+  Taps4<T> row4, col4;
 };
 
 // `offset`: contiguous (K, 2, PH, PW), or null.
@@ -79,6 +83,11 @@ std::vector<BinTaps<T>> build_bin_taps(const scalar_t* rois,
                          ds);
         }
       }
+      t.four = Taps4<T>::fits(t.rows) && Taps4<T>::fits(t.cols);
+      if (t.four) {
+        t.row4.build(t.rows, width);
+        t.col4.build(t.cols, 1);
+      }
     }
   });
   return taps;
@@ -88,6 +97,13 @@ std::vector<BinTaps<T>> build_bin_taps(const scalar_t* rois,
 template <typename scalar_t, typename T>
 void pool_bins(const scalar_t* __restrict__ plane, int64_t width,
                const BinTaps<T>& t, int64_t bins, scalar_t* __restrict__ out) {
+  if (t.four) {
+    for (int64_t b = 0; b < bins; ++b) {
+      out[b] = static_cast<scalar_t>(
+          sum4x4(plane, t.row4.at_of(b), t.row4.w_of(b), t.col4.at_of(b), t.col4.w_of(b)));
+    }
+    return;
+  }
   for (int64_t b = 0; b < bins; ++b) {
     out[b] = static_cast<scalar_t>(
         separable_sum(plane, width, t.rows, b, t.cols, b));
@@ -98,6 +114,13 @@ void pool_bins(const scalar_t* __restrict__ plane, int64_t width,
 template <typename scalar_t, typename T>
 void scatter_bins(const scalar_t* __restrict__ grad, const BinTaps<T>& t,
                   int64_t bins, int64_t width, T* __restrict__ plane) {
+  if (t.four) {
+    for (int64_t b = 0; b < bins; ++b) {
+      add4x4(static_cast<T>(grad[b]), t.row4.at_of(b), t.row4.w_of(b), t.col4.at_of(b),
+             t.col4.w_of(b), plane);
+    }
+    return;
+  }
   for (int64_t b = 0; b < bins; ++b) {
     separable_add(static_cast<T>(grad[b]), t.rows, b, t.cols, b, width, plane);
   }

@@ -91,6 +91,75 @@ struct AxisTaps {
   int64_t end(int64_t p) const { return offsets[p + 1]; }
 };
 
+// Every group of an AxisTaps padded to exactly four taps (zero weights at
+// the group's first index), each index times `stride` (the row pitch, for
+// rows): the fixed-size walk of sum4x4 / add4x4, with no inner loops or
+// list bounds.  It serves sampling_ratio <= 2 over bins of a pixel or more,
+// the common case.
+template <typename T>
+struct Taps4 {
+  std::vector<int64_t> at;  // four per group
+  std::vector<T> w;
+
+  // Whether every group of `a` has 1 to 4 taps (the padding repeats a
+  // group's first tap, so an empty one cannot be padded).
+  static bool fits(const AxisTaps<T>& a) {
+    const int64_t groups = static_cast<int64_t>(a.offsets.size()) - 1;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t n = a.end(g) - a.begin(g);
+      if (n < 1 || n > 4) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  void build(const AxisTaps<T>& a, int64_t stride) {
+    const int64_t groups = static_cast<int64_t>(a.offsets.size()) - 1;
+    at.assign(static_cast<size_t>(groups * 4), 0);
+    w.assign(static_cast<size_t>(groups * 4), T(0));
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t q = 0; q < 4; ++q) {
+        const int64_t j = a.begin(g) + q;
+        const bool real = j < a.end(g);
+        at[g * 4 + q] = a.index[real ? j : a.begin(g)] * stride;
+        w[g * 4 + q] = real ? a.weight[j] : T(0);
+      }
+    }
+  }
+
+  const int64_t* at_of(int64_t g) const { return at.data() + g * 4; }
+  const T* w_of(int64_t g) const { return w.data() + g * 4; }
+};
+
+// sum_k wr[k] * sum_j wc[j] * plane[ro[k] + co[j]] over four row and four
+// column taps (Taps4 groups; ro already times the row pitch).
+template <typename scalar_t, typename T>
+inline T sum4x4(const scalar_t* __restrict__ plane, const int64_t* ro,
+                const T* wr, const int64_t* co, const T* wc) {
+  T acc = T(0);
+  for (int k = 0; k < 4; ++k) {
+    const scalar_t* r = plane + ro[k];
+    acc += wr[k] * (wc[0] * static_cast<T>(r[co[0]]) + wc[1] * static_cast<T>(r[co[1]]) +
+                    wc[2] * static_cast<T>(r[co[2]]) + wc[3] * static_cast<T>(r[co[3]]));
+  }
+  return acc;
+}
+
+// The transpose of sum4x4: plane[ro[k] + co[j]] += g * wr[k] * wc[j].
+template <typename T>
+inline void add4x4(T g, const int64_t* ro, const T* wr, const int64_t* co,
+                   const T* wc, T* __restrict__ plane) {
+  for (int k = 0; k < 4; ++k) {
+    T* row = plane + ro[k];
+    const T gr = g * wr[k];
+    row[co[0]] += gr * wc[0];
+    row[co[1]] += gr * wc[1];
+    row[co[2]] += gr * wc[2];
+    row[co[3]] += gr * wc[3];
+  }
+}
+
 // One bin's value: sum_r wy[r] * sum_q wx[q] * plane[r, q] over row group
 // `gr` of `rows` and column group `gc` of `cols`.
 template <typename scalar_t, typename T>
