@@ -604,16 +604,19 @@ def test_deform_roi_pool_offset_gradient_at_the_edges():
     torch.testing.assert_close(goff, want)
 
 
-def test_deform_roi_pool_cpu_backward_is_thread_count_independent():
-    x, rois, scale = _problem(c=16, k=60, device="cpu")
-    off = _features((60, 2, 4, 3), "cpu", seed=3) * 0.5
-    g = _features((60, 16, 4, 3), "cpu", seed=1)
+@pytest.mark.parametrize("sampling_ratio", [0, 2])
+def test_deform_roi_pool_cpu_backward_is_thread_count_independent(sampling_ratio):
+    """sampling_ratio 2 takes the padded 4x4 walk, 0 mostly the sparse one;
+    300 RoIs span two of the offset gradient's 256-RoI chunks on one thread."""
+    x, rois, scale = _problem(c=16, k=300, device="cpu")
+    off = _features((300, 2, 4, 3), "cpu", seed=3) * 0.5
+    g = _features((300, 16, 4, 3), "cpu", seed=1)
     threads = torch.get_num_threads()
     results = []
     try:
         for n in (1, 2, 3):
             torch.set_num_threads(n)
-            results.append(_deform_grads(x, rois, off, scale, 4, 3, 0, 0.2, g))
+            results.append(_deform_grads(x, rois, off, scale, 4, 3, sampling_ratio, 0.2, g))
     finally:
         torch.set_num_threads(threads)
     for gx, goff in results[1:]:

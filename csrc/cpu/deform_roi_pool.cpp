@@ -132,6 +132,29 @@ template <typename scalar_t, typename T>
 void shift_grad_bins(const scalar_t* __restrict__ plane,
                      const scalar_t* __restrict__ grad, const BinTaps<T>& t,
                      int64_t bins, int64_t width, T* __restrict__ acc) {
+  if (t.four && !t.row4.s.empty()) {
+    // The same sums over the padded taps (zero weights and slopes).
+    for (int64_t b = 0; b < bins; ++b) {
+      const int64_t* ro = t.row4.at_of(b);
+      const T* rw = t.row4.w_of(b);
+      const T* rs = t.row4.s_of(b);
+      const int64_t* co = t.col4.at_of(b);
+      const T* cw = t.col4.w_of(b);
+      const T* cs = t.col4.s_of(b);
+      T dx = T(0), dy = T(0);
+      for (int k = 0; k < 4; ++k) {
+        const scalar_t* row = plane + ro[k];
+        const T v0 = static_cast<T>(row[co[0]]), v1 = static_cast<T>(row[co[1]]);
+        const T v2 = static_cast<T>(row[co[2]]), v3 = static_cast<T>(row[co[3]]);
+        dx += rw[k] * (cs[0] * v0 + cs[1] * v1 + cs[2] * v2 + cs[3] * v3);
+        dy += rs[k] * (cw[0] * v0 + cw[1] * v1 + cw[2] * v2 + cw[3] * v3);
+      }
+      const T g = static_cast<T>(grad[b]);
+      acc[b] += g * dx;
+      acc[bins + b] += g * dy;
+    }
+    return;
+  }
   const int64_t* ri = t.rows.index.data();
   const T* rw = t.rows.weight.data();
   const T* rs = t.rows.slope.data();
@@ -259,21 +282,34 @@ std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
         }
         const scalar_t* in = input.const_data_ptr<scalar_t>();
         scalar_t* go = grad_offset.mutable_data_ptr<scalar_t>();
+        // Channels outside, up to kChunk RoIs of this thread inside: a plane
+        // stays in cache while every RoI of the chunk reads it (RoI by RoI,
+        // each pulled its windows of all planes from memory: the offset's
+        // gradient took 1.5x as long on the benchmark's 256 RoIs; chunks of
+        // 64 gave back a third of the gain).  Each RoI still sums its
+        // channels in order, so the bits do not depend on threads or chunks.
+        constexpr int64_t kChunk = 256;
         at::parallel_for(0, k, roi_grain(channels * bins * 4),
                          [&](int64_t begin, int64_t end) {
-          std::vector<T> acc(static_cast<size_t>(2 * bins));
-          for (int64_t i = begin; i < end; ++i) {
-            const BinTaps<T>& t = taps[static_cast<size_t>(i)];
+          std::vector<T> acc(static_cast<size_t>(kChunk * 2 * bins));
+          for (int64_t i0 = begin; i0 < end; i0 += kChunk) {
+            const int64_t i1 = std::min(end, i0 + kChunk);
             std::fill(acc.begin(), acc.end(), T(0));
             for (int64_t c = 0; c < channels; ++c) {
-              shift_grad_bins(in + (t.batch * channels + c) * plane,
-                              gp + (i * channels + c) * bins, t, bins, width,
-                              acc.data());
+              for (int64_t i = i0; i < i1; ++i) {
+                const BinTaps<T>& t = taps[static_cast<size_t>(i)];
+                shift_grad_bins(in + (t.batch * channels + c) * plane,
+                                gp + (i * channels + c) * bins, t, bins, width,
+                                acc.data() + (i - i0) * 2 * bins);
+              }
             }
-            for (int64_t b = 0; b < bins; ++b) {
-              go[i * 2 * bins + b] = static_cast<scalar_t>(t.gain_w * acc[b]);
-              go[i * 2 * bins + bins + b] =
-                  static_cast<scalar_t>(t.gain_h * acc[bins + b]);
+            for (int64_t i = i0; i < i1; ++i) {
+              const BinTaps<T>& t = taps[static_cast<size_t>(i)];
+              const T* a = acc.data() + (i - i0) * 2 * bins;
+              for (int64_t b = 0; b < bins; ++b) {
+                go[i * 2 * bins + b] = static_cast<scalar_t>(t.gain_w * a[b]);
+                go[i * 2 * bins + bins + b] = static_cast<scalar_t>(t.gain_h * a[bins + b]);
+              }
             }
           }
         });

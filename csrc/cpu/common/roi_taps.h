@@ -100,6 +100,7 @@ template <typename T>
 struct Taps4 {
   std::vector<int64_t> at;  // four per group
   std::vector<T> w;
+  std::vector<T> s;  // the slopes, where `a` has them (padding: 0)
 
   // Whether every group of `a` has 1 to 4 taps (the padding repeats a
   // group's first tap, so an empty one cannot be padded).
@@ -116,20 +117,26 @@ struct Taps4 {
 
   void build(const AxisTaps<T>& a, int64_t stride) {
     const int64_t groups = static_cast<int64_t>(a.offsets.size()) - 1;
+    const bool slopes = !a.slope.empty();
     at.assign(static_cast<size_t>(groups * 4), 0);
     w.assign(static_cast<size_t>(groups * 4), T(0));
+    s.assign(slopes ? static_cast<size_t>(groups * 4) : 0, T(0));
     for (int64_t g = 0; g < groups; ++g) {
       for (int64_t q = 0; q < 4; ++q) {
         const int64_t j = a.begin(g) + q;
         const bool real = j < a.end(g);
         at[g * 4 + q] = a.index[real ? j : a.begin(g)] * stride;
         w[g * 4 + q] = real ? a.weight[j] : T(0);
+        if (slopes) {
+          s[g * 4 + q] = real ? a.slope[j] : T(0);
+        }
       }
     }
   }
 
   const int64_t* at_of(int64_t g) const { return at.data() + g * 4; }
   const T* w_of(int64_t g) const { return w.data() + g * 4; }
+  const T* s_of(int64_t g) const { return s.data() + g * 4; }
 };
 
 // sum_k wr[k] * sum_j wc[j] * plane[ro[k] + co[j]] over four row and four
