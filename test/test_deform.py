@@ -156,10 +156,17 @@ TV_CASES = [
 ]
 
 
+INPUT_GRAD = "TORCHOPS_TESTING_DEFORM_INPUT_GRAD"
+
+
 @pytest.mark.cuda
+@pytest.mark.parametrize("path", ["atomic", "gather"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("name,kw", TV_CASES, ids=[c[0] for c in TV_CASES])
-def test_cuda_matches_torchvision(name, kw, dtype):
+def test_cuda_matches_torchvision(name, kw, dtype, path, monkeypatch):
+    """Both input-gradient paths (the atomic scatter and the sorted gather,
+    forced by the testing switch) against torchvision."""
+    monkeypatch.setenv(INPUT_GRAD, path)
     tv = pytest.importorskip("torchvision")
     kw = dict(kw)
     args = _problem(n=3, c=kw.pop("c", 6), device="cuda", dtype=dtype, seed=1, **kw)
@@ -213,6 +220,29 @@ def test_cuda_deterministic_backward_is_bitwise_reproducible(dtype, monkeypatch)
         assert a.dtype == dtype
         scale = max(1.0, b.abs().max().item())
         torch.testing.assert_close(a, b, atol=tol * scale, rtol=tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cuda_gather_is_the_default_with_many_channels_per_offset_group(dtype, monkeypatch):
+    """With 128 or more channels per offset group the default backward
+    gathers grad_input (bitwise the forced gather's, so reproducible); the
+    atomic scatter agrees with it; a bad switch value is a RuntimeError."""
+    args = _problem(n=2, c=128, h=9, w=8, o=8, og=1, reach=3, device="cuda",
+                    dtype=dtype, seed=7)
+    grad = torch.randn(2, 8, 9, 8, device="cuda", dtype=dtype)
+    default = BACKWARD(grad, *args)
+    monkeypatch.setenv(INPUT_GRAD, "gather")
+    gathered = BACKWARD(grad, *args)
+    assert torch.equal(default[0], gathered[0])
+    monkeypatch.setenv(INPUT_GRAD, "atomic")
+    scattered = BACKWARD(grad, *args)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    scale = max(1.0, gathered[0].abs().max().item())
+    torch.testing.assert_close(scattered[0], gathered[0], atol=tol * scale, rtol=tol)
+    monkeypatch.setenv(INPUT_GRAD, "sideways")
+    with pytest.raises(RuntimeError, match=INPUT_GRAD):
+        BACKWARD(grad, *args)
 
 
 @pytest.mark.cuda

@@ -18,7 +18,8 @@
 //                                                the dtype dispatch's name
 //   Kernels::grad_bias(grad, go, acc)            go: grad as (N, O, P) in
 //                                                the compute type
-//   Kernels::gathers_input_grad(deterministic)   whether the kernels write
+//   Kernels::gathers_input_grad(deterministic, g)
+//                                                whether the kernels write
 //                                                every element of grad_input
 //                                                (else they add into zeros
 //                                                in the accumulate type)
@@ -155,7 +156,7 @@ deform_conv2d_backward(const at::Tensor& grad, const at::Tensor& input,
   const int64_t N = s.batch, O = s.out_channels, C = s.channels;
   const int64_t H = s.height, W = s.width, K = g.taps(), P = g.pixels();
   const bool gathered =
-      Kernels::gathers_input_grad(at::globalContext().deterministicAlgorithms());
+      Kernels::gathers_input_grad(at::globalContext().deterministicAlgorithms(), g);
   const auto opts = input.options().dtype(ct);
   // A gathered grad_input is written whole by the kernels; a scattered one
   // is added into zeros (float32 for half types).

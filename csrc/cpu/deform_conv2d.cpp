@@ -365,7 +365,10 @@ struct CpuKernels {
     return go.sum(at::IntArrayRef{0, 2});
   }
 
-  static bool gathers_input_grad(bool /*deterministic*/) { return false; }
+  static bool gathers_input_grad(bool /*deterministic*/,
+                                const DeformGeometry& /*g*/) {
+    return false;
+  }
 
   // The chunk's input gradient as padded planes (what lands on the border
   // is dropped).

@@ -39,12 +39,15 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <tuple>
+#include <type_traits>
 
 #include "common/accumulate.h"
 #include "common/deform_conv2d.h"
 #include "common/deform_conv2d_steps.h"
 #include "common/deform_gemm.h"
+#include "common/testing_switch.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/sorted_gather.cuh"
 
@@ -52,6 +55,8 @@ namespace torchops::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+// Channels whose loads a thread issues together (im2col, atomic col2im).
+constexpr int kIm2colBatch = 4;
 
 // A chunk of B images, pointers at its first image, contiguous tensors.
 template <typename scalar_t>
@@ -130,10 +135,79 @@ __global__ void __launch_bounds__(kThreads) deform_im2col_kernel(
     ch.sample(q.og, q.k, q.b, q.p, t, m);
     const scalar_t* src = ch.input + (q.b * ch.g.channels + sl.c0) * plane;
     scalar_t* dst = columns + ch.column(sl.c0, q.k, q.b) + q.p;
-    for (int64_t c = sl.c0; c < sl.c1; ++c, src += plane, dst += row_step) {
+    int64_t c = sl.c0;
+    // Four channels' loads before their stores: the compiler cannot move a
+    // load above a store that might alias it, and one channel at a time
+    // leaves a single load round trip in flight per thread.
+    for (; c + kIm2colBatch <= sl.c1; c += kIm2colBatch) {
+      T v[kIm2colBatch][4];
+#pragma unroll
+      for (int u = 0; u < kIm2colBatch; ++u) {
+        deform_corners(src + u * plane, t, v[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kIm2colBatch; ++u) {
+        dst[u * row_step] = static_cast<scalar_t>(m * deform_dot(t.w, v[u]));
+      }
+      src += kIm2colBatch * plane;
+      dst += kIm2colBatch * row_step;
+    }
+    for (; c < sl.c1; ++c, src += plane, dst += row_step) {
       T v[4];
       deform_corners(src, t, v);
       *dst = static_cast<scalar_t>(m * deform_dot(t.w, v));
+    }
+  }
+}
+
+// Adds gv times the corners' weights into a plane with atomics.  On sm_90
+// a float row pair (x0, x0 + 1) that sits in one aligned 16-byte chunk goes
+// as one float4 atomic, zeros in the other lanes (adding +0 changes no
+// value): the scatter is bound by the L2's atomic operations, not bytes.
+// `end`: one past the buffer the plane lies in, which the chunk must not
+// cross.
+template <typename T>
+__device__ __forceinline__ void scatter_corners(T* plane, const DeformTaps<T>& t,
+                                                T gv, const T* end) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+    for (int row = 0; row < 2; ++row) {
+      const int c0 = 2 * row, c1 = c0 + 1;
+      const unsigned both = (1u << c0) | (1u << c1);
+      if ((t.valid & both) == both) {
+        float* e = plane + t.idx[c0];
+        const uintptr_t addr = reinterpret_cast<uintptr_t>(e);
+        float* base = reinterpret_cast<float*>(addr & ~uintptr_t(15));
+        const int lane = static_cast<int>((addr & 15) >> 2);
+        if (lane <= 2 && base + 4 <= end) {
+          float v[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int q = 0; q < 3; ++q) {
+            if (q == lane) {
+              v[q] = gv * t.w[c0];
+              v[q + 1] = gv * t.w[c1];
+            }
+          }
+          atomicAdd(reinterpret_cast<float4*>(base), make_float4(v[0], v[1], v[2], v[3]));
+          continue;
+        }
+      }
+#pragma unroll
+      for (int c = c0; c <= c1; ++c) {
+        if ((t.valid >> c) & 1u) {
+          atomicAdd(plane + t.idx[c], gv * t.w[c]);
+        }
+      }
+    }
+    return;
+  }
+#endif
+  (void)end;
+#pragma unroll
+  for (int corner = 0; corner < 4; ++corner) {
+    if ((t.valid >> corner) & 1u) {
+      atomicAdd(plane + t.idx[corner], gv * t.w[corner]);
     }
   }
 }
@@ -146,6 +220,7 @@ __global__ void __launch_bounds__(kThreads) deform_col2im_atomic_kernel(
     T* __restrict__ grad_input) {
   const int64_t plane = ch.plane(), cpg = ch.g.group_channels();
   const int64_t row_step = ch.g.taps() * ch.images * ch.g.pixels();
+  const T* end = grad_input + ch.images * ch.g.channels * plane;
   for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
     const Position q = position_of(i, ch, slices);
     DeformTaps<T> t;
@@ -156,14 +231,23 @@ __global__ void __launch_bounds__(kThreads) deform_col2im_atomic_kernel(
     const Slice sl = slice_of(q, cpg, per_slice);
     T* dst = grad_input + (q.b * ch.g.channels + sl.c0) * plane;
     const scalar_t* gc = grad_columns + ch.column(sl.c0, q.k, q.b) + q.p;
-    for (int64_t c = sl.c0; c < sl.c1; ++c, dst += plane, gc += row_step) {
-      const T gv = static_cast<T>(*gc) * m;
+    int64_t c = sl.c0;
+    // As in the im2col: the batch's loads first, then its atomics.
+    for (; c + kIm2colBatch <= sl.c1; c += kIm2colBatch) {
+      T gv[kIm2colBatch];
 #pragma unroll
-      for (int corner = 0; corner < 4; ++corner) {
-        if ((t.valid >> corner) & 1u) {
-          atomicAdd(dst + t.idx[corner], gv * t.w[corner]);
-        }
+      for (int u = 0; u < kIm2colBatch; ++u) {
+        gv[u] = static_cast<T>(gc[u * row_step]) * m;
       }
+#pragma unroll
+      for (int u = 0; u < kIm2colBatch; ++u) {
+        scatter_corners(dst + u * plane, t, gv[u], end);
+      }
+      dst += kIm2colBatch * plane;
+      gc += kIm2colBatch * row_step;
+    }
+    for (; c < sl.c1; ++c, dst += plane, gc += row_step) {
+      scatter_corners(dst, t, static_cast<T>(*gc) * m, end);
     }
   }
 }
@@ -236,22 +320,34 @@ __global__ void __launch_bounds__(kThreads) deform_contributions_kernel(
   }
 }
 
-// grad_input element i of the chunk, (b, c, pixel d), gathers the
-// contributions of key (b * OG + c / cpg) * H * W + d from grad_columns row
-// block c: adjacent threads take adjacent pixels of one plane, so the
-// output is written contiguously.
-struct PlaneSites {
-  int64_t channels, cpg, offset_groups, plane, row_block;
+// Channels of one pixel that share a gather thread: the pixel's
+// contribution list is read once per 8 channels instead of once per channel.
+constexpr int kGatherChannels = 8;
+
+// Gather group i of the chunk: image b, offset group og, its channel group
+// s, pixel d (fastest, so adjacent threads write adjacent grad_input
+// elements); it gathers the contributions of key (b * OG + og) * H * W + d
+// from the grad_columns row blocks of its channels.
+struct PlaneGroups {
+  int64_t channels, cpg, offset_groups, plane, row_block, groups_per_og;
   template <typename index_t>
-  __device__ __forceinline__ GatherSite operator()(index_t i) const {
+  __device__ __forceinline__ GatherGroup operator()(index_t i) const {
     const index_t hw = static_cast<index_t>(plane);
     const index_t d = i % hw;
-    const index_t bc = i / hw;
-    const index_t c = bc % static_cast<index_t>(channels);
-    const index_t b = bc / static_cast<index_t>(channels);
-    const int64_t og = static_cast<int64_t>(c) / cpg;
-    return {(static_cast<int64_t>(b) * offset_groups + og) * plane + d,
-            static_cast<int64_t>(c) * row_block, 1};
+    index_t r = i / hw;
+    const int64_t s = static_cast<int64_t>(r % static_cast<index_t>(groups_per_og));
+    r /= static_cast<index_t>(groups_per_og);
+    const int64_t og = static_cast<int64_t>(r % static_cast<index_t>(offset_groups));
+    const int64_t b = static_cast<int64_t>(r / static_cast<index_t>(offset_groups));
+    const int64_t c0 = og * cpg + s * kGatherChannels;
+    const int64_t left = cpg - s * kGatherChannels;
+    return {(b * offset_groups + og) * plane + d,
+            c0 * row_block,
+            1,
+            row_block,
+            (b * channels + c0) * plane + d,
+            plane,
+            static_cast<int>(left < kGatherChannels ? left : kGatherChannels)};
   }
 };
 
@@ -364,10 +460,11 @@ void col2im_deterministic_as(const Chunk<scalar_t>& ch,
   });
   const SortedContributions sorted =
       sort_contributions(keys, src, weight, B * OG * plane);
-  sorted_gather<scalar_t, T, key_t>(
-      grad_columns, sorted,
-      PlaneSites{C, ch.g.group_channels(), OG, plane, K * B * P},
-      B * C * plane, grad_input);
+  const int64_t cpg = ch.g.group_channels();
+  const int64_t per_og = ceil_div(cpg, int64_t(kGatherChannels));
+  sorted_gather_groups<kGatherChannels, scalar_t, T, key_t>(
+      grad_columns, sorted, PlaneGroups{C, cpg, OG, plane, K * B * P, per_og},
+      B * OG * per_og * plane, grad_input);
 }
 
 // grad_input of the chunk (every element written), deterministically.
@@ -401,6 +498,30 @@ void coordinate_grads(const Chunk<scalar_t>& ch, const scalar_t* grad_columns,
   });
 }
 
+// The input gradient's path outside deterministic mode.  The gather pays a
+// sort of 4 contributions per sample position, shared by the offset group's
+// channels, and then reads where the scatter would add: with many channels
+// per offset group it wins, with few the sort is not paid back.  H200,
+// float32, 3x3, forward + backward: 8x256x64x64 (cpg 256) gather 4.62 ms,
+// atomic 5.26; 2x64x128x128 with cpg 64: 0.99 and 0.96 ms, cpg 32: 1.10
+// and 0.97, cpg 4: 2.46 and 1.20.  Its scratch, about 60 bytes per
+// contribution, is 60 / cpg times the column buffer's.
+// TORCHOPS_TESTING_DEFORM_INPUT_GRAD=auto|atomic|gather (read at each call)
+// forces a path, so tests reach both at any size.
+enum class InputGradPath { kAuto, kAtomic, kGather };
+constexpr int64_t kGatherMinChannels = 128;
+
+InputGradPath input_grad_path(const DeformGeometry& g) {
+  const auto forced = static_cast<InputGradPath>(
+      testing_switch("deform_conv2d", "TORCHOPS_TESTING_DEFORM_INPUT_GRAD",
+                     {"auto", "atomic", "gather"}));
+  if (forced != InputGradPath::kAuto) {
+    return forced;
+  }
+  return g.group_channels() >= kGatherMinChannels ? InputGradPath::kGather
+                                                  : InputGradPath::kAtomic;
+}
+
 // The steps of common/deform_conv2d_steps.h, on the GPU.
 struct CudaKernels {
   static constexpr c10::DeviceType device = c10::DeviceType::CUDA;
@@ -431,9 +552,11 @@ struct CudaKernels {
     return grad.sum({0, 2, 3}, /*keepdim=*/false, acc);
   }
 
-  // The deterministic gather writes every element of grad_input itself; the
-  // atomic scatter adds into zeros (float32 for half types).
-  static bool gathers_input_grad(bool deterministic) { return deterministic; }
+  // The gather writes every element of grad_input itself; the atomic
+  // scatter adds into zeros (float32 for half types).
+  static bool gathers_input_grad(bool deterministic, const DeformGeometry& g) {
+    return deterministic || input_grad_path(g) == InputGradPath::kGather;
+  }
 
   static at::Tensor col2im_buffer(int64_t /*chunk*/,
                                   const DeformConvSizes& /*s*/,
@@ -444,7 +567,7 @@ struct CudaKernels {
   static void input_grads(const DeformChunkTensors& c, const at::Tensor& gcols,
                           at::Tensor grad_offset, at::Tensor grad_mask,
                           at::Tensor grad_input, at::Tensor& /*buffer*/,
-                          bool deterministic) {
+                          bool gathered) {
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, gcols.scalar_type(),
         DeformBackwardName::value, [&] {
@@ -455,7 +578,7 @@ struct CudaKernels {
                            grad_mask.defined()
                                ? grad_mask.mutable_data_ptr<scalar_t>()
                                : nullptr);
-          if (deterministic) {
+          if (gathered) {
             col2im_deterministic(ch, gcp, gcols.options(),
                                  grad_input.mutable_data_ptr<scalar_t>());
           } else {

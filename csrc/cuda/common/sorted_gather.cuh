@@ -90,6 +90,73 @@ __global__ void __launch_bounds__(256) sorted_gather_kernel(
   }
 }
 
+// Output elements in groups that share a destination key, say up to kGroup
+// channels of one pixel: the group reads its contribution list once and
+// applies each entry to all of its elements (kGroup independent loads per
+// entry), where one thread per element would read the list kGroup times.
+// Element e < count of the group reads values[base + src[j] * scale + e *
+// vstride] and writes out[out + e * ostride]; each still sums its
+// contributions in list order, so the bits equal sorted_gather_kernel's.
+struct GatherGroup {
+  int64_t key, base, scale, vstride, out, ostride;
+  int count;
+};
+
+template <int kGroup, typename scalar_t, typename T, typename src_t,
+          typename index_t, typename Map>
+__global__ void __launch_bounds__(256) sorted_gather_groups_kernel(
+    const scalar_t* __restrict__ values, const int64_t* __restrict__ bounds,
+    const src_t* __restrict__ src, const T* __restrict__ weight, Map map,
+    index_t groups, scalar_t* __restrict__ out) {
+  for (index_t i = grid_start<index_t>(); i < groups; i += grid_stride<index_t>()) {
+    const GatherGroup s = map(i);
+    const int64_t j1 = bounds[s.key + 1];
+    T acc[kGroup];
+#pragma unroll
+    for (int e = 0; e < kGroup; ++e) {
+      acc[e] = T(0);
+    }
+    for (int64_t j = bounds[s.key]; j < j1; ++j) {
+      const T w = weight[j];
+      const scalar_t* v = values + s.base + static_cast<int64_t>(src[j]) * s.scale;
+#pragma unroll
+      for (int e = 0; e < kGroup; ++e) {
+        if (e < s.count) {
+          acc[e] += w * static_cast<T>(v[e * s.vstride]);
+        }
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kGroup; ++e) {
+      if (e < s.count) {
+        out[s.out + e * s.ostride] = static_cast<scalar_t>(acc[e]);
+      }
+    }
+  }
+}
+
+// Launches sorted_gather_groups_kernel over `groups` groups of at most
+// kGroup elements.
+template <int kGroup, typename scalar_t, typename T, typename src_t, typename Map>
+void sorted_gather_groups(const scalar_t* values, const SortedContributions& sorted,
+                          Map map, int64_t groups, scalar_t* out) {
+  if (groups == 0) {
+    return;
+  }
+  constexpr int kThreads = 256;
+  const unsigned int blocks = grid_for(groups, kThreads);
+  with_index_type(groups, blocks, kThreads, [&](auto index) {
+    using index_t = decltype(index);
+    sorted_gather_groups_kernel<kGroup, scalar_t, T, src_t, index_t, Map>
+        <<<blocks, kThreads, 0, current_stream()>>>(
+            values, sorted.bounds.const_data_ptr<int64_t>(),
+            sorted.src.const_data_ptr<src_t>(),
+            sorted.weight.const_data_ptr<T>(), map,
+            static_cast<index_t>(groups), out);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
 // Launches sorted_gather_kernel over `total` output elements.
 template <typename scalar_t, typename T, typename src_t, typename Map>
 void sorted_gather(const scalar_t* values, const SortedContributions& sorted,
