@@ -246,6 +246,31 @@ def test_cuda_gather_is_the_default_with_many_channels_per_offset_group(dtype, m
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("conv_tf32", [True, False], ids=["3xtf32", "exact"])
+@pytest.mark.parametrize("budget", [None, "1"], ids=["one_chunk", "chunks"])
+def test_cuda_float32_gemms_keep_float32_accuracy(conv_tf32, budget, monkeypatch):
+    """Where every GEMM dimension is 256 or more, float32 GEMMs run as three
+    TF32 products while convolutions may use TF32 (PyTorch's default), else
+    exactly: either way, output and gradients within float32-sized error
+    of the float64 op on the same inputs (one TF32 product would be ~3e-4),
+    in one chunk of images or several."""
+    if budget is not None:
+        monkeypatch.setenv(BUDGET, budget)
+    args64 = _problem(n=2, c=32, h=12, w=12, o=256, reach=3, device="cuda", seed=8)
+    args32 = [a.float() if isinstance(a, torch.Tensor) else a for a in args64]
+    grad = torch.randn(2, 256, 12, 12, device="cuda", dtype=torch.float64)
+    want = _grads(OP, args64, grad)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=conv_tf32):
+        got = _grads(OP, args32, grad.float())
+    for what, g, t in zip(("output", "input", "weight", "offset", "mask", "bias"), got, want):
+        assert g.dtype == torch.float32, what
+        err = (g.double() - t).abs().max().item() / t.abs().max().item()
+        # offset's gradient differences neighbouring pixels: cancellation
+        limit = 1e-4 if what == "offset" else 1e-5
+        assert err < limit, (what, err)
+
+
+@pytest.mark.cuda
 def test_cuda_deterministic_backward_chunked(monkeypatch):
     """The multi-chunk deterministic path equals the CPU backward (float64)."""
     monkeypatch.setenv(BUDGET, "1")

@@ -14,8 +14,18 @@
 //                                                input's)
 //   Kernels::chunk_input(in, n0, images)         the chunk's input planes as
 //                                                the kernels read them
-//   Kernels::im2col<Name>(chunk, cols)           cols (C * K, B * P); Name:
-//                                                the dtype dispatch's name
+//   Kernels::column_copies(ct, d, N)             1, or 2 where the GEMMs
+//                                                want the columns split
+//                                                (CUDA: 3xTF32, rows of the
+//                                                high parts, then the low)
+//   Kernels::im2col<Name>(chunk, cols)           cols (copies * C * K, B * P);
+//                                                Name: the dtype dispatch's
+//                                                name
+//   Kernels::forward_gemm(...), backward_gemm(...)
+//                                                deform_forward_gemm and
+//                                                deform_backward_gemm
+//                                                (common/deform_gemm.h), or
+//                                                the device's own
 //   Kernels::grad_bias(grad, go, acc)            go: grad as (N, O, P) in
 //                                                the compute type
 //   Kernels::gathers_input_grad(deterministic, g)
@@ -120,17 +130,18 @@ at::Tensor deform_conv2d_forward(const at::Tensor& input,
   const at::Tensor in = deform_operand(input, ct), w = deform_operand(weight, ct),
                    off = deform_operand(offset, ct);
   const at::Tensor msk = use_mask ? deform_operand(mask, ct) : at::Tensor();
-  const int64_t chunk = deform_chunk(N, C * K, P, at::elementSize(ct));
-  at::Tensor columns = at::empty({C * K * chunk * P}, in.options());
-  at::Tensor scratch = at::empty({O * chunk * P}, in.options());
   const DeformGemm d{groups, O, C * K, P};
+  const int64_t copies = Kernels::column_copies(ct, d, N);
+  const int64_t rows = copies * C * K;
+  const int64_t chunk = deform_chunk(N, rows, P, at::elementSize(ct));
+  at::Tensor columns = at::empty({rows * chunk * P}, in.options());
+  at::Tensor scratch = at::empty({O * chunk * P}, in.options());
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
     const int64_t B = std::min(chunk, N - n0);
-    const at::Tensor cols =
-        columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
+    const at::Tensor cols = columns.narrow(0, 0, rows * B * P).view({rows, B * P});
     Kernels::template im2col<DeformForwardName>(
         deform_chunk_tensors<Kernels>(g, in, off, msk, n0, B), cols);
-    deform_forward_gemm(d, out3, n0, B, w, cols, b, scratch);
+    Kernels::forward_gemm(d, out3, n0, B, w, cols, b, scratch);
   }
   return out.to(dtype);
 }
@@ -172,21 +183,22 @@ deform_conv2d_backward(const at::Tensor& grad, const at::Tensor& input,
     const at::Tensor in = deform_operand(input, ct), w = deform_operand(weight, ct),
                      off = deform_operand(offset, ct);
     const at::Tensor msk = use_mask ? deform_operand(mask, ct) : at::Tensor();
-    const int64_t chunk = deform_chunk(N, C * K, P, at::elementSize(ct));
-    at::Tensor columns = at::empty({C * K * chunk * P}, opts);
+    const DeformGemm d{groups, O, C * K, P};
+    const int64_t copies = Kernels::column_copies(ct, d, N);
+    const int64_t rows = copies * C * K;
+    const int64_t chunk = deform_chunk(N, rows, P, at::elementSize(ct));
+    at::Tensor columns = at::empty({rows * chunk * P}, opts);
     at::Tensor grad_columns = at::empty({C * K * chunk * P}, opts);
     at::Tensor buffer = Kernels::col2im_buffer(chunk, s, opts);
-    const DeformGemm d{groups, O, C * K, P};
     for (int64_t n0 = 0; n0 < N; n0 += chunk) {
       const int64_t B = std::min(chunk, N - n0);
-      const at::Tensor cols =
-          columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
+      const at::Tensor cols = columns.narrow(0, 0, rows * B * P).view({rows, B * P});
       at::Tensor gcols =
           grad_columns.narrow(0, 0, C * K * B * P).view({C * K, B * P});
       const DeformChunkTensors ch =
           deform_chunk_tensors<Kernels>(g, in, off, msk, n0, B);
       Kernels::template im2col<DeformBackwardName>(ch, cols);
-      deform_backward_gemm(d, go, n0, B, w, cols, gcols, grad_weight);
+      Kernels::backward_gemm(d, go, n0, B, w, cols, gcols, grad_weight);
       Kernels::input_grads(ch, gcols, grad_offset.narrow(0, n0, B),
                            use_mask ? grad_mask.narrow(0, n0, B) : at::Tensor(),
                            grad_input.narrow(0, n0, B), buffer, gathered);

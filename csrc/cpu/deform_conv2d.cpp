@@ -365,6 +365,26 @@ struct CpuKernels {
     return go.sum(at::IntArrayRef{0, 2});
   }
 
+  static int64_t column_copies(at::ScalarType /*ct*/, const DeformGemm& /*d*/,
+                               int64_t /*batch*/) {
+    return 1;
+  }
+
+  static void forward_gemm(const DeformGemm& d, at::Tensor& out3, int64_t n0,
+                           int64_t images, const at::Tensor& weight,
+                           const at::Tensor& columns, const at::Tensor& bias,
+                           at::Tensor& scratch) {
+    deform_forward_gemm(d, out3, n0, images, weight, columns, bias, scratch);
+  }
+
+  static void backward_gemm(const DeformGemm& d, const at::Tensor& grad3,
+                            int64_t n0, int64_t images, const at::Tensor& weight,
+                            const at::Tensor& columns, at::Tensor& grad_columns,
+                            at::Tensor& grad_weight) {
+    deform_backward_gemm(d, grad3, n0, images, weight, columns, grad_columns,
+                         grad_weight);
+  }
+
   static bool gathers_input_grad(bool /*deterministic*/,
                                 const DeformGeometry& /*g*/) {
     return false;

@@ -50,6 +50,8 @@
 #include "common/testing_switch.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/sorted_gather.cuh"
+#include "cuda/common/split_tf32.cuh"
+#include "cuda/matmul_tf32.h"
 
 namespace torchops::cuda {
 namespace {
@@ -121,12 +123,28 @@ __device__ __forceinline__ Slice slice_of(const Position& q, int64_t cpg,
   return {c0, c0 + per_slice < end ? c0 + per_slice : end};
 }
 
-template <typename scalar_t, typename T, typename index_t>
+// A column value, or with kSplit (float32 only) its TF32 high part at dst
+// and its low part `low` elements further (split_tf32.cuh).
+template <bool kSplit, typename scalar_t, typename T>
+__device__ __forceinline__ void store_column(scalar_t* dst, int64_t low, T v) {
+  if constexpr (kSplit) {
+    float hi, lo;
+    split_tf32(v, hi, lo);
+    dst[0] = hi;
+    dst[low] = lo;
+  } else {
+    (void)low;
+    *dst = static_cast<scalar_t>(v);
+  }
+}
+
+template <typename scalar_t, typename T, typename index_t, bool kSplit>
 __global__ void __launch_bounds__(kThreads) deform_im2col_kernel(
     Chunk<scalar_t> ch, index_t slices, int64_t per_slice, index_t total,
     scalar_t* __restrict__ columns) {
   const int64_t plane = ch.plane(), cpg = ch.g.group_channels();
   const int64_t row_step = ch.g.taps() * ch.images * ch.g.pixels();
+  const int64_t low = ch.g.channels * row_step;  // kSplit: the low parts' offset
   for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
     const Position q = position_of(i, ch, slices);
     const Slice sl = slice_of(q, cpg, per_slice);
@@ -147,7 +165,7 @@ __global__ void __launch_bounds__(kThreads) deform_im2col_kernel(
       }
 #pragma unroll
       for (int u = 0; u < kIm2colBatch; ++u) {
-        dst[u * row_step] = static_cast<scalar_t>(m * deform_dot(t.w, v[u]));
+        store_column<kSplit, scalar_t, T>(dst + u * row_step, low, m * deform_dot(t.w, v[u]));
       }
       src += kIm2colBatch * plane;
       dst += kIm2colBatch * row_step;
@@ -155,7 +173,7 @@ __global__ void __launch_bounds__(kThreads) deform_im2col_kernel(
     for (; c < sl.c1; ++c, src += plane, dst += row_step) {
       T v[4];
       deform_corners(src, t, v);
-      *dst = static_cast<scalar_t>(m * deform_dot(t.w, v));
+      store_column<kSplit, scalar_t, T>(dst, low, m * deform_dot(t.w, v));
     }
   }
 }
@@ -415,12 +433,24 @@ void launch_sliced(const Chunk<scalar_t>& ch, Pick pick, Out* out,
 }
 
 template <typename scalar_t>
-void im2col(const Chunk<scalar_t>& ch, scalar_t* columns) {
+void im2col(const Chunk<scalar_t>& ch, scalar_t* columns, bool split) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (split) {
+      launch_sliced(
+          ch,
+          [](auto index) {
+            return deform_im2col_kernel<float, float, decltype(index), true>;
+          },
+          columns);
+      return;
+    }
+  }
+  TORCH_INTERNAL_ASSERT(!split, "deform_conv2d: split columns are float32 only");
   launch_sliced(
       ch,
       [](auto index) {
         return deform_im2col_kernel<scalar_t, at::opmath_type<scalar_t>,
-                                    decltype(index)>;
+                                    decltype(index), false>;
       },
       columns);
 }
@@ -522,6 +552,83 @@ InputGradPath input_grad_path(const DeformGeometry& g) {
                                                   : InputGradPath::kAtomic;
 }
 
+// float32 GEMMs as 3xTF32 (cuda/common/split_tf32.cuh) where PyTorch lets
+// convolutions use TF32 (torch.backends.cudnn.conv.fp32_precision, "tf32"
+// by default, or the older torch.backends.cudnn.allow_tf32): cuDNN's own
+// convolution then runs one TF32 product, with 2^-11 relative error; three
+// keep the error float32-sized, so results still agree with torchvision's
+// exact float32 within float32 tolerances.  With TF32 off for convolutions,
+// exact float32 (cuBLAS).  Only where it is faster: one weight group, and
+// every GEMM dimension (O, C * kh * kw, images * pixels) at least 256.
+// H200, per GEMM of the 8x256x64x64 layer (exact / three TF32): 256 x 2304
+// x 32768 805 / ~400 us, 2304 x 32768 x 256 940 / ~500, 256 x 2304 x 32768
+// 792 / ~440; at 64 channels (2x64x128x128) three TF32 GEMMs were slower.
+constexpr int64_t kSplitMinDim = 256;
+
+bool conv_allows_tf32() {
+  return at::globalContext().allowTF32CuDNN(at::Float32Op::CONV);
+}
+
+bool split_gemms(at::ScalarType ct, const DeformGemm& d, int64_t batch) {
+  if (ct != at::kFloat || d.groups != 1 || d.out_channels < kSplitMinDim ||
+      d.column_rows < kSplitMinDim || batch * d.pixels < kSplitMinDim) {
+    return false;
+  }
+  int dev = 0, major = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  // TF32 tensor cores from sm_80 on (torchops.matmul's sm80 and sm90 paths).
+  return major >= 8 && conv_allows_tf32();
+}
+
+// deform_forward_gemm with split columns (2 * CK, B * P), high parts first:
+// out = [hi_w | hi_w] @ [hi_cols; lo_cols] + lo_w @ hi_cols, two GEMMs that
+// read the columns once each and one extra add of the (small) output.
+void split_forward_gemm(const DeformGemm& d, at::Tensor& out3, int64_t n0,
+                        int64_t images, const at::Tensor& weight,
+                        const at::Tensor& columns, const at::Tensor& bias) {
+  const int64_t O = d.out_channels, CK = d.column_rows, P = d.pixels;
+  const auto opts = columns.options();
+  at::Tensor w2 = at::empty({O, 2 * CK}, opts), w_lo = at::empty({O, CK}, opts);
+  float* w2p = w2.mutable_data_ptr<float>();
+  split_tf32_rows(weight.view({O, CK}),
+                  {w2p, w2p + CK, 2 * CK, w_lo.mutable_data_ptr<float>(), CK});
+  const at::Tensor prod = matmul_tf32(w2, columns);
+  const at::Tensor prod_lo = matmul_tf32(w_lo, columns.narrow(0, 0, CK));
+  at::Tensor dst = out3.narrow(0, n0, images);
+  at::add_out(dst, prod.view({O, images, P}).permute({1, 0, 2}), bias.view({1, O, 1}));
+  dst.add_(prod_lo.view({O, images, P}).permute({1, 0, 2}));
+}
+
+// deform_backward_gemm with split columns: grad_columns = W^T @ grad as one
+// GEMM over [hi_wt | hi_wt | lo_wt] @ [hi_g; lo_g; hi_g] (grad is small
+// beside the columns, so it is the operand stored three times), and
+// grad_weight += hi_g @ hi_cols^T + lo_g @ hi_cols^T + hi_g @ lo_cols^T as
+// [hi_g; lo_g] @ hi_cols^T and hi_g @ lo_cols^T, summed (weight-sized).
+void split_backward_gemm(const DeformGemm& d, const at::Tensor& grad3, int64_t n0,
+                         int64_t images, const at::Tensor& weight,
+                         const at::Tensor& columns, at::Tensor& grad_columns,
+                         at::Tensor& grad_weight) {
+  const int64_t O = d.out_channels, CK = d.column_rows, BP = images * d.pixels;
+  const auto opts = columns.options();
+  const at::Tensor grad_t =
+      grad3.narrow(0, n0, images).permute({1, 0, 2}).contiguous().view({O, BP});
+  at::Tensor g3 = at::empty({3 * O, BP}, opts);
+  float* g3p = g3.mutable_data_ptr<float>();
+  split_tf32_rows(grad_t, {g3p, g3p + 2 * O * BP, BP, g3p + O * BP, BP});
+  at::Tensor wt3 = at::empty({CK, 3 * O}, opts);
+  float* wt3p = wt3.mutable_data_ptr<float>();
+  split_tf32_rows(weight.view({O, CK}).t().contiguous(),
+                  {wt3p, wt3p + O, 3 * O, wt3p + 2 * O, 3 * O});
+  matmul_tf32_out(grad_columns, wt3, g3);
+  const at::Tensor hi_cols_t = columns.narrow(0, 0, CK).t();
+  const at::Tensor lo_cols_t = columns.narrow(0, CK, CK).t();
+  const at::Tensor two = matmul_tf32(g3.narrow(0, 0, 2 * O), hi_cols_t);
+  const at::Tensor one = matmul_tf32(g3.narrow(0, 0, O), lo_cols_t);
+  at::Tensor gw = grad_weight.view({O, CK});
+  gw.add_(two.narrow(0, 0, O)).add_(two.narrow(0, O, O)).add_(one);
+}
+
 // The steps of common/deform_conv2d_steps.h, on the GPU.
 struct CudaKernels {
   static constexpr c10::DeviceType device = c10::DeviceType::CUDA;
@@ -543,8 +650,37 @@ struct CudaKernels {
   static void im2col(const DeformChunkTensors& c, const at::Tensor& cols) {
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, cols.scalar_type(), Name::value, [&] {
-          cuda::im2col(chunk_of<scalar_t>(c), cols.mutable_data_ptr<scalar_t>());
+          cuda::im2col(chunk_of<scalar_t>(c), cols.mutable_data_ptr<scalar_t>(),
+                       cols.size(0) == 2 * c.g.channels * c.g.taps());
         });
+  }
+
+  static int64_t column_copies(at::ScalarType ct, const DeformGemm& d, int64_t batch) {
+    return split_gemms(ct, d, batch) ? 2 : 1;
+  }
+
+  static void forward_gemm(const DeformGemm& d, at::Tensor& out3, int64_t n0,
+                           int64_t images, const at::Tensor& weight,
+                           const at::Tensor& columns, const at::Tensor& bias,
+                           at::Tensor& scratch) {
+    if (columns.size(0) == 2 * d.column_rows) {
+      split_forward_gemm(d, out3, n0, images, weight, columns, bias);
+    } else {
+      deform_forward_gemm(d, out3, n0, images, weight, columns, bias, scratch);
+    }
+  }
+
+  static void backward_gemm(const DeformGemm& d, const at::Tensor& grad3,
+                            int64_t n0, int64_t images, const at::Tensor& weight,
+                            const at::Tensor& columns, at::Tensor& grad_columns,
+                            at::Tensor& grad_weight) {
+    if (columns.size(0) == 2 * d.column_rows) {
+      split_backward_gemm(d, grad3, n0, images, weight, columns, grad_columns,
+                          grad_weight);
+    } else {
+      deform_backward_gemm(d, grad3, n0, images, weight, columns, grad_columns,
+                           grad_weight);
+    }
   }
 
   static at::Tensor grad_bias(const at::Tensor& grad, const at::Tensor& /*go*/,

@@ -30,6 +30,7 @@
 #include "common/matmul.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/matmul/paths.cuh"
+#include "cuda/matmul_tf32.h"
 
 namespace torchops::cuda {
 namespace {
@@ -80,7 +81,8 @@ gemm::Operand operand_of(const at::Tensor& t, bool batched) {
   return {t.const_data_ptr(), batched ? t.stride(0) : 0, t.stride(-2), t.stride(-1)};
 }
 
-GemmArgs args_of(const at::Tensor& a, const at::Tensor& b, at::Tensor& c, const MatmulShape& s) {
+GemmArgs args_of(const at::Tensor& a, const at::Tensor& b, at::Tensor& c, const MatmulShape& s,
+                 bool tf32) {
   GemmArgs g{};
   g.a = operand_of(a, s.batched);
   g.b = operand_of(b, s.batched);
@@ -90,7 +92,7 @@ GemmArgs args_of(const at::Tensor& a, const at::Tensor& b, at::Tensor& c, const 
   g.n = s.n;
   g.k = s.k;
   g.dtype = dtype_of(a.scalar_type());
-  g.allow_tf32 = g.dtype == DType::f32 && at::globalContext().allowTF32CuBLAS();
+  g.allow_tf32 = g.dtype == DType::f32 && tf32;
   return g;
 }
 
@@ -148,10 +150,21 @@ void run_path(const PathEntry& p, const GemmArgs& g, const at::Tensor& like) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
+// out: a contiguous tensor of the result's shape and dtype to write, or
+// null for a new one.
+at::Tensor matmul_as(const at::Tensor& a_in, const at::Tensor& b_in, bool tf32,
+                     const at::Tensor* out = nullptr) {
   const MatmulShape s = check_matmul(a_in, b_in, c10::DeviceType::CUDA);
   const c10::cuda::CUDAGuard guard(a_in.device());
-  at::Tensor c = new_output("matmul", s.out_sizes(), a_in.options());
+  at::Tensor c;
+  if (out != nullptr) {
+    TORCH_CHECK(out->sizes() == at::IntArrayRef(s.out_sizes()) && out->is_contiguous() &&
+                    out->scalar_type() == a_in.scalar_type() && out->device() == a_in.device(),
+                "torchops.matmul: out must be contiguous, of the result's shape, dtype and device");
+    c = *out;
+  } else {
+    c = new_output("matmul", s.out_sizes(), a_in.options());
+  }
   if (c.numel() == 0) {
     return c;
   }
@@ -159,7 +172,7 @@ at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
     return c.zero_();
   }
   at::Tensor a = a_in, b = b_in;
-  GemmArgs g = args_of(a, b, c, s);
+  GemmArgs g = args_of(a, b, c, s, tf32);
 
   if (const PathEntry* f = forced_path(); f != nullptr && f->supports(g)) {
     run_path(*f, g, c);
@@ -176,10 +189,10 @@ at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
       // cannot read: A always here (cheap beside the GEMM), B only if the
       // paths still cannot take it.
       a = padded_row_major(a);
-      if (!(kSm80.supports(args_of(a, b, c, s)))) {
+      if (!(kSm80.supports(args_of(a, b, c, s, tf32)))) {
         b = padded_row_major(b);
       }
-      g = args_of(a, b, c, s);
+      g = args_of(a, b, c, s, tf32);
     }
     // Batched small matrices: wgmma's 128-row tiles would be half empty.
     const bool small_batched = s.batch > 1 && s.m <= 64;
@@ -198,11 +211,11 @@ at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
       // K-major A (as C^T = B^T A^T): what neither fits is copied, A first.
       if (!k_contiguous(a, /*k_dim=*/-1)) {
         a = padded_row_major(a);
-        g = args_of(a, b, c, s);
+        g = args_of(a, b, c, s, tf32);
       }
       if (!kSm90.supports(g) && !k_contiguous(b, /*k_dim=*/-2)) {
         b = padded_row_major(b.transpose(-2, -1)).transpose(-2, -1);
-        g = args_of(a, b, c, s);
+        g = args_of(a, b, c, s, tf32);
       }
     }
     if (kSm90.supports(g)) {
@@ -218,7 +231,23 @@ at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
   return c;
 }
 
+at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
+  return matmul_as(a, b, at::globalContext().allowTF32CuBLAS());
+}
+
 }  // namespace
+
+at::Tensor matmul_tf32(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.scalar_type() == at::kFloat, "torchops.matmul_tf32: float32 only, got ",
+              a.scalar_type());
+  return matmul_as(a, b, /*tf32=*/true);
+}
+
+void matmul_tf32_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.scalar_type() == at::kFloat, "torchops.matmul_tf32: float32 only, got ",
+              a.scalar_type());
+  matmul_as(a, b, /*tf32=*/true, &out);
+}
 
 TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
   m.impl("matmul", &matmul);

@@ -1,0 +1,18 @@
+// torchops.matmul's CUDA kernels on TF32 tensor cores whatever the user's
+// float32 precision, for ops in this library that build float32 accuracy
+// out of several TF32 products (cuda/common/split_tf32.cuh).  Never a
+// substitute for an exact float32 GEMM on its own.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace torchops::cuda {
+
+// a @ b (float32, 2-D or batched 3-D, checked as torchops.matmul checks
+// them) with TF32 products and float32 accumulation.
+at::Tensor matmul_tf32(const at::Tensor& a, const at::Tensor& b);
+
+// The same into `out`: contiguous, of the result's shape, float32.
+void matmul_tf32_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
+
+}  // namespace torchops::cuda
