@@ -359,7 +359,9 @@ DEFORM = dict(op="deform_conv2d", inputs=inputs.deform_conv2d_args,
               peer=_torchvision("deform_conv2d", adapt=_tv_deform_conv2d),
               note="3x3, stride 1, padding 1, one offset group; offsets ~N(0, 2) pixels. "
                    "torchvision has no bfloat16 kernel: its bfloat16 rows run in float32. "
-                   "TFLOP/s count the GEMMs only.")
+                   "TFLOP/s count the GEMMs only. float32 at PyTorch's default convolution "
+                   "precision: the 256-channel layers' GEMMs run as 3xTF32 (float32-sized "
+                   "error), the 64-channel ones exactly (docs/design.md).")
 DEFORM_BOUND = dict(op="deform_conv2d", inputs=inputs.deform_conv2d_args, compile=False,
                     peer=_conv2d_peer(),
                     note="Offsets 0 and mask 1, where the op equals a convolution: cuDNN's "
