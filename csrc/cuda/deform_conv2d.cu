@@ -3,7 +3,10 @@
 // Forward, per chunk of images (at most ~256 MB of columns, see
 // deform_chunk): a deformable im2col kernel fills the (C * kh * kw,
 // images * P) column matrix, then one cuBLAS GEMM per weight group, over the
-// whole chunk, multiplies it by the weight (csrc/common/deform_gemm.h).  An
+// whole chunk, multiplies it by the weight (csrc/common/deform_gemm.h); for
+// large float32 layers while convolutions may use TF32, the im2col writes
+// the columns split into TF32 high and low parts and the GEMMs run as
+// 3xTF32 on torchops.matmul's kernels (split_forward_gemm below).  An
 // im2col thread owns one sample position (offset group, tap, image, output
 // pixel): it computes the bilinear geometry once and walks a slice of the
 // offset group's channels, so adjacent threads (adjacent pixels) write
@@ -15,18 +18,20 @@
 // grad_mask by one thread per sample position that reduces over the
 // channels of its offset group (no atomics, deterministic); grad_bias by a
 // sum.  grad_input, a scatter of grad_columns into the input planes:
-//  * default: threads laid out like the im2col's add their four bilinear
-//    corners with atomicAdd (into a float32 buffer for half types);
-//  * under torch.use_deterministic_algorithms(True): the scatter pattern
+//  * atomic (the default below 128 channels per offset group,
+//    input_grad_path): threads laid out like the im2col's add their four
+//    bilinear corners with atomicAdd (into a float32 buffer for half types);
+//  * gather (the default from 128 channels per offset group, and always
+//    under torch.use_deterministic_algorithms(True)): the scatter pattern
 //    depends on the sample position, not on the channel, so it is listed
 //    once per chunk as (destination pixel of its offset group, column
 //    position, weight) contributions, sorted by destination, and every
-//    grad_input element gathers its own in a fixed order
-//    (csrc/cuda/common/sorted_gather.cuh).  Scratch: about 60 bytes per
-//    contribution, 4 per sample position (OG * kh * kw * images * P of
-//    them), independent of the channel count.  The GEMMs are then
-//    torchops.matmul's (deterministic; cuBLAS would demand
-//    CUBLAS_WORKSPACE_CONFIG in this mode).
+//    grad_input element gathers its own in a fixed order, 8 channels of a
+//    pixel per thread (csrc/cuda/common/sorted_gather.cuh).  Scratch: about
+//    60 bytes per contribution, 4 per sample position (OG * kh * kw *
+//    images * P of them), independent of the channel count.  Under
+//    determinism the GEMMs are torchops.matmul's (deterministic; cuBLAS
+//    would demand CUBLAS_WORKSPACE_CONFIG in this mode).
 //
 // Half types: columns and the GEMMs in the input's dtype (cuBLAS accumulates
 // in float32), every bilinear sum and reduction in float32.
