@@ -497,7 +497,7 @@ void col2im_deterministic_as(const Chunk<scalar_t>& ch,
       sort_contributions(keys, src, weight, B * OG * plane);
   const int64_t cpg = ch.g.group_channels();
   const int64_t per_og = ceil_div(cpg, int64_t(kGatherChannels));
-  sorted_gather_groups<kGatherChannels, scalar_t, T, key_t>(
+  sorted_gather<kGatherChannels, scalar_t, T, key_t>(
       grad_columns, sorted, PlaneGroups{C, cpg, OG, plane, K * B * P, per_og},
       B * OG * per_og * plane, grad_input);
 }

@@ -214,11 +214,11 @@ at::Tensor roi_bins_backward_deterministic(const char* op, const at::Tensor& gra
   const at::Tensor grad_t = grad.permute({0, 2, 3, 1}).contiguous();
   const ChannelsInnerSites sites{g.channels};
   if (narrow) {
-    sorted_gather<scalar_t, T, int32_t>(grad_t.const_data_ptr<scalar_t>(), sorted, sites,
+    sorted_gather<1, scalar_t, T, int32_t>(grad_t.const_data_ptr<scalar_t>(), sorted, sites,
                                         grad_input.numel(),
                                         grad_input.mutable_data_ptr<scalar_t>());
   } else {
-    sorted_gather<scalar_t, T, int64_t>(grad_t.const_data_ptr<scalar_t>(), sorted, sites,
+    sorted_gather<1, scalar_t, T, int64_t>(grad_t.const_data_ptr<scalar_t>(), sorted, sites,
                                         grad_input.numel(),
                                         grad_input.mutable_data_ptr<scalar_t>());
   }

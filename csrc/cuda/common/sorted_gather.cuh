@@ -6,8 +6,9 @@
 // source index, weight) -- in a fixed generation order.  sort_contributions
 // sorts them by key with a stable sort, so contributions to one destination
 // keep their generation order, and finds each key's range.  Then
-// sorted_gather_kernel gives every output element one thread that sums its
-// destination's contributions in that order: no atomics, bitwise
+// sorted_gather_kernel gives every output element, or group of elements
+// sharing a destination, one thread that sums the destination's
+// contributions in that order: no atomics, bitwise
 // reproducible.  Memory is proportional to the number of contributions
 // (about 60 bytes each with int64 keys, sort included), not to the output.
 #pragma once
@@ -47,13 +48,17 @@ inline SortedContributions sort_contributions(const at::Tensor& keys,
           src.index_select(0, order), weight.index_select(0, order)};
 }
 
-// Where output element i gathers from: its destination key, and the value
-// of contribution j is values[base + src[j] * scale].
-struct GatherSite {
-  int64_t key, base, scale;
+// What one thread gathers: the contributions of destination `key`, for
+// `count` <= kGroup output elements that share it (say, kGroup channels of
+// one pixel).  Element e reads values[base + src[j] * scale + e * vstride]
+// and writes out[out + e * ostride].  A group reads its contribution list
+// once for all its elements (kGroup independent loads per entry).
+struct GatherGroup {
+  int64_t key, base, scale, vstride, out, ostride;
+  int count;
 };
 
-// The gather sites of an output stored as (destinations, C) memory (say,
+// Single elements of an output stored as (destinations, C) memory (say,
 // grad_input channels-last: destination = pixel) from values stored as
 // (sources, C): element i is channel i % C of destination i / C and reads
 // values[src * C + c].  Adjacent threads take adjacent channels, so a warp
@@ -62,49 +67,19 @@ struct GatherSite {
 struct ChannelsInnerSites {
   int64_t channels;
   template <typename index_t>
-  __device__ __forceinline__ GatherSite operator()(index_t i) const {
+  __device__ __forceinline__ GatherGroup operator()(index_t i) const {
     const index_t c = i % static_cast<index_t>(channels);
     return {static_cast<int64_t>(i / static_cast<index_t>(channels)),
-            static_cast<int64_t>(c), channels};
+            static_cast<int64_t>(c), channels, 0, static_cast<int64_t>(i), 0, 1};
   }
 };
 
-// out[i] = sum of weight[j] * values[base + src[j] * scale] over the
-// contributions j of key map(i), in order.  map: a device functor
-// index_t -> GatherSite.
-template <typename scalar_t, typename T, typename src_t, typename index_t,
-          typename Map>
-__global__ void __launch_bounds__(256) sorted_gather_kernel(
-    const scalar_t* __restrict__ values, const int64_t* __restrict__ bounds,
-    const src_t* __restrict__ src, const T* __restrict__ weight, Map map,
-    index_t total, scalar_t* __restrict__ out) {
-  for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
-    const GatherSite s = map(i);
-    const int64_t j1 = bounds[s.key + 1];
-    T acc = T(0);
-    for (int64_t j = bounds[s.key]; j < j1; ++j) {
-      acc += weight[j] *
-             static_cast<T>(values[s.base + static_cast<int64_t>(src[j]) * s.scale]);
-    }
-    out[i] = static_cast<scalar_t>(acc);
-  }
-}
-
-// Output elements in groups that share a destination key, say up to kGroup
-// channels of one pixel: the group reads its contribution list once and
-// applies each entry to all of its elements (kGroup independent loads per
-// entry), where one thread per element would read the list kGroup times.
-// Element e < count of the group reads values[base + src[j] * scale + e *
-// vstride] and writes out[out + e * ostride]; each still sums its
-// contributions in list order, so the bits equal sorted_gather_kernel's.
-struct GatherGroup {
-  int64_t key, base, scale, vstride, out, ostride;
-  int count;
-};
-
+// Each element of group map(i) = the sum of weight[j] * its value of
+// contribution j over the contributions of the group's key, in order.
+// map: a device functor index_t -> GatherGroup.
 template <int kGroup, typename scalar_t, typename T, typename src_t,
           typename index_t, typename Map>
-__global__ void __launch_bounds__(256) sorted_gather_groups_kernel(
+__global__ void __launch_bounds__(256) sorted_gather_kernel(
     const scalar_t* __restrict__ values, const int64_t* __restrict__ bounds,
     const src_t* __restrict__ src, const T* __restrict__ weight, Map map,
     index_t groups, scalar_t* __restrict__ out) {
@@ -135,11 +110,11 @@ __global__ void __launch_bounds__(256) sorted_gather_groups_kernel(
   }
 }
 
-// Launches sorted_gather_groups_kernel over `groups` groups of at most
-// kGroup elements.
+// Launches sorted_gather_kernel over `groups` groups of at most kGroup
+// elements.
 template <int kGroup, typename scalar_t, typename T, typename src_t, typename Map>
-void sorted_gather_groups(const scalar_t* values, const SortedContributions& sorted,
-                          Map map, int64_t groups, scalar_t* out) {
+void sorted_gather(const scalar_t* values, const SortedContributions& sorted, Map map,
+                   int64_t groups, scalar_t* out) {
   if (groups == 0) {
     return;
   }
@@ -147,33 +122,12 @@ void sorted_gather_groups(const scalar_t* values, const SortedContributions& sor
   const unsigned int blocks = grid_for(groups, kThreads);
   with_index_type(groups, blocks, kThreads, [&](auto index) {
     using index_t = decltype(index);
-    sorted_gather_groups_kernel<kGroup, scalar_t, T, src_t, index_t, Map>
+    sorted_gather_kernel<kGroup, scalar_t, T, src_t, index_t, Map>
         <<<blocks, kThreads, 0, current_stream()>>>(
             values, sorted.bounds.const_data_ptr<int64_t>(),
             sorted.src.const_data_ptr<src_t>(),
             sorted.weight.const_data_ptr<T>(), map,
             static_cast<index_t>(groups), out);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
-}
-
-// Launches sorted_gather_kernel over `total` output elements.
-template <typename scalar_t, typename T, typename src_t, typename Map>
-void sorted_gather(const scalar_t* values, const SortedContributions& sorted,
-                   Map map, int64_t total, scalar_t* out) {
-  if (total == 0) {
-    return;
-  }
-  constexpr int kThreads = 256;
-  const unsigned int blocks = grid_for(total, kThreads);
-  with_index_type(total, blocks, kThreads, [&](auto index) {
-    using index_t = decltype(index);
-    sorted_gather_kernel<scalar_t, T, src_t, index_t, Map>
-        <<<blocks, kThreads, 0, current_stream()>>>(
-            values, sorted.bounds.const_data_ptr<int64_t>(),
-            sorted.src.const_data_ptr<src_t>(),
-            sorted.weight.const_data_ptr<T>(), map,
-            static_cast<index_t>(total), out);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
