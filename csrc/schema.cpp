@@ -61,12 +61,19 @@ TORCH_LIBRARY(torchops, m) {
   m.def("deform_roi_pool(Tensor input, Tensor rois, Tensor? offset, "
         "float spatial_scale, SymInt pooled_height, SymInt pooled_width, "
         "int sampling_ratio, float gamma) -> Tensor", pt2);
-  // Returns (grad_input, grad_offset); grad_offset is (K, 2, PH, PW), zeros
-  // when offset is None.
+  // The forward when the offset needs a gradient: (output, slopes), slopes
+  // (2, K, C, PH, PW) in the compute type (float32 for the half types):
+  // d output / d (offset[:, 0] and offset[:, 1]) per output element, divided
+  // by the offset's gain (gamma * roi width, height).
+  m.def("_deform_roi_pool_forward(Tensor input, Tensor rois, Tensor offset, "
+        "float spatial_scale, SymInt pooled_height, SymInt pooled_width, "
+        "int sampling_ratio, float gamma) -> (Tensor, Tensor)", pt2);
+  // Returns (grad_input, grad_offset); grad_offset is (K, 2, PH, PW), summed
+  // from `slopes`, zeros without them.
   m.def("_deform_roi_pool_backward(Tensor grad, Tensor input, Tensor rois, "
-        "Tensor? offset, float spatial_scale, SymInt pooled_height, "
-        "SymInt pooled_width, int sampling_ratio, float gamma) "
-        "-> (Tensor, Tensor)", pt2);
+        "Tensor? offset, Tensor? slopes, float spatial_scale, "
+        "SymInt pooled_height, SymInt pooled_width, int sampling_ratio, "
+        "float gamma) -> (Tensor, Tensor)", pt2);
 
   // --- detection: deformable convolution ------------------------------------------------
   // Argument for argument torch.ops.torchvision.deform_conv2d.  With use_mask

@@ -604,10 +604,46 @@ def test_deform_roi_pool_offset_gradient_at_the_edges():
     torch.testing.assert_close(goff, want)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_deform_roi_pool_forward_slopes_are_the_offset_jacobian(device, dtype):
+    """_deform_roi_pool_forward (the forward when the offset needs a
+    gradient) returns the op's output and, per output element, its
+    derivative with respect to its bin's offset divided by the gain
+    gamma * roi size: checked channel by channel against autograd through
+    the float64 reference.  The backward sums grad * slopes; without slopes
+    grad_offset is zeros."""
+    x, rois, scale = _problem(c=3, k=12, device=device, dtype=dtype)
+    off = _features((12, 2, 3, 4), device, dtype, seed=5) * 0.5
+    gamma, sr = 0.2, 2
+    out, slopes = torch.ops.torchops._deform_roi_pool_forward(x, rois, off, scale, 3, 4, sr, gamma)
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    assert slopes.shape == (2, 12, 3, 3, 4) and slopes.dtype == compute
+    tol = {torch.float64: 1e-10, torch.float32: 1e-4}.get(dtype, 2e-2)
+    torch.testing.assert_close(out, DEFORM(x, rois, off, scale, 3, 4, sr, gamma),
+                               atol=tol, rtol=tol)
+    x64, r64 = x.double().cpu(), rois.double().cpu()
+    off64 = off.double().cpu().requires_grad_()
+    ref = torchops.references.deform_roi_pool(x64, r64, off64, scale, 3, 4, sr, gamma)
+    gain = gamma * scale * (r64[:, 3:5] - r64[:, 1:3])  # (K, 2): gamma * (roi w, roi h)
+    for c in range(3):
+        (d,) = torch.autograd.grad(ref[:, c].sum(), off64, retain_graph=True)
+        got = slopes[:, :, c].double().cpu() * gain.T[:, :, None, None]  # (2, K, PH, PW)
+        torch.testing.assert_close(got, d.transpose(0, 1), atol=tol * 10, rtol=tol * 10)
+    g = _features(out.shape, device, dtype, seed=7)
+    backward = torch.ops.torchops._deform_roi_pool_backward
+    gx, goff = backward(g, x, rois, off, slopes, scale, 3, 4, sr, gamma)
+    gx_none, goff_none = backward(g, x, rois, off, None, scale, 3, 4, sr, gamma)
+    assert torch.equal(goff_none, torch.zeros_like(goff_none))
+    torch.testing.assert_close(gx_none, gx, atol=0, rtol=0)
+    (want,) = torch.autograd.grad(ref, off64, g.double().cpu())
+    torch.testing.assert_close(goff.double().cpu(), want, atol=tol * 10, rtol=tol * 10)
+
+
 @pytest.mark.parametrize("sampling_ratio", [0, 2])
 def test_deform_roi_pool_cpu_backward_is_thread_count_independent(sampling_ratio):
-    """sampling_ratio 2 takes the padded 4x4 walk, 0 mostly the sparse one;
-    300 RoIs span two of the offset gradient's 256-RoI chunks on one thread."""
+    """sampling_ratio 2 takes the padded 4x4 walk, 0 mostly the sparse one,
+    in the forward's slopes and the backward's scatter alike."""
     x, rois, scale = _problem(c=16, k=300, device="cpu")
     off = _features((300, 2, 4, 3), "cpu", seed=3) * 0.5
     g = _features((300, 16, 4, 3), "cpu", seed=1)

@@ -552,11 +552,38 @@ def _deform_roi_pool_fake(input: Tensor, rois: Tensor, offset: Tensor | None,
     return input.new_empty(shape)
 
 
+def _deform_roi_pool_slopes_shape(rois: Tensor, input: Tensor, pooled_height, pooled_width):
+    return (2, rois.shape[0], input.shape[1], pooled_height, pooled_width)
+
+
+def _slopes_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The compute type of the RoI kernels (csrc/common/accumulate.h)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@torch.library.register_fake("torchops::_deform_roi_pool_forward")
+def _deform_roi_pool_forward_fake(input: Tensor, rois: Tensor, offset: Tensor,
+                                  spatial_scale: float, pooled_height, pooled_width,
+                                  sampling_ratio: int, gamma: float) -> tuple[Tensor, Tensor]:
+    """The forward when the offset needs a gradient: (output, slopes), the
+    slopes (2, K, C, PH, PW) in the compute type, d output / d shift of its
+    bin along x and y in input pixels, which the backward sums over
+    channels into the offset's gradient."""
+    op = "_deform_roi_pool_forward"
+    _check_deform_roi_pool_args(op, input, rois, offset, pooled_height, pooled_width,
+                                sampling_ratio)
+    shape = (rois.shape[0], input.shape[1], pooled_height, pooled_width)
+    _check_output_size(op, shape, input.dtype)
+    slopes = _deform_roi_pool_slopes_shape(rois, input, pooled_height, pooled_width)
+    _check_output_size(op, slopes, _slopes_dtype(input.dtype))
+    return input.new_empty(shape), input.new_empty(slopes, dtype=_slopes_dtype(input.dtype))
+
+
 @torch.library.register_fake("torchops::_deform_roi_pool_backward")
 def _deform_roi_pool_backward_fake(grad: Tensor, input: Tensor, rois: Tensor,
-                                   offset: Tensor | None, spatial_scale: float, pooled_height,
-                                   pooled_width, sampling_ratio: int,
-                                   gamma: float) -> tuple[Tensor, Tensor]:
+                                   offset: Tensor | None, slopes: Tensor | None,
+                                   spatial_scale: float, pooled_height, pooled_width,
+                                   sampling_ratio: int, gamma: float) -> tuple[Tensor, Tensor]:
     op = "_deform_roi_pool_backward"
     _check_deform_roi_pool_args(op, input, rois, offset, pooled_height, pooled_width,
                                 sampling_ratio)
@@ -568,6 +595,17 @@ def _deform_roi_pool_backward_fake(grad: Tensor, input: Tensor, rois: Tensor,
                  and grad.shape[3] == pooled_width,
                  lambda: f"torchops.{op}: expected 'grad' to have shape (K, C, pooled_height, "
                  f"pooled_width), but got {grad_shape}")
+    if slopes is not None:
+        _check_same_device(op, input=input, slopes=slopes)
+        want = _slopes_dtype(input.dtype)
+        torch._check(slopes.dtype == want,
+                     lambda: f"torchops.{op}: expected 'slopes' to have dtype {want}, but got "
+                     f"{slopes.dtype}")
+        expect = _deform_roi_pool_slopes_shape(rois, input, pooled_height, pooled_width)
+        got = tuple(slopes.shape)
+        torch._check(slopes.dim() == 5 and all(a == b for a, b in zip(got, expect)),
+                     lambda: f"torchops.{op}: expected 'slopes' to have shape (2, K, C, "
+                     f"pooled_height, pooled_width), but got {got}")
     return (input.new_empty(input.shape),
             grad.new_empty((rois.shape[0], 2, pooled_height, pooled_width)))
 

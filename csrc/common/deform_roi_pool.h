@@ -23,6 +23,7 @@
 
 #include <optional>
 
+#include "common/accumulate.h"
 #include "common/roi.h"
 #include "common/roi_align.h"
 
@@ -85,13 +86,36 @@ inline void check_deform_roi_pool(const char* op, const at::Tensor& input,
   }
 }
 
-// Backward: the forward's arguments and grad (K, C, PH, PW) of their dtype
-// and device.
+// The forward's derivatives along x and y (_deform_roi_pool_forward):
+// (2, K, C, PH, PW) of the compute type (float32 for the half types), on
+// the input's device.
+inline void check_deform_roi_pool_slopes(const char* op, const at::Tensor& input,
+                                         const at::Tensor& rois,
+                                         const at::Tensor& slopes,
+                                         int64_t pooled_height,
+                                         int64_t pooled_width) {
+  check_devices(op, input.device().type(), {{input, "input"}, {slopes, "slopes"}});
+  const at::ScalarType want = accumulate_type(input.scalar_type());
+  TORCH_CHECK(slopes.scalar_type() == want, "torchops.", op,
+              ": expected 'slopes' to have dtype ", want, ", but got ",
+              slopes.scalar_type());
+  TORCH_CHECK(slopes.dim() == 5 && slopes.size(0) == 2 &&
+                  slopes.size(1) == rois.size(0) &&
+                  slopes.size(2) == input.size(1) &&
+                  slopes.size(3) == pooled_height && slopes.size(4) == pooled_width,
+              "torchops.", op, ": expected 'slopes' to have shape (2, K, C, "
+              "pooled_height, pooled_width) = (2, ", rois.size(0), ", ",
+              input.size(1), ", ", pooled_height, ", ", pooled_width,
+              "), but got ", slopes.sizes());
+}
+
+// Backward: the forward's arguments, grad (K, C, PH, PW) of their dtype and
+// device, and the forward's slopes or none (then grad_offset is zeros).
 inline void check_deform_roi_pool_backward(
     const char* op, const at::Tensor& grad, const at::Tensor& input,
     const at::Tensor& rois, const std::optional<at::Tensor>& offset,
-    int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio,
-    c10::DeviceType device) {
+    const std::optional<at::Tensor>& slopes, int64_t pooled_height,
+    int64_t pooled_width, int64_t sampling_ratio, c10::DeviceType device) {
   check_deform_roi_pool(op, input, rois, offset, pooled_height, pooled_width,
                         sampling_ratio, device);
   check_devices(op, device, {{input, "input"}, {grad, "grad"}});
@@ -103,6 +127,10 @@ inline void check_deform_roi_pool_backward(
               "pooled_height, pooled_width) = (", rois.size(0), ", ",
               input.size(1), ", ", pooled_height, ", ", pooled_width,
               "), but got ", grad.sizes());
+  if (slopes.has_value()) {
+    check_deform_roi_pool_slopes(op, input, rois, *slopes, pooled_height,
+                                 pooled_width);
+  }
 }
 
 }  // namespace torchops

@@ -7,9 +7,11 @@
 // also carry their slopes (d weight / d shift) for the offset's gradient.
 //
 // The forward and grad_input run plane-major (cpu/common/roi_loops.h), so
-// grad_input is deterministic and independent of the number of threads;
-// grad_offset is summed by one thread per RoI, channel after channel, so it
-// is too.
+// grad_input is deterministic and independent of the number of threads.
+// When the offset needs a gradient, the forward also writes each output's
+// slopes (d out / d shift of its bin, from the taps it reads anyway), and
+// the backward sums grad * slope over channels, one thread per RoI, channel
+// after channel, so grad_offset is deterministic too.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
@@ -93,20 +95,73 @@ std::vector<BinTaps<T>> build_bin_taps(const scalar_t* rois,
   return taps;
 }
 
-// One (RoI, channel): out[b] = sum_r wy * sum_q wx * plane[r, q].
-template <typename scalar_t, typename T>
+// One (RoI, channel): out[b] = sum_r wy * sum_q wx * plane[r, q]; with
+// kSlopes also sx[b] = sum_r wy * sum_q sx * plane[r, q] (the derivative
+// along x, in pixels) and sy[b] likewise along y.
+template <bool kSlopes, typename scalar_t, typename T>
 void pool_bins(const scalar_t* __restrict__ plane, int64_t width,
-               const BinTaps<T>& t, int64_t bins, scalar_t* __restrict__ out) {
-  if (t.four) {
+               const BinTaps<T>& t, int64_t bins, scalar_t* __restrict__ out,
+               T* __restrict__ sx, T* __restrict__ sy) {
+  if (t.four && (!kSlopes || !t.row4.s.empty())) {
     for (int64_t b = 0; b < bins; ++b) {
-      out[b] = static_cast<scalar_t>(
-          sum4x4(plane, t.row4.at_of(b), t.row4.w_of(b), t.col4.at_of(b), t.col4.w_of(b)));
+      if constexpr (!kSlopes) {
+        out[b] = static_cast<scalar_t>(sum4x4(plane, t.row4.at_of(b), t.row4.w_of(b),
+                                              t.col4.at_of(b), t.col4.w_of(b)));
+      } else {
+        const int64_t* ro = t.row4.at_of(b);
+        const T* rw = t.row4.w_of(b);
+        const T* rs = t.row4.s_of(b);
+        const int64_t* co = t.col4.at_of(b);
+        const T* cw = t.col4.w_of(b);
+        const T* cs = t.col4.s_of(b);
+        T acc = T(0), dx = T(0), dy = T(0);
+        for (int k = 0; k < 4; ++k) {
+          const scalar_t* row = plane + ro[k];
+          const T v0 = static_cast<T>(row[co[0]]), v1 = static_cast<T>(row[co[1]]);
+          const T v2 = static_cast<T>(row[co[2]]), v3 = static_cast<T>(row[co[3]]);
+          const T vw = cw[0] * v0 + cw[1] * v1 + cw[2] * v2 + cw[3] * v3;
+          acc += rw[k] * vw;
+          dx += rw[k] * (cs[0] * v0 + cs[1] * v1 + cs[2] * v2 + cs[3] * v3);
+          dy += rs[k] * vw;
+        }
+        out[b] = static_cast<scalar_t>(acc);
+        sx[b] = dx;
+        sy[b] = dy;
+      }
     }
     return;
   }
-  for (int64_t b = 0; b < bins; ++b) {
-    out[b] = static_cast<scalar_t>(
-        separable_sum(plane, width, t.rows, b, t.cols, b));
+  if constexpr (!kSlopes) {
+    for (int64_t b = 0; b < bins; ++b) {
+      out[b] = static_cast<scalar_t>(
+          separable_sum(plane, width, t.rows, b, t.cols, b));
+    }
+  } else {
+    const int64_t* ri = t.rows.index.data();
+    const T* rw = t.rows.weight.data();
+    const T* rs = t.rows.slope.data();
+    const int64_t* ci = t.cols.index.data();
+    const T* cw = t.cols.weight.data();
+    const T* cs = t.cols.slope.data();
+    for (int64_t b = 0; b < bins; ++b) {
+      const int64_t q0 = t.cols.begin(b), q1 = t.cols.end(b);
+      T acc = T(0), dx = T(0), dy = T(0);
+      for (int64_t r = t.rows.begin(b); r < t.rows.end(b); ++r) {
+        const scalar_t* row = plane + ri[r] * width;
+        T vw = T(0), vs = T(0);
+        for (int64_t q = q0; q < q1; ++q) {
+          const T v = static_cast<T>(row[ci[q]]);
+          vw += cw[q] * v;
+          vs += cs[q] * v;
+        }
+        acc += rw[r] * vw;
+        dx += rw[r] * vs;
+        dy += rs[r] * vw;
+      }
+      out[b] = static_cast<scalar_t>(acc);
+      sx[b] = dx;
+      sy[b] = dy;
+    }
   }
 }
 
@@ -126,67 +181,14 @@ void scatter_bins(const scalar_t* __restrict__ grad, const BinTaps<T>& t,
   }
 }
 
-// acc[b] += grad[b] * d out[b] / d shift_x and acc[bins + b] likewise for
-// shift_y, for one (RoI, channel).
-template <typename scalar_t, typename T>
-void shift_grad_bins(const scalar_t* __restrict__ plane,
-                     const scalar_t* __restrict__ grad, const BinTaps<T>& t,
-                     int64_t bins, int64_t width, T* __restrict__ acc) {
-  if (t.four && !t.row4.s.empty()) {
-    // The same sums over the padded taps (zero weights and slopes).
-    for (int64_t b = 0; b < bins; ++b) {
-      const int64_t* ro = t.row4.at_of(b);
-      const T* rw = t.row4.w_of(b);
-      const T* rs = t.row4.s_of(b);
-      const int64_t* co = t.col4.at_of(b);
-      const T* cw = t.col4.w_of(b);
-      const T* cs = t.col4.s_of(b);
-      T dx = T(0), dy = T(0);
-      for (int k = 0; k < 4; ++k) {
-        const scalar_t* row = plane + ro[k];
-        const T v0 = static_cast<T>(row[co[0]]), v1 = static_cast<T>(row[co[1]]);
-        const T v2 = static_cast<T>(row[co[2]]), v3 = static_cast<T>(row[co[3]]);
-        dx += rw[k] * (cs[0] * v0 + cs[1] * v1 + cs[2] * v2 + cs[3] * v3);
-        dy += rs[k] * (cw[0] * v0 + cw[1] * v1 + cw[2] * v2 + cw[3] * v3);
-      }
-      const T g = static_cast<T>(grad[b]);
-      acc[b] += g * dx;
-      acc[bins + b] += g * dy;
-    }
-    return;
-  }
-  const int64_t* ri = t.rows.index.data();
-  const T* rw = t.rows.weight.data();
-  const T* rs = t.rows.slope.data();
-  const int64_t* ci = t.cols.index.data();
-  const T* cw = t.cols.weight.data();
-  const T* cs = t.cols.slope.data();
-  for (int64_t b = 0; b < bins; ++b) {
-    const int64_t q0 = t.cols.begin(b), q1 = t.cols.end(b);
-    T dx = T(0), dy = T(0);
-    for (int64_t r = t.rows.begin(b); r < t.rows.end(b); ++r) {
-      const scalar_t* row = plane + ri[r] * width;
-      T vw = T(0), vs = T(0);
-      for (int64_t q = q0; q < q1; ++q) {
-        const T v = static_cast<T>(row[ci[q]]);
-        vw += cw[q] * v;
-        vs += cs[q] * v;
-      }
-      dx += rw[r] * vs;
-      dy += rs[r] * vw;
-    }
-    const T g = static_cast<T>(grad[b]);
-    acc[b] += g * dx;
-    acc[bins + b] += g * dy;
-  }
-}
-
-at::Tensor deform_roi_pool(const at::Tensor& input_in, const at::Tensor& rois_in,
-                           const std::optional<at::Tensor>& offset_in,
-                           double spatial_scale, int64_t pooled_height,
-                           int64_t pooled_width, int64_t sampling_ratio,
-                           double gamma) {
-  const char* op = "deform_roi_pool";
+// The forward, and with `slopes` the derivatives of out along x and y in
+// pixels, (2, K, C, PH, PW) of the compute type.
+at::Tensor forward(const char* op, const at::Tensor& input_in,
+                   const at::Tensor& rois_in,
+                   const std::optional<at::Tensor>& offset_in,
+                   double spatial_scale, int64_t pooled_height,
+                   int64_t pooled_width, int64_t sampling_ratio, double gamma,
+                   at::Tensor* slopes) {
   check_deform_roi_pool(op, input_in, rois_in, offset_in, pooled_height,
                         pooled_width, sampling_ratio, c10::DeviceType::CPU);
   const at::Tensor input = input_in.contiguous();
@@ -197,6 +199,10 @@ at::Tensor deform_roi_pool(const at::Tensor& input_in, const at::Tensor& rois_in
   const int64_t height = input.size(2), width = input.size(3);
   at::Tensor out = new_output(op, {k, channels, pooled_height, pooled_width},
                               input.options());
+  if (slopes != nullptr) {
+    *slopes = new_output(op, {2, k, channels, pooled_height, pooled_width},
+                         input.options().dtype(accumulate_type(input.scalar_type())));
+  }
   const Params p{spatial_scale, gamma, pooled_height, pooled_width,
                  sampling_ratio};
   AT_DISPATCH_FLOATING_TYPES_AND2(
@@ -208,39 +214,69 @@ at::Tensor deform_roi_pool(const at::Tensor& input_in, const at::Tensor& rois_in
         if (out.numel() == 0) {
           return;
         }
+        const bool with_slopes = slopes != nullptr;
         const std::vector<BinTaps<T>> taps = build_bin_taps<scalar_t, T>(
             rp, offset.defined() ? offset.const_data_ptr<scalar_t>() : nullptr,
-            k, height, width, p, /*slopes=*/false);
+            k, height, width, p, with_slopes);
         const scalar_t* in = input.const_data_ptr<scalar_t>();
         scalar_t* o = out.mutable_data_ptr<scalar_t>();
+        T* sx = with_slopes ? slopes->mutable_data_ptr<T>() : nullptr;
+        T* sy = with_slopes ? sx + out.numel() : nullptr;
         const int64_t bins = pooled_height * pooled_width;
         const int64_t plane = height * width;
         parallel_over_roi_channels(
             images_of(taps), input.size(0), channels, bins * 4,
             [&](int64_t i, int64_t c) {
               const BinTaps<T>& t = taps[static_cast<size_t>(i)];
-              pool_bins(in + (t.batch * channels + c) * plane, width, t, bins,
-                        o + (i * channels + c) * bins);
+              const scalar_t* src = in + (t.batch * channels + c) * plane;
+              const int64_t at = (i * channels + c) * bins;
+              if (with_slopes) {
+                pool_bins<true>(src, width, t, bins, o + at, sx + at, sy + at);
+              } else {
+                pool_bins<false, scalar_t, T>(src, width, t, bins, o + at, nullptr,
+                                              nullptr);
+              }
             });
       });
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
-    const at::Tensor& grad_in, const at::Tensor& input_in,
-    const at::Tensor& rois_in, const std::optional<at::Tensor>& offset_in,
+at::Tensor deform_roi_pool(const at::Tensor& input, const at::Tensor& rois,
+                           const std::optional<at::Tensor>& offset,
+                           double spatial_scale, int64_t pooled_height,
+                           int64_t pooled_width, int64_t sampling_ratio,
+                           double gamma) {
+  return forward("deform_roi_pool", input, rois, offset, spatial_scale,
+                 pooled_height, pooled_width, sampling_ratio, gamma, nullptr);
+}
+
+std::tuple<at::Tensor, at::Tensor> deform_roi_pool_with_slopes(
+    const at::Tensor& input, const at::Tensor& rois, const at::Tensor& offset,
     double spatial_scale, int64_t pooled_height, int64_t pooled_width,
     int64_t sampling_ratio, double gamma) {
+  at::Tensor slopes;
+  at::Tensor out = forward("_deform_roi_pool_forward", input, rois, offset,
+                           spatial_scale, pooled_height, pooled_width,
+                           sampling_ratio, gamma, &slopes);
+  return {out, slopes};
+}
+
+std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
+    const at::Tensor& grad_in, const at::Tensor& input,
+    const at::Tensor& rois_in, const std::optional<at::Tensor>& offset_in,
+    const std::optional<at::Tensor>& slopes_in, double spatial_scale,
+    int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio,
+    double gamma) {
   const char* op = "_deform_roi_pool_backward";
-  check_deform_roi_pool_backward(op, grad_in, input_in, rois_in, offset_in,
-                                 pooled_height, pooled_width, sampling_ratio,
-                                 c10::DeviceType::CPU);
-  const bool with_offset = offset_in.has_value();
+  check_deform_roi_pool_backward(op, grad_in, input, rois_in, offset_in,
+                                 slopes_in, pooled_height, pooled_width,
+                                 sampling_ratio, c10::DeviceType::CPU);
   const at::Tensor grad = grad_in.contiguous();
   const at::Tensor rois = rois_in.contiguous();
-  // The input's values only matter for the offset's gradient.
-  const at::Tensor input = with_offset ? input_in.contiguous() : input_in;
-  const at::Tensor offset = with_offset ? offset_in->contiguous() : at::Tensor();
+  const at::Tensor offset =
+      offset_in.has_value() ? offset_in->contiguous() : at::Tensor();
+  const at::Tensor slopes =
+      slopes_in.has_value() ? slopes_in->contiguous() : at::Tensor();
   const int64_t k = rois.size(0), batch_size = input.size(0);
   const int64_t channels = input.size(1);
   const int64_t height = input.size(2), width = input.size(3);
@@ -264,8 +300,8 @@ std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
           return;
         }
         const std::vector<BinTaps<T>> taps = build_bin_taps<scalar_t, T>(
-            rp, with_offset ? offset.const_data_ptr<scalar_t>() : nullptr, k,
-            height, width, p, /*slopes=*/with_offset);
+            rp, offset.defined() ? offset.const_data_ptr<scalar_t>() : nullptr, k,
+            height, width, p, /*slopes=*/false);
         const scalar_t* gp = grad.const_data_ptr<scalar_t>();
         const int64_t bins = pooled_height * pooled_width;
         const int64_t plane = height * width;
@@ -277,39 +313,30 @@ std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
               scatter_bins(gp + (i * channels + c) * bins, t, bins, width,
                            gi + (t.batch * channels + c) * plane);
             });
-        if (!with_offset) {
+        if (!slopes.defined()) {
           return;
         }
-        const scalar_t* in = input.const_data_ptr<scalar_t>();
+        // grad_offset[i, :, b] = gain * sum over c of grad * slope, channel
+        // after channel.
+        const T* sx = slopes.const_data_ptr<T>();
+        const T* sy = sx + grad.numel();
         scalar_t* go = grad_offset.mutable_data_ptr<scalar_t>();
-        // Channels outside, up to kChunk RoIs of this thread inside: a plane
-        // stays in cache while every RoI of the chunk reads it (RoI by RoI,
-        // each pulled its windows of all planes from memory: the offset's
-        // gradient took 1.5x as long on the benchmark's 256 RoIs; chunks of
-        // 64 gave back a third of the gain).  Each RoI still sums its
-        // channels in order, so the bits do not depend on threads or chunks.
-        constexpr int64_t kChunk = 256;
-        at::parallel_for(0, k, roi_grain(channels * bins * 4),
-                         [&](int64_t begin, int64_t end) {
-          std::vector<T> acc(static_cast<size_t>(kChunk * 2 * bins));
-          for (int64_t i0 = begin; i0 < end; i0 += kChunk) {
-            const int64_t i1 = std::min(end, i0 + kChunk);
+        at::parallel_for(0, k, roi_grain(channels * bins), [&](int64_t begin, int64_t end) {
+          std::vector<T> acc(static_cast<size_t>(2 * bins));
+          for (int64_t i = begin; i < end; ++i) {
             std::fill(acc.begin(), acc.end(), T(0));
             for (int64_t c = 0; c < channels; ++c) {
-              for (int64_t i = i0; i < i1; ++i) {
-                const BinTaps<T>& t = taps[static_cast<size_t>(i)];
-                shift_grad_bins(in + (t.batch * channels + c) * plane,
-                                gp + (i * channels + c) * bins, t, bins, width,
-                                acc.data() + (i - i0) * 2 * bins);
+              const int64_t at = (i * channels + c) * bins;
+              for (int64_t b = 0; b < bins; ++b) {
+                const T g = static_cast<T>(gp[at + b]);
+                acc[b] += g * sx[at + b];
+                acc[bins + b] += g * sy[at + b];
               }
             }
-            for (int64_t i = i0; i < i1; ++i) {
-              const BinTaps<T>& t = taps[static_cast<size_t>(i)];
-              const T* a = acc.data() + (i - i0) * 2 * bins;
-              for (int64_t b = 0; b < bins; ++b) {
-                go[i * 2 * bins + b] = static_cast<scalar_t>(t.gain_w * a[b]);
-                go[i * 2 * bins + bins + b] = static_cast<scalar_t>(t.gain_h * a[bins + b]);
-              }
+            const BinTaps<T>& t = taps[static_cast<size_t>(i)];
+            for (int64_t b = 0; b < bins; ++b) {
+              go[i * 2 * bins + b] = static_cast<scalar_t>(t.gain_w * acc[b]);
+              go[i * 2 * bins + bins + b] = static_cast<scalar_t>(t.gain_h * acc[bins + b]);
             }
           }
         });
@@ -321,6 +348,7 @@ std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
 
 TORCH_LIBRARY_IMPL(torchops, CPU, m) {
   m.impl("deform_roi_pool", &deform_roi_pool);
+  m.impl("_deform_roi_pool_forward", &deform_roi_pool_with_slopes);
   m.impl("_deform_roi_pool_backward", &deform_roi_pool_backward);
 }
 

@@ -7,13 +7,15 @@
 // (roi_gather_by_default: the sort-and-gather with a fixed sampling ratio and
 // under torch.use_deterministic_algorithms(True), atomics otherwise).
 //
-// The offset's gradient sums over channels.  One thread per grad element
-// (channel-major, the order that keeps the input planes in L2) computes its
-// channel's share -- in the default mode in the same pass that scatters
-// grad_input -- and writes it to a (2, C, K * PH * PW) buffer, which a
-// second kernel sums over channels in order: no atomics, so grad_offset is
-// bitwise reproducible in both modes.  Scratch: two values of the compute
-// type per grad element (100 MB at 2 x 256 channels, 1000 RoIs, 7 x 7).
+// The offset's gradient needs, per output element, the derivative of its
+// average with respect to a shift of its bin: when the offset requires a
+// gradient, the forward computes these slopes from the taps it reads anyway
+// (_deform_roi_pool_forward; two values of the compute type per output
+// element, 100 MB at 2 x 256 channels, 1000 RoIs, 7 x 7) and the backward
+// only sums grad * slope over channels, in a fixed order: no atomics, so
+// grad_offset is bitwise reproducible.  (Re-reading the input's taps in the
+// backward cost as much as a second forward: 1.32 ms of forward + backward
+// against 0.87 ms for roi_align's on the H200, 2 x 256 x 200 x 200.)
 //
 // RoIs whose batch index is not an image of the input pool to zeros and get
 // no gradient (input or offset).
@@ -21,7 +23,6 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <optional>
@@ -84,149 +85,83 @@ DeformBoxes<scalar_t, at::opmath_type<scalar_t>> deform_boxes(
           g.width};
 }
 
-// One grad element (k, c, ph, pw): its channel's share of d loss / d offset
-// of bin (k, ph, pw) into partial[c] (x) and partial[C + c] (y), rows of K *
-// PH * PW; with kScatter, also its grad_input taps, with atomics.  The
-// derivative of a sample along x is slope_x * (the y-interpolated
-// difference of its right and left columns), likewise along y
-// (common/deform_roi_pool.h).
-// plane_t indexes inside one (H, W) plane: int32 where plane_fits_int32,
-// as in the forward (roi_bins.cuh).
-template <typename scalar_t, typename T, typename index_t, typename plane_t, bool kScatter>
-__global__ void __launch_bounds__(kRoiThreads) deform_roi_pool_backward_kernel(
-    const scalar_t* __restrict__ grad, Strides4 gs,
-    const scalar_t* __restrict__ input, Strides4 is,
-    DeformBoxes<scalar_t, T> boxes, RoiGrid g, index_t total,
-    T* __restrict__ grad_input, T* __restrict__ partial) {
-  const int64_t n_bins = g.rois * g.pooled_height * g.pooled_width;
-  const plane_t height = static_cast<plane_t>(g.height), width = static_cast<plane_t>(g.width);
-  const plane_t in_h = static_cast<plane_t>(is.h), in_w = static_cast<plane_t>(is.w);
-  for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
-    const RoiBin b = roi_bin_of<RoiOrder::kChannelsOuter, index_t>(
-        i, static_cast<index_t>(g.channels),
-        static_cast<index_t>(g.pooled_height),
-        static_cast<index_t>(g.pooled_width), static_cast<index_t>(g.rois));
-    const DeformRoiBox<T> d = boxes.roi(b.k);
-    const RoiAlignBox<T> box = boxes.bin(d, b.k, b.ph, b.pw);
-    T dx = T(0), dy = T(0);
-    if (valid_image(box.batch, g)) {
-      const T gv = static_cast<T>(grad[b.k * gs.n + b.c * gs.c + b.ph * gs.h +
-                                       b.pw * gs.w]) * box.inv_count;
-      const scalar_t* plane = input + box.batch * is.n + b.c * is.c;
-      T* gplane = kScatter ? grad_input + (box.batch * g.channels + b.c) *
-                                              g.height * g.width
-                           : nullptr;
-      const plane_t ph = static_cast<plane_t>(b.ph), pw = static_cast<plane_t>(b.pw);
-      const plane_t grid_h = static_cast<plane_t>(box.grid_h);
-      const plane_t grid_w = static_cast<plane_t>(box.grid_w);
-      for (plane_t iy = 0; iy < grid_h; ++iy) {
-        const T vy = roi_align_sample(box.start_h, box.bin_h, ph, iy, grid_h);
-        AxisTap<T, plane_t> ty;
-        if (!roi_align_axis(vy, height, ty.lo, ty.hi, ty.w_lo, ty.w_hi)) {
-          continue;
-        }
-        const T sy = roi_align_slope(vy, g.height);
-        const scalar_t* row0 = plane + ty.lo * in_h;
-        const scalar_t* row1 = plane + ty.hi * in_h;
-        for (plane_t ix = 0; ix < grid_w; ++ix) {
-          const T vx = roi_align_sample(box.start_w, box.bin_w, pw, ix, grid_w);
-          AxisTap<T, plane_t> tx;
-          if (!roi_align_axis(vx, width, tx.lo, tx.hi, tx.w_lo, tx.w_hi)) {
-            continue;
-          }
-          const T sx = roi_align_slope(vx, g.width);
-          const T v00 = static_cast<T>(row0[tx.lo * in_w]);
-          const T v01 = static_cast<T>(row0[tx.hi * in_w]);
-          const T v10 = static_cast<T>(row1[tx.lo * in_w]);
-          const T v11 = static_cast<T>(row1[tx.hi * in_w]);
-          dx += sx * (ty.w_lo * (v01 - v00) + ty.w_hi * (v11 - v10));
-          dy += sy * (tx.w_lo * (v10 - v00) + tx.w_hi * (v11 - v01));
-          if constexpr (kScatter) {
-            const T gy0 = gv * ty.w_lo, gy1 = gv * ty.w_hi;
-            T* r0 = gplane + ty.lo * width;
-            T* r1 = gplane + ty.hi * width;
-            atomicAdd(r0 + tx.lo, gy0 * tx.w_lo);
-            atomicAdd(r0 + tx.hi, gy0 * tx.w_hi);
-            atomicAdd(r1 + tx.lo, gy1 * tx.w_lo);
-            atomicAdd(r1 + tx.hi, gy1 * tx.w_hi);
-          }
-        }
-      }
-      dx *= gv * d.gain_w;
-      dy *= gv * d.gain_h;
-    }
-    const int64_t bin = (b.k * g.pooled_height + b.ph) * g.pooled_width + b.pw;
-    partial[b.c * n_bins + bin] = dx;
-    partial[(g.channels + b.c) * n_bins + bin] = dy;
-  }
-}
+// The offset's gradient: grad_offset[k, 0, ph, pw] = gain_w(k) * sum over c
+// of grad[k, c, ph, pw] * slopes[0, k, c, ph, pw], and channel 1 with
+// gain_h and slopes[1].  A block is kSumBins adjacent bins (coalesced
+// reads) times kSumSlices channel slices; each slice sums its channels in
+// order and the block adds the slices in order, so the bits are fixed.
+constexpr int kSumBins = 32;
+constexpr int kSumSlices = kRoiThreads / kSumBins;
 
-// grad_offset[k, 0, ph, pw] = sum over c of partial[c, bin] (and channel 1
-// from partial[C + c]), channels in order; one thread per bin, adjacent
-// threads on adjacent bins (coalesced).
 template <typename scalar_t, typename T>
-__global__ void __launch_bounds__(kRoiThreads) deform_roi_pool_offset_sum_kernel(
-    const T* __restrict__ partial, int64_t channels, int64_t n_bins,
-    int64_t bins, scalar_t* __restrict__ grad_offset) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       t < n_bins; t += stride) {
+__global__ void __launch_bounds__(kRoiThreads) deform_roi_pool_offset_grad_kernel(
+    const scalar_t* __restrict__ grad, Strides4 gs, const T* __restrict__ slopes,
+    DeformBoxes<scalar_t, T> boxes, RoiGrid g, scalar_t* __restrict__ grad_offset) {
+  __shared__ T part[2][kSumSlices][kSumBins];
+  const int64_t bins = g.pooled_height * g.pooled_width;
+  const int64_t n_bins = g.rois * bins;
+  const int64_t plane = g.rois * g.channels * bins;  // slopes[1] - slopes[0]
+  const int lane = static_cast<int>(threadIdx.x) % kSumBins;
+  const int slice = static_cast<int>(threadIdx.x) / kSumBins;
+  const int64_t per_slice = (g.channels + kSumSlices - 1) / kSumSlices;
+  const int64_t c0 = slice * per_slice;
+  const int64_t c1 = c0 + per_slice < g.channels ? c0 + per_slice : g.channels;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kSumBins; base < n_bins;
+       base += static_cast<int64_t>(gridDim.x) * kSumBins) {
+    const int64_t t = base + lane;
     T sx = T(0), sy = T(0);
-    for (int64_t c = 0; c < channels; ++c) {
-      sx += partial[c * n_bins + t];
-      sy += partial[(channels + c) * n_bins + t];
+    if (t < n_bins) {
+      const int64_t k = t / bins, b = t % bins;
+      const int64_t ph = b / g.pooled_width, pw = b % g.pooled_width;
+      const scalar_t* gp = grad + k * gs.n + ph * gs.h + pw * gs.w;
+      const T* sp = slopes + k * g.channels * bins + b;
+#pragma unroll 4
+      for (int64_t c = c0; c < c1; ++c) {
+        const T gv = static_cast<T>(gp[c * gs.c]);
+        sx += gv * sp[c * bins];
+        sy += gv * sp[plane + c * bins];
+      }
     }
-    const int64_t k = t / bins, b = t % bins;
-    grad_offset[k * 2 * bins + b] = static_cast<scalar_t>(sx);
-    grad_offset[k * 2 * bins + bins + b] = static_cast<scalar_t>(sy);
+    part[0][slice][lane] = sx;
+    part[1][slice][lane] = sy;
+    __syncthreads();
+    if (slice == 0 && t < n_bins) {
+      for (int j = 1; j < kSumSlices; ++j) {
+        sx += part[0][j][lane];
+        sy += part[1][j][lane];
+      }
+      const int64_t k = t / bins, b = t % bins;
+      const DeformRoiBox<T> d = boxes.roi(k);
+      grad_offset[k * 2 * bins + b] = static_cast<scalar_t>(sx * d.gain_w);
+      grad_offset[k * 2 * bins + bins + b] = static_cast<scalar_t>(sy * d.gain_h);
+    }
+    __syncthreads();
   }
 }
 
-// grad_offset, contiguous (K, 2, PH, PW); with kScatter also grad_input
-// (zeroed, of the compute type) by atomics.
-template <typename scalar_t, bool kScatter>
-void deform_roi_pool_offset_grad(const at::Tensor& grad, const at::Tensor& input,
-                                 const DeformBoxes<scalar_t,
-                                                   at::opmath_type<scalar_t>>& boxes,
-                                 const RoiGrid& g, at::Tensor* grad_input,
-                                 at::Tensor& grad_offset) {
+template <typename scalar_t>
+void launch_offset_grad(const at::Tensor& grad, const at::Tensor& slopes,
+                        const DeformBoxes<scalar_t, at::opmath_type<scalar_t>>& boxes,
+                        const RoiGrid& g, at::Tensor& grad_offset) {
   using T = at::opmath_type<scalar_t>;
-  const int64_t total = grad.numel();
   const int64_t n_bins = g.rois * g.pooled_height * g.pooled_width;
-  if (total == 0 || n_bins == 0) {
+  if (n_bins == 0) {
     return;
   }
-  at::Tensor partial = at::empty({2 * g.channels * n_bins},
-                                 grad.options().dtype(
-                                     c10::CppTypeToScalarType<T>::value));
-  const unsigned int blocks = grid_for(total, kRoiThreads);
-  with_index_type(total, blocks, kRoiThreads, [&](auto index) {
-    using index_t = decltype(index);
-    with_index_type_if(plane_fits_int32(input), [&](auto plane) {
-      deform_roi_pool_backward_kernel<scalar_t, T, index_t, decltype(plane), kScatter>
-          <<<blocks, kRoiThreads, 0, current_stream()>>>(
-              grad.const_data_ptr<scalar_t>(), strides4(grad),
-              input.const_data_ptr<scalar_t>(), strides4(input), boxes, g,
-              static_cast<index_t>(total),
-              kScatter ? grad_input->mutable_data_ptr<T>() : nullptr,
-              partial.mutable_data_ptr<T>());
-    });
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
-  deform_roi_pool_offset_sum_kernel<scalar_t, T>
-      <<<grid_for(n_bins, kRoiThreads), kRoiThreads, 0, current_stream()>>>(
-          partial.const_data_ptr<T>(), g.channels, n_bins,
-          g.pooled_height * g.pooled_width,
+  deform_roi_pool_offset_grad_kernel<scalar_t, T>
+      <<<grid_for(n_bins, kSumBins), kRoiThreads, 0, current_stream()>>>(
+          grad.const_data_ptr<scalar_t>(), strides4(grad),
+          slopes.const_data_ptr<T>(), boxes, g,
           grad_offset.mutable_data_ptr<scalar_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-at::Tensor deform_roi_pool(const at::Tensor& input, const at::Tensor& rois_in,
-                           const std::optional<at::Tensor>& offset,
-                           double spatial_scale, int64_t pooled_height,
-                           int64_t pooled_width, int64_t sampling_ratio,
-                           double gamma) {
-  const char* op = "deform_roi_pool";
+// The forward, and with `slopes` the derivatives of out along x and y
+// (common/deform_roi_pool.h, check_deform_roi_pool_slopes).
+at::Tensor forward(const char* op, const at::Tensor& input,
+                   const at::Tensor& rois_in, const std::optional<at::Tensor>& offset,
+                   double spatial_scale, int64_t pooled_height, int64_t pooled_width,
+                   int64_t sampling_ratio, double gamma, at::Tensor* slopes) {
   check_deform_roi_pool(op, input, rois_in, offset, pooled_height, pooled_width,
                         sampling_ratio, c10::DeviceType::CUDA);
   const c10::cuda::CUDAGuard guard(input.device());
@@ -234,6 +169,10 @@ at::Tensor deform_roi_pool(const at::Tensor& input, const at::Tensor& rois_in,
   const int64_t k = rois.size(0), channels = input.size(1);
   at::Tensor out =
       new_output(op, {k, channels, pooled_height, pooled_width}, input.options());
+  if (slopes != nullptr) {
+    *slopes = new_output(op, {2, k, channels, pooled_height, pooled_width},
+                         input.options().dtype(accumulate_type(input.scalar_type())));
+  }
   const RoiGrid g{k, input.size(0), channels, input.size(2), input.size(3),
                   pooled_height, pooled_width};
   AT_DISPATCH_FLOATING_TYPES_AND2(
@@ -243,18 +182,41 @@ at::Tensor deform_roi_pool(const at::Tensor& input, const at::Tensor& rois_in,
             input,
             deform_boxes<scalar_t>(rois, offset, spatial_scale, gamma,
                                    sampling_ratio, g),
-            g, out);
+            g, out,
+            slopes != nullptr ? slopes->mutable_data_ptr<at::opmath_type<scalar_t>>()
+                              : nullptr);
       });
   return out;
 }
 
+at::Tensor deform_roi_pool(const at::Tensor& input, const at::Tensor& rois,
+                           const std::optional<at::Tensor>& offset,
+                           double spatial_scale, int64_t pooled_height,
+                           int64_t pooled_width, int64_t sampling_ratio,
+                           double gamma) {
+  return forward("deform_roi_pool", input, rois, offset, spatial_scale,
+                 pooled_height, pooled_width, sampling_ratio, gamma, nullptr);
+}
+
+std::tuple<at::Tensor, at::Tensor> deform_roi_pool_with_slopes(
+    const at::Tensor& input, const at::Tensor& rois, const at::Tensor& offset,
+    double spatial_scale, int64_t pooled_height, int64_t pooled_width,
+    int64_t sampling_ratio, double gamma) {
+  at::Tensor slopes;
+  at::Tensor out = forward("_deform_roi_pool_forward", input, rois, offset,
+                           spatial_scale, pooled_height, pooled_width,
+                           sampling_ratio, gamma, &slopes);
+  return {out, slopes};
+}
+
 std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
     const at::Tensor& grad, const at::Tensor& input, const at::Tensor& rois_in,
-    const std::optional<at::Tensor>& offset, double spatial_scale,
+    const std::optional<at::Tensor>& offset,
+    const std::optional<at::Tensor>& slopes_in, double spatial_scale,
     int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio,
     double gamma) {
   const char* op = "_deform_roi_pool_backward";
-  check_deform_roi_pool_backward(op, grad, input, rois_in, offset,
+  check_deform_roi_pool_backward(op, grad, input, rois_in, offset, slopes_in,
                                  pooled_height, pooled_width, sampling_ratio,
                                  c10::DeviceType::CUDA);
   const c10::cuda::CUDAGuard guard(grad.device());
@@ -272,45 +234,40 @@ std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
                        grad.options(), /*zero=*/true),
             grad_offset};
   }
-  if (roi_gather_by_default(g, sampling_ratio) ||
-      at::globalContext().deterministicAlgorithms()) {
-    at::Tensor grad_input;
-    AT_DISPATCH_FLOATING_TYPES_AND2(
-        at::kHalf, at::kBFloat16, dtype, "torchops._deform_roi_pool_backward",
-        [&] {
-          const auto boxes = deform_boxes<scalar_t>(rois, offset, spatial_scale,
-                                                    gamma, sampling_ratio, g);
-          grad_input = roi_bins_backward_deterministic<scalar_t>(
-              op, grad, rois, boxes, g, sampling_ratio);
-          if (offset.has_value()) {
-            deform_roi_pool_offset_grad<scalar_t, /*kScatter=*/false>(
-                grad, input, boxes, g, nullptr, grad_offset);
-          }
-        });
-    return {grad_input, grad_offset};
+  const at::Tensor slopes =
+      slopes_in.has_value() ? slopes_in->contiguous() : at::Tensor();
+  const bool gather = roi_gather_by_default(g, sampling_ratio) ||
+                      at::globalContext().deterministicAlgorithms();
+  // Half types accumulate the atomics in a float32 buffer, rounded once at
+  // the end.
+  at::Tensor grad_input;
+  if (!gather) {
+    grad_input = new_output(op, {batch_size, channels, height, width},
+                            grad.options().dtype(accumulate_type(dtype)),
+                            /*zero=*/true);
   }
-  // Half types accumulate in a float32 buffer, rounded once at the end.
-  const at::ScalarType acc_type = accumulate_type(dtype);
-  at::Tensor grad_input = new_output(op, {batch_size, channels, height, width},
-                                     grad.options().dtype(acc_type), /*zero=*/true);
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, dtype, "torchops._deform_roi_pool_backward", [&] {
         const auto boxes = deform_boxes<scalar_t>(rois, offset, spatial_scale,
                                                   gamma, sampling_ratio, g);
-        if (offset.has_value()) {
-          deform_roi_pool_offset_grad<scalar_t, /*kScatter=*/true>(
-              grad, input, boxes, g, &grad_input, grad_offset);
+        if (gather) {
+          grad_input = roi_bins_backward_deterministic<scalar_t>(
+              op, grad, rois, boxes, g, sampling_ratio);
         } else {
           launch_roi_bins_backward_atomic<scalar_t>(grad, boxes, g, grad_input);
         }
+        if (slopes.defined()) {
+          launch_offset_grad<scalar_t>(grad, slopes, boxes, g, grad_offset);
+        }
       });
-  return {grad_input.to(dtype), grad_offset};
+  return {gather ? grad_input : grad_input.to(dtype), grad_offset};
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
   m.impl("deform_roi_pool", &deform_roi_pool);
+  m.impl("_deform_roi_pool_forward", &deform_roi_pool_with_slopes);
   m.impl("_deform_roi_pool_backward", &deform_roi_pool_backward);
 }
 

@@ -376,19 +376,30 @@ def _deform_roi_pool_errors(device):
             ("rois", 2, TypeError, "'rois'"),
             (rois, (2, 2, 2), ValueError, "'output_size'")]:
         yield error(Sample((x, boxes, off, size)), what, error=err, via_wrapper=True)
-    # The backward operator: (grad, input, rois, offset, scale, ph, pw, sr, gamma).
+    # The backward operator: (grad, input, rois, offset, slopes, scale, ph, pw, sr, gamma).
     backward = torch.ops.torchops._deform_roi_pool_backward.default
     bname = r"torchops\._deform_roi_pool_backward"
     grad = make((1, 2, 2, 2), device, torch.float32)
+    slopes = make((2, 1, 2, 2, 2), device, torch.float32)
 
-    def bcall(grad=grad, x=x, off=off):
-        return Sample((grad, x, rois, off, 1.0, 2, 2, 2, 0.1))
+    def bcall(grad=grad, x=x, off=off, slopes=slopes):
+        return Sample((grad, x, rois, off, slopes, 1.0, 2, 2, 2, 0.1))
 
     for sample, match in [(bcall(grad=grad[:, :1]), "'grad'.*shape"),
                           (bcall(grad=grad.double()), "'grad'.*dtype"),
                           (bcall(off=off[:, :1]), "'offset'.*shape"),
-                          (bcall(x=x[0]), "'input'.*4")]:
+                          (bcall(x=x[0]), "'input'.*4"),
+                          (bcall(slopes=slopes[:, :, :1]), r"'slopes'.*shape \(2, K, C"),
+                          (bcall(slopes=slopes[0]), r"'slopes'.*shape"),
+                          (bcall(slopes=slopes.double()), "'slopes'.*dtype")]:
         yield ErrorInput(sample, rf"{bname}.*{match}", op=backward)
+    # The forward with slopes: (input, rois, offset, scale, ph, pw, sr, gamma).
+    forward = torch.ops.torchops._deform_roi_pool_forward.default
+    fname = r"torchops\._deform_roi_pool_forward"
+    for sample, match in [(call(off=torch.zeros(1, 3, 2, 2, **f32)), "'offset'.*shape"),
+                          (call(sr=65), "'sampling_ratio'"),
+                          (call(rois=rois[:, :4]), r"'rois'.*\(K, 5\)")]:
+        yield ErrorInput(sample, rf"{fname}.*{match}", op=forward)
 
 
 def _deform_roi_pool_wrapper_sample(s: Sample) -> Sample:
@@ -405,7 +416,7 @@ DEFORM_ROI_POOL = OpInfo(
     sample_inputs=_deform_roi_pool_samples,
     sample_inputs_compile=_deform_roi_pool_compile_samples,
     error_inputs=_deform_roi_pool_errors,
-    internal_ops=("_deform_roi_pool_backward",),
+    internal_ops=("_deform_roi_pool_forward", "_deform_roi_pool_backward"),
     autocast=True,
     wrapper_sample=_deform_roi_pool_wrapper_sample,
     # The CUDA backward adds into grad_input with atomics (unless

@@ -45,31 +45,50 @@ __device__ __forceinline__ bool valid_image(int64_t b, const RoiGrid& g) {
 // (element strides stride_h, stride_w).  I indexes inside the plane: int32
 // where the caller knows its offsets fit (see plane_fits_int32), since the
 // per-sample index math is most of the kernel's instructions.
-template <typename scalar_t, typename T, typename I>
+// With kSlopes, also the average's derivatives with respect to a shift of
+// the bin's whole sampling grid along x (dx) and y (dy), in input pixels:
+// for ops whose bins move (deform_roi_pool), computed from the taps the
+// average reads anyway.  Along x a sample's derivative is
+// roi_align_slope * (the y-interpolated difference of its right and left
+// columns), likewise along y.
+template <bool kSlopes, typename scalar_t, typename T, typename I>
 __device__ __forceinline__ T roi_bin_average(const scalar_t* plane, I stride_h,
                                              I stride_w,
                                              const RoiAlignBox<T>& box, I ph,
-                                             I pw, I height, I width) {
+                                             I pw, I height, I width, T& dx,
+                                             T& dy) {
   T acc = T(0);
   const I grid_h = static_cast<I>(box.grid_h), grid_w = static_cast<I>(box.grid_w);
   for (I iy = 0; iy < grid_h; ++iy) {
+    const T vy = roi_align_sample(box.start_h, box.bin_h, ph, iy, grid_h);
     AxisTap<T, I> ty;
-    if (!roi_align_tap(box.start_h, box.bin_h, ph, iy, grid_h, height, ty)) {
+    if (!roi_align_axis(vy, height, ty.lo, ty.hi, ty.w_lo, ty.w_hi)) {
       continue;
     }
     const scalar_t* row0 = plane + ty.lo * stride_h;
     const scalar_t* row1 = plane + ty.hi * stride_h;
     for (I ix = 0; ix < grid_w; ++ix) {
+      const T vx = roi_align_sample(box.start_w, box.bin_w, pw, ix, grid_w);
       AxisTap<T, I> tx;
-      if (!roi_align_tap(box.start_w, box.bin_w, pw, ix, grid_w, width, tx)) {
+      if (!roi_align_axis(vx, width, tx.lo, tx.hi, tx.w_lo, tx.w_hi)) {
         continue;
       }
       const I o0 = tx.lo * stride_w, o1 = tx.hi * stride_w;
-      acc += ty.w_lo * (tx.w_lo * static_cast<T>(row0[o0]) +
-                        tx.w_hi * static_cast<T>(row0[o1])) +
-             ty.w_hi * (tx.w_lo * static_cast<T>(row1[o0]) +
-                        tx.w_hi * static_cast<T>(row1[o1]));
+      const T v00 = static_cast<T>(row0[o0]), v01 = static_cast<T>(row0[o1]);
+      const T v10 = static_cast<T>(row1[o0]), v11 = static_cast<T>(row1[o1]);
+      acc += ty.w_lo * (tx.w_lo * v00 + tx.w_hi * v01) +
+             ty.w_hi * (tx.w_lo * v10 + tx.w_hi * v11);
+      if constexpr (kSlopes) {
+        dx += roi_align_slope(vx, static_cast<int64_t>(width)) *
+              (ty.w_lo * (v01 - v00) + ty.w_hi * (v11 - v10));
+        dy += roi_align_slope(vy, static_cast<int64_t>(height)) *
+              (tx.w_lo * (v10 - v00) + tx.w_hi * (v11 - v01));
+      }
     }
+  }
+  if constexpr (kSlopes) {
+    dx *= box.inv_count;
+    dy *= box.inv_count;
   }
   return acc * box.inv_count;
 }
@@ -112,34 +131,44 @@ __device__ __forceinline__ void roi_bin_scatter(T* plane,
 // 256 RoIs); 6 and 8 blocks were slower again.
 constexpr int kRoiForwardMinBlocks = 5;
 
+// With slopes the kernel keeps three sums per thread; it runs uncapped.
 template <typename scalar_t, typename T, typename index_t, typename plane_t,
-          RoiOrder kOrder, typename Boxes>
-__global__ void __launch_bounds__(kRoiThreads, kRoiForwardMinBlocks) roi_bins_forward_kernel(
-    const scalar_t* __restrict__ input, Strides4 s, Boxes boxes, RoiGrid g,
-    index_t total, scalar_t* __restrict__ out) {
+          RoiOrder kOrder, bool kSlopes, typename Boxes>
+__global__ void __launch_bounds__(kRoiThreads, kSlopes ? 1 : kRoiForwardMinBlocks)
+    roi_bins_forward_kernel(const scalar_t* __restrict__ input, Strides4 s,
+                            Boxes boxes, RoiGrid g, index_t total,
+                            scalar_t* __restrict__ out, T* __restrict__ slopes) {
   for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
     const RoiBin b = roi_bin_of<kOrder, index_t>(
         i, static_cast<index_t>(g.channels),
         static_cast<index_t>(g.pooled_height),
         static_cast<index_t>(g.pooled_width), static_cast<index_t>(g.rois));
     const RoiAlignBox<T> box = boxes(b.k, b.ph, b.pw);
-    T acc = T(0);
+    T acc = T(0), dx = T(0), dy = T(0);
     if (valid_image(box.batch, g)) {
-      acc = roi_bin_average<scalar_t, T, plane_t>(
+      acc = roi_bin_average<kSlopes, scalar_t, T, plane_t>(
           input + box.batch * s.n + b.c * s.c, static_cast<plane_t>(s.h),
           static_cast<plane_t>(s.w), box, static_cast<plane_t>(b.ph),
           static_cast<plane_t>(b.pw), static_cast<plane_t>(g.height),
-          static_cast<plane_t>(g.width));
+          static_cast<plane_t>(g.width), dx, dy);
     }
-    out[roi_bin_offset(b, g.channels, g.pooled_height, g.pooled_width)] =
-        static_cast<scalar_t>(acc);
+    const int64_t o = roi_bin_offset(b, g.channels, g.pooled_height, g.pooled_width);
+    out[o] = static_cast<scalar_t>(acc);
+    if constexpr (kSlopes) {
+      slopes[o] = dx;
+      slopes[static_cast<int64_t>(total) + o] = dy;
+    }
   }
 }
 
 // out (K, C, PH, PW), contiguous, from input (N, C, H, W) of any strides.
+// With `slopes` (not null), also slopes[0] and slopes[1], each laid out as
+// `out` in T = opmath_type<scalar_t>: the derivatives of out with respect
+// to a shift of its bin along x and y, in input pixels (roi_bin_average).
 template <typename scalar_t, typename Boxes>
 void launch_roi_bins_forward(const at::Tensor& input, const Boxes& boxes,
-                             const RoiGrid& g, at::Tensor& out) {
+                             const RoiGrid& g, at::Tensor& out,
+                             at::opmath_type<scalar_t>* slopes = nullptr) {
   using T = at::opmath_type<scalar_t>;
   const int64_t total = out.numel();
   if (total == 0) {
@@ -155,20 +184,27 @@ void launch_roi_bins_forward(const at::Tensor& input, const Boxes& boxes,
   const bool narrow = plane_fits_int32(input);
   with_index_type(total, blocks, kRoiThreads, [&](auto index) {
     using index_t = decltype(index);
-    auto launch = [&](auto plane, auto order) {
+    auto launch = [&](auto plane, auto order, auto with_slopes) {
       roi_bins_forward_kernel<scalar_t, T, index_t, decltype(plane),
-                              decltype(order)::value, Boxes>
+                              decltype(order)::value, decltype(with_slopes)::value, Boxes>
           <<<blocks, kRoiThreads, 0, current_stream()>>>(
               input.const_data_ptr<scalar_t>(), strides4(input), boxes, g,
-              static_cast<index_t>(total), out.mutable_data_ptr<scalar_t>());
+              static_cast<index_t>(total), out.mutable_data_ptr<scalar_t>(), slopes);
     };
     using Inner = std::integral_constant<RoiOrder, RoiOrder::kChannelsInner>;
     using Outer = std::integral_constant<RoiOrder, RoiOrder::kChannelsOuter>;
     with_index_type_if(narrow, [&](auto plane) {
-      if (inner) {
-        launch(plane, Inner{});
+      auto by_order = [&](auto with_slopes) {
+        if (inner) {
+          launch(plane, Inner{}, with_slopes);
+        } else {
+          launch(plane, Outer{}, with_slopes);
+        }
+      };
+      if (slopes != nullptr) {
+        by_order(std::true_type{});
       } else {
-        launch(plane, Outer{});
+        by_order(std::false_type{});
       }
     });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
