@@ -17,7 +17,11 @@
 //   Kernels::gather_cols(input, pos, g) -> cols     (G, P, K), in the memory
 //                                                  order the device's GEMM
 //                                                  reads best
-//   Kernels::write_output(out_cols, bias, pos, g, out)
+//   Kernels::forward_gemm(weight3, cols)            weight (G, C_out / G, K) @
+//                                                  the columns, in the
+//                                                  orientation the device's
+//                                                  write_output reads
+//   Kernels::write_output(product, bias, pos, g, out)
 //   Kernels::gather_grad(grad, pos, g, grad_cols)  grad_cols (C_out, P)
 //   Kernels::col2im(grad_cols, pos, g, grad_input) grad_cols (G, K, P)
 //
@@ -75,10 +79,9 @@ at::Tensor masked_conv2d_forward(const at::Tensor& input, const at::Tensor& mask
     return out;
   }
   const at::Tensor cols = Kernels::gather_cols(input, pos, g);
-  // (G, C_out / G, K) @ (G, K, P)
-  const at::Tensor out_cols = op_matmul(
-      weight.reshape({g.groups, g.out_per_group(), g.col_rows()}), cols.transpose(1, 2));
-  Kernels::write_output(out_cols.view({g.out_channels, pos.count()}), bias, pos, g, out);
+  const at::Tensor product = Kernels::forward_gemm(
+      weight.reshape({g.groups, g.out_per_group(), g.col_rows()}), cols);
+  Kernels::write_output(product, bias, pos, g, out);
   return out;
 }
 

@@ -127,9 +127,17 @@ struct CpuKernels {
   // write_output writes the zeros too, in the same pass.
   static void clear_output(at::Tensor& /*out*/) {}
 
-  static void write_output(const at::Tensor& out_cols, const std::optional<at::Tensor>& bias,
+  // (G, C_out / G, K) @ (G, K, P): each output channel's values in a row,
+  // which write_output walks plane by plane.
+  static at::Tensor forward_gemm(const at::Tensor& weight3, const at::Tensor& cols) {
+    return op_matmul(weight3, cols.transpose(1, 2));
+  }
+
+  // product: forward_gemm's (G, C_out / G, P).
+  static void write_output(const at::Tensor& product, const std::optional<at::Tensor>& bias,
                            const MaskedPositions& pos, const MaskedConvGeometry& g,
                            at::Tensor& out) {
+    const at::Tensor out_cols = product.view({g.out_channels, pos.count()});
     const int64_t p = pos.count(), plane = g.out_h * g.out_w;
     const int64_t* map = pos.index_map.const_data_ptr<int64_t>();
     const bool has_bias = bias.has_value() && bias->defined();

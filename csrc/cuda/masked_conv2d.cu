@@ -13,8 +13,9 @@
 // convolution's work and stays right for whatever mask it is replayed with.
 //
 // Columns are written along k (coalesced), each thread keeping one tap so
-// that the index math is per row, not per element.  Writing the output,
-// gathering the gradient and col2im give each thread one or more channels
+// that the index math is per row, not per element.  The forward GEMM makes
+// (positions, channels), which the output's writer reads channels fastest.
+// Gathering the gradient and col2im give each thread one or more channels
 // of one position or pixel, sharing its decode and index-map lookups.  No
 // kernel adds with atomics: col2im gathers the taps of each input pixel
 // through the index map, in a fixed order, so the backward is bitwise
@@ -213,12 +214,12 @@ __global__ void gather_cols_kernel(const scalar_t* __restrict__ input, Strides4 
   }
 }
 
-// write_output, gather_grad and col2im: a thread serves kChannels channels
+// gather_grad and col2im: a thread serves kChannels channels
 // of one pixel or position, so its index-map lookups and coordinate math
 // are shared by them.  Grid: x over the pixels or positions, y over the
 // (image,) channel chunks (grid-strided: N * C / kChannels can pass 65535).
 constexpr int kChannels = 8;
-// write_output and gather_grad touch one element per (position, channel):
+// gather_grad touches one element per (position, channel):
 // fewer channels per thread, so that a few thousand positions still fill
 // the device.
 constexpr int kScatterChannels = 2;
@@ -243,33 +244,33 @@ __device__ __forceinline__ void for_position_chunks(int64_t p, int64_t channels,
   }
 }
 
-// out[n, co, oh, ow] = out_cols[co, rank] + bias[co] at the selected
-// positions (clear_output zeroed the rest while the count was read back).
+// out[n, co, oh, ow] = product[group, rank, co in group] + bias[co] at the
+// selected positions (clear_output zeroed the rest while the count was read
+// back).  One element per thread, channels fastest: the product's reads
+// coalesce (the output's writes, a plane apart, cannot).
 template <typename scalar_t, typename index_t>
-__global__ void write_output_kernel(const scalar_t* __restrict__ out_cols,
-                                    const int64_t* __restrict__ positions, int64_t p,
+__global__ void write_output_kernel(const scalar_t* __restrict__ product,
+                                    const int64_t* __restrict__ positions, index_t p,
                                     const scalar_t* __restrict__ bias, int64_t bias_stride,
-                                    index_t plane, int64_t channels, scalar_t* __restrict__ out) {
+                                    index_t plane, index_t channels, index_t per_group,
+                                    scalar_t* __restrict__ out) {
   using T = at::opmath_type<scalar_t>;
-  for_position_chunks(p, channels, [&](int64_t co0, int count, int64_t j) {
+  const index_t total = p * channels;
+  for (index_t e = grid_start<index_t>(); e < total; e += grid_stride<index_t>()) {
+    const index_t j = e / channels, co = e - j * channels;
     const int64_t flat = positions[j];
     if (flat < 0) {
-      return;
+      continue;
+    }
+    const index_t grp = co / per_group;
+    T v = static_cast<T>(product[(grp * p + j) * per_group + (co - grp * per_group)]);
+    if (bias != nullptr) {
+      v += static_cast<T>(bias[co * bias_stride]);
     }
     const index_t n = static_cast<index_t>(flat) / plane;
     const index_t pixel = static_cast<index_t>(flat) - n * plane;
-    scalar_t* dst = out + (n * channels + co0) * static_cast<int64_t>(plane) + pixel;
-#pragma unroll
-    for (int u = 0; u < kScatterChannels; ++u) {
-      if (u < count) {
-        T v = static_cast<T>(out_cols[(co0 + u) * p + j]);
-        if (bias != nullptr) {
-          v += static_cast<T>(bias[(co0 + u) * bias_stride]);
-        }
-        dst[u * static_cast<int64_t>(plane)] = static_cast<scalar_t>(v);
-      }
-    }
-  });
+    out[(static_cast<int64_t>(n) * channels + co) * plane + pixel] = static_cast<scalar_t>(v);
+  }
 }
 
 // grad_cols (C_out, P): the gradient at each position, channel by channel.
@@ -579,7 +580,18 @@ struct CudaKernels {
     return cols;
   }
 
-  static void write_output(const at::Tensor& out_cols, const std::optional<at::Tensor>& bias,
+  // (G, P, K) @ (G, K, C_out / G) -> (G, P, C_out / G).  cuBLAS runs this
+  // orientation faster: 16 us against 27 (with its split-K reduction) for
+  // (C_out, K) @ (K, P) at 256 x 2304 x 1478, TF32, on the H200.
+  static at::Tensor forward_gemm(const at::Tensor& weight3, const at::Tensor& cols) {
+    if (weight3.size(0) == 1) {
+      return op_matmul(cols[0], weight3[0].t()).unsqueeze(0);
+    }
+    return op_matmul(cols, weight3.transpose(1, 2));
+  }
+
+  // product: forward_gemm's (G, P, C_out / G).
+  static void write_output(const at::Tensor& product, const std::optional<at::Tensor>& bias,
                            const MaskedPositions& pos, const MaskedConvGeometry& g,
                            at::Tensor& out) {
     const int64_t p = pos.count();
@@ -587,18 +599,22 @@ struct CudaKernels {
       return;
     }
     const c10::cuda::CUDAGuard guard(out.device());
+    const at::Tensor prod = product.contiguous();
     const bool has_bias = bias.has_value() && bias->defined();
-    const int64_t plane = g.out_h * g.out_w;
-    const dim3 grid = grid_2d(p, ceil_div(g.out_channels, kScatterChannels));
+    const int64_t plane = g.out_h * g.out_w, total = p * g.out_channels;
+    const unsigned int blocks = grid_for(total, kThreads);
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, out.scalar_type(), "torchops.masked_conv2d", [&] {
-          // The positions' decode, in int32 where every flat index fits.
-          with_index_type_if(fits_int32(g.all_positions()), [&](auto index) {
+          // In int32 where every element and flat index fits.
+          with_index_type_if(fits_int32(total + int64_t(blocks) * kThreads) &&
+                                 fits_int32(g.all_positions()),
+                             [&](auto index) {
             using index_t = decltype(index);
-            write_output_kernel<scalar_t, index_t><<<grid, kThreads, 0, current_stream()>>>(
-                out_cols.const_data_ptr<scalar_t>(), pos.positions.const_data_ptr<int64_t>(), p,
-                has_bias ? bias->const_data_ptr<scalar_t>() : nullptr,
-                has_bias ? bias->stride(0) : 0, static_cast<index_t>(plane), g.out_channels,
+            write_output_kernel<scalar_t, index_t><<<blocks, kThreads, 0, current_stream()>>>(
+                prod.const_data_ptr<scalar_t>(), pos.positions.const_data_ptr<int64_t>(),
+                static_cast<index_t>(p), has_bias ? bias->const_data_ptr<scalar_t>() : nullptr,
+                has_bias ? bias->stride(0) : 0, static_cast<index_t>(plane),
+                static_cast<index_t>(g.out_channels), static_cast<index_t>(g.out_per_group()),
                 out.mutable_data_ptr<scalar_t>());
             C10_CUDA_KERNEL_LAUNCH_CHECK();
           });
