@@ -135,12 +135,13 @@ at::Tensor deform_conv2d_forward(const at::Tensor& input,
   const int64_t rows = copies * C * K;
   const int64_t chunk = deform_chunk(N, rows, P, at::elementSize(ct));
   at::Tensor columns = at::empty({rows * chunk * P}, in.options());
+  at::Tensor scratch = at::empty({O * chunk * P}, in.options());
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
     const int64_t B = std::min(chunk, N - n0);
     const at::Tensor cols = columns.narrow(0, 0, rows * B * P).view({rows, B * P});
     Kernels::template im2col<DeformForwardName>(
         deform_chunk_tensors<Kernels>(g, in, off, msk, n0, B), cols);
-    Kernels::forward_gemm(d, out3, n0, B, w, cols, b);
+    Kernels::forward_gemm(d, out3, n0, B, w, cols, b, scratch);
   }
   return out.to(dtype);
 }

@@ -4,11 +4,11 @@
 //
 // A chunk of B images has its columns as one (C * kh * kw, B * P) matrix,
 // rows (channel, tap), columns (image, pixel), so that each weight group
-// needs one GEMM for the whole chunk in the backward -- the weight
-// gradient, a reduction over images and pixels, would otherwise need B
-// GEMMs with a short reduction each.  The price is a transpose of the
-// chunk's incoming gradient, a fraction of the column buffer's traffic.
-// The forward runs one GEMM per image instead, straight into the output.
+// needs one GEMM for the whole chunk -- a GEMM per image would be B small
+// ones, and the weight gradient, a reduction over images and pixels, would
+// need B GEMMs with a short reduction each.  The price is a transpose of
+// the chunk's output (forward) and of its incoming gradient (backward),
+// each a fraction of the column buffer's traffic.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -65,25 +65,22 @@ struct DeformGemm {
 };
 
 // out[n0 : n0 + B] = weight @ columns + bias, out viewed (N, O, P) and
-// columns (C * K, B * P): the bias is broadcast into the output first and
-// each image's GEMM adds its product onto it in place (beta 1), reading its
-// P columns where they lie: no product buffer and no transposing pass
-// (H200, 2x64x128x128 float32: the separate bias-adding copy took 7 of the
-// forward's 130 us).
+// columns (C * K, B * P).  `scratch` holds the (O, B * P) product between
+// the GEMM and the transposing copy that adds the bias.
 inline void deform_forward_gemm(const DeformGemm& d, at::Tensor& out3,
                                 int64_t n0, int64_t images,
                                 const at::Tensor& weight,
                                 const at::Tensor& columns,
-                                const at::Tensor& bias) {
-  const int64_t G = d.groups, P = d.pixels;
+                                const at::Tensor& bias, at::Tensor& scratch) {
+  const int64_t G = d.groups, BP = images * d.pixels;
+  at::Tensor prod = scratch.narrow(0, 0, d.out_channels * BP)
+                        .view({G, d.out_rows(), BP});
+  grouped_mm_out(prod, weight.view({G, d.out_rows(), d.group_rows()}),
+                 columns.view({G, d.group_rows(), BP}));
   at::Tensor dst = out3.narrow(0, n0, images);
-  dst.copy_(bias.view({1, d.out_channels, 1}).expand_as(dst));
-  const at::Tensor w = weight.view({G, d.out_rows(), d.group_rows()});
-  const at::Tensor cols = columns.view({G, d.group_rows(), images * P});
-  for (int64_t i = 0; i < images; ++i) {
-    at::Tensor o = dst.select(0, i).view({G, d.out_rows(), P});
-    grouped_mm_add(o, w, cols.narrow(2, i * P, P));
-  }
+  at::add_out(dst,
+              prod.view({d.out_channels, images, d.pixels}).permute({1, 0, 2}),
+              bias.view({1, d.out_channels, 1}));
 }
 
 // For images [n0, n0 + B): grad_columns (C * K, B * P) = weight^T @ grad,

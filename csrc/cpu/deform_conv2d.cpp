@@ -372,8 +372,9 @@ struct CpuKernels {
 
   static void forward_gemm(const DeformGemm& d, at::Tensor& out3, int64_t n0,
                            int64_t images, const at::Tensor& weight,
-                           const at::Tensor& columns, const at::Tensor& bias) {
-    deform_forward_gemm(d, out3, n0, images, weight, columns, bias);
+                           const at::Tensor& columns, const at::Tensor& bias,
+                           at::Tensor& scratch) {
+    deform_forward_gemm(d, out3, n0, images, weight, columns, bias, scratch);
   }
 
   static void backward_gemm(const DeformGemm& d, const at::Tensor& grad3,

@@ -666,11 +666,12 @@ struct CudaKernels {
 
   static void forward_gemm(const DeformGemm& d, at::Tensor& out3, int64_t n0,
                            int64_t images, const at::Tensor& weight,
-                           const at::Tensor& columns, const at::Tensor& bias) {
+                           const at::Tensor& columns, const at::Tensor& bias,
+                           at::Tensor& scratch) {
     if (columns.size(0) == 2 * d.column_rows) {
       split_forward_gemm(d, out3, n0, images, weight, columns, bias);
     } else {
-      deform_forward_gemm(d, out3, n0, images, weight, columns, bias);
+      deform_forward_gemm(d, out3, n0, images, weight, columns, bias, scratch);
     }
   }
 
