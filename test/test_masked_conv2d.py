@@ -174,6 +174,35 @@ def test_cuda_forward_paths_match_float64(monkeypatch, path, dtype, case):
 
 @cuda
 @needs_cuda
+@pytest.mark.parametrize("density", [0.0, 0.03, 0.12, 0.125, 0.13, 0.5, 1.0])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cuda_sparse_forward_on_both_sides_of_the_gather_ahead(monkeypatch, density, dtype):
+    """The sparse forward gathers the columns before the host has the count
+    when they fit in a buffer for an eighth of the positions, and after it
+    otherwise: densities on both sides of the boundary, 0 and 1 included,
+    against the float64 reference."""
+    monkeypatch.setenv(PATH_SWITCH, "sparse")
+    torch.manual_seed(5)
+    n, c, c_out, h, w = 2, 16, 24, 16, 20
+    x = torch.randn(n, c, h, w, device="cuda", dtype=torch.float64)
+    weight = torch.randn(c_out, c, 3, 3, device="cuda", dtype=torch.float64)
+    bias = torch.randn(c_out, device="cuda", dtype=torch.float64)
+    mask = torch.zeros(n * h * w, dtype=torch.bool)
+    mask[torch.randperm(n * h * w)[:round(density * n * h * w)]] = True
+    mask = mask.view(n, h, w).cuda()
+    want = references.masked_conv2d(x, mask, weight, bias, (1, 1), (1, 1), (1, 1), 1)
+    got = torchops.masked_conv2d(x.to(dtype), mask, weight.to(dtype), bias.to(dtype), padding=1)
+    tol = {torch.float64: 1e-10, torch.float32: 1e-4}[dtype]
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+    # The next call, with other positions, reuses no stale columns.
+    got2 = torchops.masked_conv2d(x.to(dtype), mask.flip(2), weight.to(dtype), bias.to(dtype),
+                                  padding=1)
+    want2 = references.masked_conv2d(x, mask.flip(2), weight, bias, (1, 1), (1, 1), (1, 1), 1)
+    torch.testing.assert_close(got2.double(), want2, rtol=tol, atol=tol)
+
+
+@cuda
+@needs_cuda
 def test_cuda_dense_path_keeps_unread_nan_out():
     """The dense hand-off convolves every position, but where() (not a
     product with the mask) keeps the unselected ones exactly 0, NaN inputs

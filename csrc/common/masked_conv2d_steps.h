@@ -7,8 +7,13 @@
 // way.
 //
 //   Kernels::positions(mask, g, meanwhile)       -> MaskedPositions; calls
-//                                                  meanwhile() once, while
-//                                                  the count is in flight
+//                                                  meanwhile(pending) once,
+//                                                  while the count is in
+//                                                  flight
+//   Kernels::gather_cols_ahead(input, g, pending) -> the columns gathered
+//                                                  before the count is known
+//                                                  (or none), into a buffer
+//                                                  of their own capacity
 //   Kernels::clear_output(out)                     with write_output, writes
 //                                                  every element of out
 //   Kernels::dense_forward(input, ..., g, pos, out) -> whether it wrote out
@@ -50,6 +55,14 @@ namespace torchops {
 // graph capture), P is every position of the batch and the entries past
 // the selected ones are -1.  `index_map` (N * H_out * W_out) holds each
 // position's rank in `positions`, or -1.  Both are int64.
+// The positions while their count is still on its way to the host: the
+// whole-length list (its first `count` entries will be the positions) and
+// the count in device memory (null where the device has none to give).
+struct PendingPositions {
+  at::Tensor positions;
+  const int64_t* device_count = nullptr;
+};
+
 struct MaskedPositions {
   at::Tensor positions;
   at::Tensor index_map;
@@ -73,12 +86,20 @@ at::Tensor masked_conv2d_forward(const at::Tensor& input, const at::Tensor& mask
   // The device reads the positions' count back to the host: the output's
   // zeros are queued behind that copy, so they are written while the host
   // waits.
-  const MaskedPositions pos = Kernels::positions(mask, g, [&] { Kernels::clear_output(out); });
+  // Columns gathered ahead while the host waits, where the device can (a
+  // buffer of some capacity, filled only if the count fits in it).
+  std::optional<at::Tensor> ahead;
+  const MaskedPositions pos = Kernels::positions(mask, g, [&](const PendingPositions& pending) {
+    Kernels::clear_output(out);
+    ahead = Kernels::gather_cols_ahead(input, g, pending);
+  });
   if (Kernels::dense_forward(input, mask, weight, bias, padding, stride, dilation, groups, g, pos,
                              out)) {
     return out;
   }
-  const at::Tensor cols = Kernels::gather_cols(input, pos, g);
+  const at::Tensor cols = ahead.has_value() && ahead->size(1) >= pos.count()
+                              ? ahead->narrow(1, 0, pos.count())
+                              : Kernels::gather_cols(input, pos, g);
   const at::Tensor product = Kernels::forward_gemm(
       weight.reshape({g.groups, g.out_per_group(), g.col_rows()}), cols);
   Kernels::write_output(product, bias, pos, g, out);
@@ -117,7 +138,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> masked_conv2d_backward(
   if (output_mask[0]) {
     grad_input = new_output(op, input.sizes(), input.options());
   }
-  const MaskedPositions pos = Kernels::positions(mask, g, [] {});
+  const MaskedPositions pos = Kernels::positions(mask, g, [](const PendingPositions&) {});
   const int64_t p = pos.count();
   at::Tensor grad_cols = new_output(op, {g.out_channels, p}, grad.options());
   Kernels::gather_grad(grad, pos, g, grad_cols);

@@ -39,9 +39,10 @@ using Position = MaskedConvPosition<int64_t>;
 struct CpuKernels {
   // One pass in order: ranks come out ascending (the mask is small beside
   // the convolution: N * H_out * W_out values).
-  static MaskedPositions positions(const at::Tensor& mask, const MaskedConvGeometry& g,
-                                   const std::function<void()>& meanwhile) {
-    meanwhile();
+  static MaskedPositions positions(
+      const at::Tensor& mask, const MaskedConvGeometry& g,
+      const std::function<void(const PendingPositions&)>& meanwhile) {
+    meanwhile(PendingPositions{});
     const int64_t all = g.all_positions();
     at::Tensor index_map = at::empty({all}, mask.options().dtype(at::kLong));
     int64_t* map = index_map.mutable_data_ptr<int64_t>();
@@ -69,6 +70,13 @@ struct CpuKernels {
       }
     }
     return {positions, index_map};
+  }
+
+  // The count is known at once here: nothing to do ahead of it.
+  static std::optional<at::Tensor> gather_cols_ahead(const at::Tensor& /*input*/,
+                                                     const MaskedConvGeometry& /*g*/,
+                                                     const PendingPositions& /*pending*/) {
+    return std::nullopt;
   }
 
   // Stored (G, K, P), the layout the CPU GEMM reads without a copy: each
