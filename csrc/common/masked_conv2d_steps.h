@@ -55,19 +55,19 @@ namespace torchops {
 // graph capture), P is every position of the batch and the entries past
 // the selected ones are -1.  `index_map` (N * H_out * W_out) holds each
 // position's rank in `positions`, or -1.  Both are int64.
+struct MaskedPositions {
+  at::Tensor positions;
+  at::Tensor index_map;
+
+  int64_t count() const { return positions.size(0); }
+};
+
 // The positions while their count is still on its way to the host: the
 // whole-length list (its first `count` entries will be the positions) and
 // the count in device memory (null where the device has none to give).
 struct PendingPositions {
   at::Tensor positions;
   const int64_t* device_count = nullptr;
-};
-
-struct MaskedPositions {
-  at::Tensor positions;
-  at::Tensor index_map;
-
-  int64_t count() const { return positions.size(0); }
 };
 
 template <typename Kernels>
