@@ -22,6 +22,7 @@
 #include <c10/macros/Macros.h>
 
 #include <optional>
+#include <tuple>
 
 #include "common/accumulate.h"
 #include "common/roi.h"
@@ -86,6 +87,13 @@ inline void check_deform_roi_pool(const char* op, const at::Tensor& input,
   }
 }
 
+// `t` has exactly the sizes `want`, spelled `layout` in the message.
+inline void check_pooled_shape(const char* op, const at::Tensor& t, const char* name,
+                               const char* layout, c10::IntArrayRef want) {
+  TORCH_CHECK(t.sizes() == want, "torchops.", op, ": expected '", name,
+              "' to have shape ", layout, " = ", want, ", but got ", t.sizes());
+}
+
 // The forward's derivatives along x and y (_deform_roi_pool_forward):
 // (2, K, C, PH, PW) of the compute type (float32 for the half types), on
 // the input's device.
@@ -99,14 +107,8 @@ inline void check_deform_roi_pool_slopes(const char* op, const at::Tensor& input
   TORCH_CHECK(slopes.scalar_type() == want, "torchops.", op,
               ": expected 'slopes' to have dtype ", want, ", but got ",
               slopes.scalar_type());
-  TORCH_CHECK(slopes.dim() == 5 && slopes.size(0) == 2 &&
-                  slopes.size(1) == rois.size(0) &&
-                  slopes.size(2) == input.size(1) &&
-                  slopes.size(3) == pooled_height && slopes.size(4) == pooled_width,
-              "torchops.", op, ": expected 'slopes' to have shape (2, K, C, "
-              "pooled_height, pooled_width) = (2, ", rois.size(0), ", ",
-              input.size(1), ", ", pooled_height, ", ", pooled_width,
-              "), but got ", slopes.sizes());
+  check_pooled_shape(op, slopes, "slopes", "(2, K, C, pooled_height, pooled_width)",
+                     {2, rois.size(0), input.size(1), pooled_height, pooled_width});
 }
 
 // Backward: the forward's arguments, grad (K, C, PH, PW) of their dtype and
@@ -120,17 +122,43 @@ inline void check_deform_roi_pool_backward(
                         sampling_ratio, device);
   check_devices(op, device, {{input, "input"}, {grad, "grad"}});
   check_same_dtype(op, {input, "input"}, {grad, "grad"});
-  TORCH_CHECK(grad.dim() == 4 && grad.size(0) == rois.size(0) &&
-                  grad.size(1) == input.size(1) &&
-                  grad.size(2) == pooled_height && grad.size(3) == pooled_width,
-              "torchops.", op, ": expected 'grad' to have shape (K, C, "
-              "pooled_height, pooled_width) = (", rois.size(0), ", ",
-              input.size(1), ", ", pooled_height, ", ", pooled_width,
-              "), but got ", grad.sizes());
+  check_pooled_shape(op, grad, "grad", "(K, C, pooled_height, pooled_width)",
+                     {rois.size(0), input.size(1), pooled_height, pooled_width});
   if (slopes.has_value()) {
     check_deform_roi_pool_slopes(op, input, rois, *slopes, pooled_height,
                                  pooled_width);
   }
+}
+
+// The device kernel of both forward operators: the output, and with
+// `slopes` (not null) the derivatives along x and y.
+using DeformRoiPoolForward = at::Tensor (*)(const char* op, const at::Tensor& input,
+                                            const at::Tensor& rois,
+                                            const std::optional<at::Tensor>& offset,
+                                            double spatial_scale, int64_t pooled_height,
+                                            int64_t pooled_width, int64_t sampling_ratio,
+                                            double gamma, at::Tensor* slopes);
+
+// deform_roi_pool on a device's forward.
+template <DeformRoiPoolForward kForward>
+at::Tensor deform_roi_pool_op(const at::Tensor& input, const at::Tensor& rois,
+                              const std::optional<at::Tensor>& offset, double spatial_scale,
+                              int64_t pooled_height, int64_t pooled_width,
+                              int64_t sampling_ratio, double gamma) {
+  return kForward("deform_roi_pool", input, rois, offset, spatial_scale, pooled_height,
+                  pooled_width, sampling_ratio, gamma, nullptr);
+}
+
+// _deform_roi_pool_forward on a device's forward: (output, slopes).
+template <DeformRoiPoolForward kForward>
+std::tuple<at::Tensor, at::Tensor> deform_roi_pool_with_slopes_op(
+    const at::Tensor& input, const at::Tensor& rois, const at::Tensor& offset,
+    double spatial_scale, int64_t pooled_height, int64_t pooled_width,
+    int64_t sampling_ratio, double gamma) {
+  at::Tensor slopes;
+  at::Tensor out = kForward("_deform_roi_pool_forward", input, rois, offset, spatial_scale,
+                            pooled_height, pooled_width, sampling_ratio, gamma, &slopes);
+  return {out, slopes};
 }
 
 }  // namespace torchops

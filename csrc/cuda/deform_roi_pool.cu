@@ -189,26 +189,6 @@ at::Tensor forward(const char* op, const at::Tensor& input,
   return out;
 }
 
-at::Tensor deform_roi_pool(const at::Tensor& input, const at::Tensor& rois,
-                           const std::optional<at::Tensor>& offset,
-                           double spatial_scale, int64_t pooled_height,
-                           int64_t pooled_width, int64_t sampling_ratio,
-                           double gamma) {
-  return forward("deform_roi_pool", input, rois, offset, spatial_scale,
-                 pooled_height, pooled_width, sampling_ratio, gamma, nullptr);
-}
-
-std::tuple<at::Tensor, at::Tensor> deform_roi_pool_with_slopes(
-    const at::Tensor& input, const at::Tensor& rois, const at::Tensor& offset,
-    double spatial_scale, int64_t pooled_height, int64_t pooled_width,
-    int64_t sampling_ratio, double gamma) {
-  at::Tensor slopes;
-  at::Tensor out = forward("_deform_roi_pool_forward", input, rois, offset,
-                           spatial_scale, pooled_height, pooled_width,
-                           sampling_ratio, gamma, &slopes);
-  return {out, slopes};
-}
-
 std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
     const at::Tensor& grad, const at::Tensor& input, const at::Tensor& rois_in,
     const std::optional<at::Tensor>& offset,
@@ -266,8 +246,8 @@ std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
-  m.impl("deform_roi_pool", &deform_roi_pool);
-  m.impl("_deform_roi_pool_forward", &deform_roi_pool_with_slopes);
+  m.impl("deform_roi_pool", &deform_roi_pool_op<forward>);
+  m.impl("_deform_roi_pool_forward", &deform_roi_pool_with_slopes_op<forward>);
   m.impl("_deform_roi_pool_backward", &deform_roi_pool_backward);
 }
 
