@@ -4,9 +4,14 @@
 // Positions: one pass counts the selected (n, oh, ow) per tile, a second
 // ranks them and writes the position list and the index map.  The number
 // of positions sizes the columns and the GEMM, so it is read back to the
-// host: one sync per call, with the output's zeros written meanwhile, and
-// the columns too when the positions are few (gather_cols_ahead: into a
-// buffer for an eighth of them, the kernel reading the count on the device).
+// host: one sync per call.  The rank kernel writes the count straight into
+// mapped pinned memory, so no copy sits in the stream, and the host waits
+// on an event for the count alone; meanwhile the device writes the output's
+// zeros, and the columns too when the positions are few (gather_cols_ahead:
+// into a buffer for an eighth of them, the kernel reading the count on the
+// device).  That queued work covers the host's time from the count to the
+// GEMM's launch (H200, 5% of 2x256x100x152: about 30 us, of which cuBLAS's
+// own host time is over 20).
 // Where tensor cores may be used and enough positions are selected, the
 // forward hands off to cuDNN instead (kDenseShareTf32).
 // Under CUDA graph capture, where a sync is an error, the count is taken to
@@ -44,8 +49,11 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <tuple>
+#include <unordered_map>
+#include <vector>
 
 #include "common/masked_conv2d.h"
 #include "common/masked_conv2d_steps.h"
@@ -109,12 +117,14 @@ __global__ void __launch_bounds__(kScanThreads)
   }
 }
 
-// tile_counts: one per tile, then one slot for the total.
+// tile_counts: one per tile, then one slot for the total, which also goes
+// to host_total (mapped pinned memory) unless that is null.
 template <typename mask_t>
 __global__ void __launch_bounds__(kScanThreads)
     rank_kernel(const mask_t* __restrict__ mask, int64_t sn, int64_t sh, int64_t sw,
                 MaskedConvGeometry g, int64_t* __restrict__ tile_counts,
-                int64_t* __restrict__ index_map, int64_t* __restrict__ positions) {
+                int64_t* __restrict__ index_map, int64_t* __restrict__ positions,
+                int64_t* __restrict__ host_total) {
   using Reduce = cub::BlockReduce<int64_t, kScanThreads>;
   using Scan = cub::BlockScan<int, kScanThreads>;
   __shared__ union {
@@ -146,6 +156,9 @@ __global__ void __launch_bounds__(kScanThreads)
   }
   if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 0) {
     tile_counts[gridDim.x] = tile_offset + tile_total;
+    if (host_total != nullptr) {
+      *host_total = tile_offset + tile_total;
+    }
   }
 }
 
@@ -446,23 +459,53 @@ dim3 grid_2d(int64_t items, int64_t chunks) {
 }
 
 // An event recorded on a stream, for the host to wait on what is queued
-// before it and not after.
-class CopyEvent {
+// before it and not after.  The events are kept for reuse (per device, one
+// call at a time each): creating and destroying one per call is host time
+// on the path that the call's next launch waits on.  The pool is never
+// freed; its events go with the process's CUDA contexts.
+class CountEvent {
  public:
-  explicit CopyEvent(cudaStream_t stream) {
-    C10_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  CountEvent(int device, cudaStream_t stream) : device_(device) {
+    {
+      const std::lock_guard<std::mutex> lock(mutex());
+      std::vector<cudaEvent_t>& free = pool()[device];
+      if (!free.empty()) {
+        event_ = free.back();
+        free.pop_back();
+      }
+    }
+    if (event_ == nullptr) {
+      C10_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    }
     const cudaError_t recorded = cudaEventRecord(event_, stream);
     if (recorded != cudaSuccess) {
-      cudaEventDestroy(event_);
+      give_back();
       C10_CUDA_CHECK(recorded);
     }
   }
-  ~CopyEvent() { cudaEventDestroy(event_); }
-  CopyEvent(const CopyEvent&) = delete;
-  CopyEvent& operator=(const CopyEvent&) = delete;
+  ~CountEvent() { give_back(); }
+  CountEvent(const CountEvent&) = delete;
+  CountEvent& operator=(const CountEvent&) = delete;
   void wait() const { C10_CUDA_CHECK(cudaEventSynchronize(event_)); }
 
  private:
+  static std::mutex& mutex() {
+    static auto* m = new std::mutex;
+    return *m;
+  }
+  static std::unordered_map<int, std::vector<cudaEvent_t>>& pool() {
+    static auto* p = new std::unordered_map<int, std::vector<cudaEvent_t>>;
+    return *p;
+  }
+  void give_back() {
+    if (event_ != nullptr) {
+      const std::lock_guard<std::mutex> lock(mutex());
+      pool()[device_].push_back(event_);
+      event_ = nullptr;
+    }
+  }
+
+  int device_;
   cudaEvent_t event_ = nullptr;
 };
 
@@ -508,6 +551,21 @@ struct CudaKernels {
     const bool padded = capturing(stream);
     at::Tensor positions = padded ? at::full({all}, -1, index_map.options())
                                   : at::empty({all}, index_map.options());
+    // The count's way to the host: rank_kernel writes it into pinned memory
+    // itself, which the device can address (always, with unified
+    // addressing), so no copy sits in the stream between the kernel and the
+    // work queued behind it; else a copy follows the kernel.
+    at::Tensor count;
+    int64_t* host_total = nullptr;
+    if (!padded) {
+      count = at::empty({1}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+      void* mapped = nullptr;
+      if (cudaHostGetDevicePointer(&mapped, count.mutable_data_ptr(), 0) == cudaSuccess) {
+        host_total = static_cast<int64_t*>(mapped);
+      } else {
+        (void)cudaGetLastError();  // clears the error the query left
+      }
+    }
     const int64_t sn = g.mask_broadcast ? 0 : mask.stride(0);
     AT_DISPATCH_FLOATING_TYPES_AND3(
         at::kHalf, at::kBFloat16, at::kBool, mask.scalar_type(), "torchops.masked_conv2d", [&] {
@@ -519,23 +577,24 @@ struct CudaKernels {
           rank_kernel<scalar_t><<<grid, kScanThreads, 0, stream>>>(
               mask.const_data_ptr<scalar_t>(), sn, mask.stride(1), mask.stride(2), g,
               tile_counts.mutable_data_ptr<int64_t>(), index_map.mutable_data_ptr<int64_t>(),
-              positions.mutable_data_ptr<int64_t>());
+              positions.mutable_data_ptr<int64_t>(), host_total);
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         });
     if (padded) {
       meanwhile(PendingPositions{positions, nullptr});
       return {positions, index_map};
     }
-    // The one sync of the call (see the top of the file): the count goes to
-    // pinned memory, `meanwhile` queues its work behind the copy, and only
-    // then does the host wait, for the copy alone.
-    at::Tensor count = at::empty({1}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
-    C10_CUDA_CHECK(cudaMemcpyAsync(count.mutable_data_ptr<int64_t>(),
-                                   tile_counts.const_data_ptr<int64_t>() + tiles, sizeof(int64_t),
-                                   cudaMemcpyDeviceToHost, stream));
-    const CopyEvent copied(stream);
+    // The one sync of the call (see the top of the file): `meanwhile`
+    // queues its work behind the count, and only then does the host wait,
+    // for the count alone.
+    if (host_total == nullptr) {
+      C10_CUDA_CHECK(cudaMemcpyAsync(count.mutable_data_ptr<int64_t>(),
+                                     tile_counts.const_data_ptr<int64_t>() + tiles,
+                                     sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+    }
+    const CountEvent counted(mask.get_device(), stream);
     meanwhile(PendingPositions{positions, tile_counts.const_data_ptr<int64_t>() + tiles});
-    copied.wait();
+    counted.wait();
     return {positions.narrow(0, 0, *count.const_data_ptr<int64_t>()), index_map};
   }
 
