@@ -84,11 +84,12 @@ at::Tensor masked_conv2d_forward(const at::Tensor& input, const at::Tensor& mask
     return out;
   }
   // The device reads the positions' count back to the host: the output's
-  // zeros are queued behind that copy, so they are written while the host
-  // waits.
-  // Columns gathered ahead while the host waits, where the device can (a
-  // buffer of some capacity, filled only if the count fits in it).
+  // zeros are queued behind the count, so they are written while the host
+  // waits, and so are the columns, where the device can (a buffer of some
+  // capacity, filled only if the count fits in it).
   std::optional<at::Tensor> ahead;
+  // Views made before the wait, off the path from the count to the GEMM.
+  const at::Tensor weight3 = weight.reshape({g.groups, g.out_per_group(), g.col_rows()});
   const MaskedPositions pos = Kernels::positions(mask, g, [&](const PendingPositions& pending) {
     Kernels::clear_output(out);
     ahead = Kernels::gather_cols_ahead(input, g, pending);
@@ -100,8 +101,7 @@ at::Tensor masked_conv2d_forward(const at::Tensor& input, const at::Tensor& mask
   const at::Tensor cols = ahead.has_value() && ahead->size(1) >= pos.count()
                               ? ahead->narrow(1, 0, pos.count())
                               : Kernels::gather_cols(input, pos, g);
-  const at::Tensor product = Kernels::forward_gemm(
-      weight.reshape({g.groups, g.out_per_group(), g.col_rows()}), cols);
+  const at::Tensor product = Kernels::forward_gemm(weight3, cols);
   Kernels::write_output(product, bias, pos, g, out);
   return out;
 }
