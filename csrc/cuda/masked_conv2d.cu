@@ -593,7 +593,14 @@ struct CudaKernels {
                                      sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
     }
     const CountEvent counted(mask.get_device(), stream);
-    meanwhile(PendingPositions{positions, tile_counts.const_data_ptr<int64_t>() + tiles});
+    try {
+      meanwhile(PendingPositions{positions, tile_counts.const_data_ptr<int64_t>() + tiles});
+    } catch (...) {
+      // The device still writes into `count`: let that land before the
+      // pinned block goes back to PyTorch's allocator for others to use.
+      counted.wait();
+      throw;
+    }
     counted.wait();
     return {positions.narrow(0, 0, *count.const_data_ptr<int64_t>()), index_map};
   }
