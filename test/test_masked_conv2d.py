@@ -139,30 +139,33 @@ def _replay_with_masks(x, mask, weight, bias, want, tol):
 PATH_SWITCH = "TORCHOPS_TESTING_MASKED_CONV_PATH"
 
 
-@cuda
-@needs_cuda
-@pytest.mark.parametrize("path", ["sparse", "dense"])
+DEVICES = ["cpu", pytest.param("cuda", marks=[cuda, needs_cuda])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("path", ["sparse", "dense", "auto"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", ["plain", "strided_groups", "shared_float_mask"])
-def test_cuda_forward_paths_match_float64(monkeypatch, path, dtype, case):
-    """Both CUDA forwards (the sparse gather + GEMM, and the dense hand-off
-    to cuDNN that high densities take) against the float64 reference, with
-    float32 exact (the default precision) on both."""
+def test_forward_paths_match_float64(monkeypatch, device, path, dtype, case):
+    """Both forwards (the sparse gather + GEMM, and the dense hand-off to the
+    library's convolution -- cuDNN, oneDNN -- that high densities take, and
+    the default's pick at a density above every device's threshold) against
+    the float64 reference, with float32 exact (the default precision)."""
     monkeypatch.setenv(PATH_SWITCH, path)
     torch.manual_seed(3)
     n, c, c_out, h, w = 2, 8, 12, 13, 17
     stride, dilation, groups = (1, 1), (1, 1), 1
     if case == "strided_groups":
         stride, dilation, groups = (2, 1), (1, 2), 2
-    x = torch.randn(n, c, h, w, device="cuda", dtype=torch.float64)
-    weight = torch.randn(c_out, c // groups, 3, 3, device="cuda", dtype=torch.float64)
-    bias = torch.randn(c_out, device="cuda", dtype=torch.float64)
+    x = torch.randn(n, c, h, w, device=device, dtype=torch.float64)
+    weight = torch.randn(c_out, c // groups, 3, 3, device=device, dtype=torch.float64)
+    bias = torch.randn(c_out, device=device, dtype=torch.float64)
     h_out = (h + 2 - dilation[0] * 2 - 1) // stride[0] + 1
     w_out = (w + 2 - dilation[1] * 2 - 1) // stride[1] + 1
     if case == "shared_float_mask":
-        mask = random_mask((1, h_out, w_out), "cuda", torch.float32, density=0.6, seed=7)
+        mask = random_mask((1, h_out, w_out), device, torch.float32, density=0.6, seed=7)
     else:
-        mask = random_mask((n, h_out, w_out), "cuda", density=0.6, seed=7)
+        mask = random_mask((n, h_out, w_out), device, density=0.6, seed=7)
     want = references.masked_conv2d(x, mask, weight, bias, (1, 1), stride, dilation, groups)
     got = torchops.masked_conv2d(x.to(dtype), mask, weight.to(dtype), bias.to(dtype), padding=1,
                                  stride=stride, dilation=dilation, groups=groups)
@@ -201,16 +204,15 @@ def test_cuda_sparse_forward_on_both_sides_of_the_gather_ahead(monkeypatch, dens
     torch.testing.assert_close(got2.double(), want2, rtol=tol, atol=tol)
 
 
-@cuda
-@needs_cuda
-def test_cuda_dense_path_keeps_unread_nan_out():
+@pytest.mark.parametrize("device", DEVICES)
+def test_dense_path_keeps_unread_nan_out(device):
     """The dense hand-off convolves every position, but where() (not a
     product with the mask) keeps the unselected ones exactly 0, NaN inputs
     included."""
-    x, _, weight, bias = _args("cuda", torch.float32, requires_grad=False)
+    x, _, weight, bias = _args(device, torch.float32, requires_grad=False)
     x = x.clone()
     x[:, :, :3, :3] = float("nan")
-    mask = torch.zeros(2, 9, 11, dtype=torch.bool, device="cuda")
+    mask = torch.zeros(2, 9, 11, dtype=torch.bool, device=device)
     mask[:, 5:, 5:] = True
     with pytest.MonkeyPatch.context() as m:
         m.setenv(PATH_SWITCH, "dense")
@@ -232,12 +234,38 @@ def test_cuda_graph_capture_with_tensor_cores_replays_any_mask():
         tol=0.05)
 
 
-@cuda
-@needs_cuda
-def test_path_switch_rejects_unknown_values(monkeypatch):
+@pytest.mark.parametrize("device", DEVICES)
+def test_path_switch_rejects_unknown_values(monkeypatch, device):
     """The testing switch is checked: a typo raises instead of silently
-    testing the default path (CUDA only; CPU has one path)."""
+    testing the default path."""
     monkeypatch.setenv(PATH_SWITCH, "fast")
-    x, mask, weight, bias = _args("cuda", torch.float32, requires_grad=False)
+    x, mask, weight, bias = _args(device, torch.float32, requires_grad=False)
     with pytest.raises(RuntimeError, match="TORCHOPS_TESTING_MASKED_CONV_PATH"):
         torchops.masked_conv2d(x, mask, weight, bias, padding=1)
+
+
+@pytest.mark.parametrize("density", [0.9, 1.0])
+def test_cpu_dense_masks_stay_sparse_and_thread_independent_when_deterministic(density):
+    """On CPU a dense mask goes to oneDNN by default, whose result may depend
+    on the thread count; under torch.use_deterministic_algorithms(True) the
+    forward stays on the sparse path, bitwise the same at any thread count."""
+    x, mask, weight, bias = _args("cpu", torch.float32, n=2, c=8, c_out=16, h=20, w=24,
+                                  density=density, requires_grad=False)
+    prev_threads, prev_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+
+    def run(threads):
+        torch.set_num_threads(threads)
+        return torchops.masked_conv2d(x, mask, weight, bias, padding=1)
+
+    try:
+        torch.use_deterministic_algorithms(True)
+        one, two = run(1), run(max(prev_threads, 2))
+        with pytest.MonkeyPatch.context() as m:
+            m.setenv(PATH_SWITCH, "sparse")
+            sparse = run(1)
+    finally:
+        torch.set_num_threads(prev_threads)
+        torch.use_deterministic_algorithms(prev_det)
+    assert torch.equal(one, two) and torch.equal(one, sparse)
+    want = references.masked_conv2d(x.double(), mask, weight.double(), bias.double(), [1, 1])
+    torch.testing.assert_close(one.double(), want, rtol=1e-4, atol=1e-4)

@@ -16,9 +16,9 @@
 //                                                  of their own capacity
 //   Kernels::clear_output(out)                     with write_output, writes
 //                                                  every element of out
-//   Kernels::dense_forward(input, ..., g, pos, out) -> whether it wrote out
-//                                                  itself, densely (a device
-//                                                  may hand dense masks off)
+//   Kernels::dense_hand_off(input) -> DenseHandOff: when the forward gives
+//                                                  dense masks to the
+//                                                  library's convolution
 //   Kernels::gather_cols(input, pos, g) -> cols     (G, P, K), in the memory
 //                                                  order the device's GEMM
 //                                                  reads best
@@ -34,9 +34,15 @@
 // each compile their own copy.
 #pragma once
 
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/_convolution.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/gt.h>
 #include <ATen/ops/sum.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/DeviceGuard.h>
 
 #include <array>
 #include <functional>
@@ -46,6 +52,7 @@
 #include "common/accumulate.h"
 #include "common/masked_conv2d.h"
 #include "common/library_matmul.h"
+#include "common/testing_switch.h"
 
 namespace torchops {
 
@@ -69,6 +76,58 @@ struct PendingPositions {
   at::Tensor positions;
   const int64_t* device_count = nullptr;
 };
+
+// TORCHOPS_TESTING_MASKED_CONV_PATH=auto|sparse|dense (read at each call)
+// forces the forward's path, so that tests reach both on any mask.
+enum class MaskedForwardPath { kAuto, kSparse, kDense };
+
+inline MaskedForwardPath masked_forward_path() {
+  return static_cast<MaskedForwardPath>(testing_switch(
+      "masked_conv2d", "TORCHOPS_TESTING_MASKED_CONV_PATH", {"auto", "sparse", "dense"}));
+}
+
+// A device's rule for handing dense masks to its library convolution
+// (Kernels::dense_hand_off): whether it pays for this call's dtype and
+// settings at all, from what share of selected positions, and the TF32
+// setting that keeps its precision the sparse path's.
+struct DenseHandOff {
+  bool worth;
+  double share;
+  bool allow_tf32;
+};
+
+// Whether the forward hands the call off: where the testing switch says
+// so, or by default where the device's rule does.
+inline bool masked_conv2d_goes_dense(const DenseHandOff& rule, const MaskedPositions& pos,
+                                     const MaskedConvGeometry& g) {
+  const MaskedForwardPath path = masked_forward_path();
+  return path == MaskedForwardPath::kDense ||
+         (path == MaskedForwardPath::kAuto && rule.worth &&
+          static_cast<double>(pos.count()) >= rule.share * static_cast<double>(g.all_positions()));
+}
+
+// The dense hand-off of a device whose library convolution beats the
+// sparse path on dense masks: that convolution of every position (cuDNN,
+// oneDNN), with `allow_tf32` as the sparse path's GEMM would have it so the
+// precision never depends on the mask, then exactly 0 -- where(), not a
+// product, so unread NaNs stay out -- where the mask does not select.
+inline void masked_conv2d_dense(const at::Tensor& input, const at::Tensor& mask,
+                                const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                                c10::IntArrayRef padding, c10::IntArrayRef stride,
+                                c10::IntArrayRef dilation, int64_t groups, bool allow_tf32,
+                                at::Tensor& out) {
+  const c10::OptionalDeviceGuard guard(input.device());
+  const auto& ctx = at::globalContext();
+  const std::array<int64_t, 2> no_output_padding{0, 0};
+  const at::Tensor conv = at::_convolution(
+      input, weight, bias, stride, padding, dilation, /*transposed=*/false, no_output_padding,
+      groups, ctx.benchmarkCuDNN(), ctx.deterministicCuDNN() || ctx.deterministicAlgorithms(),
+      ctx.userEnabledCuDNN(), allow_tf32);
+  const at::Tensor selected = mask.scalar_type() == at::kBool ? mask : at::gt(mask, 0);
+  // A zero on the device: a CPU scalar would be a host-to-device copy, which
+  // CUDA graph capture forbids.
+  at::where_out(out, selected.unsqueeze(1), conv, at::zeros({}, conv.options()));
+}
 
 template <typename Kernels>
 at::Tensor masked_conv2d_forward(const at::Tensor& input, const at::Tensor& mask,
@@ -94,8 +153,10 @@ at::Tensor masked_conv2d_forward(const at::Tensor& input, const at::Tensor& mask
     Kernels::clear_output(out);
     ahead = Kernels::gather_cols_ahead(input, g, pending);
   });
-  if (Kernels::dense_forward(input, mask, weight, bias, padding, stride, dilation, groups, g, pos,
-                             out)) {
+  const DenseHandOff rule = Kernels::dense_hand_off(input);
+  if (masked_conv2d_goes_dense(rule, pos, g)) {
+    masked_conv2d_dense(input, mask, weight, bias, padding, stride, dilation, groups,
+                        rule.allow_tf32, out);
     return out;
   }
   const at::Tensor cols = ahead.has_value() && ahead->size(1) >= pos.count()
