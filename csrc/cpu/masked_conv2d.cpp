@@ -138,11 +138,21 @@ struct CpuKernels {
   // count.
   static constexpr double kDenseShare = 0.45;
 
-  static DenseHandOff dense_hand_off(const at::Tensor& input) {
+  static bool dense_forward(const at::Tensor& input, const at::Tensor& mask,
+                            const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                            c10::IntArrayRef padding, c10::IntArrayRef stride,
+                            c10::IntArrayRef dilation, int64_t groups,
+                            const MaskedConvGeometry& g, const MaskedPositions& pos,
+                            at::Tensor& out) {
     const at::ScalarType dtype = input.scalar_type();
-    return {(dtype == at::kFloat || dtype == at::kDouble) &&
-                !at::globalContext().deterministicAlgorithms(),
-            kDenseShare, /*allow_tf32=*/false};
+    const bool worth = (dtype == at::kFloat || dtype == at::kDouble) &&
+                       !at::globalContext().deterministicAlgorithms();
+    if (!masked_conv2d_goes_dense(worth, kDenseShare, pos, g)) {
+      return false;
+    }
+    masked_conv2d_dense(input, mask, weight, bias, padding, stride, dilation, groups,
+                        /*allow_tf32=*/false, out);
+    return true;
   }
 
   // write_output writes the zeros too, in the same pass.
