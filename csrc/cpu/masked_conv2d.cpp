@@ -4,8 +4,10 @@
 // Inputs are read through their strides (a copy would cost more than the
 // few taps each element gets at a sparse mask).  Each parallel task writes
 // its own part of the result -- in col2im a whole (n, c) plane, which sums
-// its image's taps in position order -- so every result is deterministic
-// and independent of the number of threads.
+// its image's taps in position order -- so every result of these steps is
+// deterministic and independent of the number of threads.  Only the dense
+// hand-off to oneDNN (dense_forward, float32 and float64 from kDenseShare
+// selected) may depend on the thread count, so deterministic mode skips it.
 #include <ATen/Context.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
