@@ -78,10 +78,7 @@ struct PendingPositions {
 };
 
 // TORCHOPS_TESTING_MASKED_CONV_PATH=auto|sparse|dense (read at each call)
-// forces the forward's path, so that tests reach both on any mask.  (The
-// CUDA kernels still carry their own copy of this switch and of
-// masked_conv2d_dense below, as verified on the GPU: they move onto these
-// once the GPU suite has run on that change.)
+// forces the forward's path, so that tests reach both on any mask.
 enum class MaskedForwardPath { kAuto, kSparse, kDense };
 
 inline MaskedForwardPath masked_forward_path() {

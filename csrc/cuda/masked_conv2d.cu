@@ -32,12 +32,8 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/_convolution.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
-#include <ATen/ops/gt.h>
-#include <ATen/ops/where.h>
-#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <cub/block/block_reduce.cuh>
@@ -509,15 +505,6 @@ class CountEvent {
   cudaEvent_t event_ = nullptr;
 };
 
-// TORCHOPS_TESTING_MASKED_CONV_PATH=auto|sparse|dense (read at each call)
-// forces the forward's path, so that tests reach both on any mask.
-enum class ForwardPath { kAuto, kSparse, kDense };
-
-ForwardPath forward_path() {
-  return static_cast<ForwardPath>(testing_switch(
-      "masked_conv2d", "TORCHOPS_TESTING_MASKED_CONV_PATH", {"auto", "sparse", "dense"}));
-}
-
 // The share of selected positions from which the forward hands off to
 // cuDNN, where cuDNN may use tensor cores: the sparse path's column traffic
 // grows with the positions (280 MB at 100% of the benchmark's layer) while
@@ -611,39 +598,24 @@ struct CudaKernels {
     C10_CUDA_CHECK(cudaMemsetAsync(out.mutable_data_ptr(), 0, out.nbytes(), current_stream()));
   }
 
-  // The dense hand-off (see kDenseShareTf32): cuDNN's convolution of every
-  // position, with the TF32 rule of torch's matmuls (the sparse path's, so
-  // the precision never depends on the mask), then 0 where the mask is not.
+  // The dense hand-off (see kDenseShareTf32; masked_conv2d_dense): cuDNN's
+  // convolution of every position, with the TF32 rule of torch's matmuls
+  // (the sparse path's, so the precision never depends on the mask).
   static bool dense_forward(const at::Tensor& input, const at::Tensor& mask,
                             const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                             c10::IntArrayRef padding, c10::IntArrayRef stride,
                             c10::IntArrayRef dilation, int64_t groups,
                             const MaskedConvGeometry& g, const MaskedPositions& pos,
                             at::Tensor& out) {
-    const ForwardPath path = forward_path();
     const at::ScalarType dtype = input.scalar_type();
     const bool tf32 = at::globalContext().allowTF32CuBLAS();
     const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
     const bool tensor_cores = half || (dtype == at::kFloat && tf32);
-    const double share = half ? kDenseShareHalf : kDenseShareTf32;
-    const bool dense =
-        path == ForwardPath::kDense ||
-        (path == ForwardPath::kAuto && tensor_cores &&
-         static_cast<double>(pos.count()) >= share * static_cast<double>(g.all_positions()));
-    if (!dense) {
+    if (!masked_conv2d_goes_dense(tensor_cores, half ? kDenseShareHalf : kDenseShareTf32, pos,
+                                  g)) {
       return false;
     }
-    const c10::cuda::CUDAGuard guard(input.device());
-    const auto& ctx = at::globalContext();
-    const std::array<int64_t, 2> no_output_padding{0, 0};
-    const at::Tensor conv = at::_convolution(
-        input, weight, bias, stride, padding, dilation, /*transposed=*/false, no_output_padding,
-        groups, ctx.benchmarkCuDNN(), ctx.deterministicCuDNN() || ctx.deterministicAlgorithms(),
-        ctx.userEnabledCuDNN(), tf32);
-    const at::Tensor selected = mask.scalar_type() == at::kBool ? mask : at::gt(mask, 0);
-    // A device zero: a CPU scalar would be a host-to-device copy, which
-    // CUDA graph capture forbids.
-    at::where_out(out, selected.unsqueeze(1), conv, at::zeros({}, conv.options()));
+    masked_conv2d_dense(input, mask, weight, bias, padding, stride, dilation, groups, tf32, out);
     return true;
   }
 
