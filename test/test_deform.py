@@ -271,6 +271,29 @@ def test_cuda_float32_gemms_keep_float32_accuracy(conv_tf32, budget, monkeypatch
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("o,k,c", [(64, (3, 3), 16), (7, (3, 3), 5), (5, (2, 2), 1)],
+                         ids=["folded", "folded_odd", "four_rows"])
+@pytest.mark.parametrize("budget", [None, "1"], ids=["one_chunk", "chunks"])
+@pytest.mark.parametrize("use_mask", [True, False])
+def test_cuda_float32_forward_with_the_bias_folded_in(o, k, c, budget, use_mask, monkeypatch):
+    """With one weight group and fewer than 256 output channels the float32
+    forward folds the bias into its GEMM (a row of ones under the columns):
+    the output, images batched or one per chunk, is the float64 op's within
+    float32 error.  C * kh * kw = 4 is the size where folded and split
+    column counts would coincide; it does not fold and must be right too."""
+    if budget is not None:
+        monkeypatch.setenv(BUDGET, budget)
+    args64 = _problem(n=3, c=c, h=11, w=10, o=o, k=k, use_mask=use_mask, reach=3,
+                      device="cuda", seed=11)
+    args32 = [a.float() if isinstance(a, torch.Tensor) else a for a in args64]
+    want = OP(*args64)
+    got = OP(*args32)
+    assert got.dtype == torch.float32 and got.is_contiguous()
+    err = (got.double() - want).abs().max().item() / want.abs().max().item()
+    assert err < 1e-5, err
+
+
+@pytest.mark.cuda
 def test_cuda_deterministic_backward_chunked(monkeypatch):
     """The multi-chunk deterministic path equals the CPU backward (float64)."""
     monkeypatch.setenv(BUDGET, "1")

@@ -18,13 +18,20 @@
 //                                                want the columns split
 //                                                (CUDA: 3xTF32, rows of the
 //                                                high parts, then the low)
+//   Kernels::forward_column_rows(ct, d, N)       the forward's column rows:
+//                                                copies * C * K, or more
+//                                                where its GEMM wants them
+//                                                (CUDA: the bias folded in)
 //   Kernels::im2col<Name>(chunk, cols)           cols (copies * C * K, B * P);
 //                                                Name: the dtype dispatch's
 //                                                name
-//   Kernels::forward_gemm(...), backward_gemm(...)
-//                                                deform_forward_gemm and
-//                                                deform_backward_gemm
+//   Kernels::forward_chunk(chunk, d, out3, n0, B, w, cols, b, scratch)
+//                                                the chunk's im2col and
+//                                                GEMM into out3 (N, O, P):
+//                                                deform_forward_gemm
 //                                                (common/deform_gemm.h), or
+//                                                the device's own
+//   Kernels::backward_gemm(...)                  deform_backward_gemm, or
 //                                                the device's own
 //   Kernels::grad_bias(grad, go, acc)            go: grad as (N, O, P) in
 //                                                the compute type
@@ -131,17 +138,15 @@ at::Tensor deform_conv2d_forward(const at::Tensor& input,
                    off = deform_operand(offset, ct);
   const at::Tensor msk = use_mask ? deform_operand(mask, ct) : at::Tensor();
   const DeformGemm d{groups, O, C * K, P};
-  const int64_t copies = Kernels::column_copies(ct, d, N);
-  const int64_t rows = copies * C * K;
+  const int64_t rows = Kernels::forward_column_rows(ct, d, N);
   const int64_t chunk = deform_chunk(N, rows, P, at::elementSize(ct));
   at::Tensor columns = at::empty({rows * chunk * P}, in.options());
   at::Tensor scratch = at::empty({O * chunk * P}, in.options());
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
     const int64_t B = std::min(chunk, N - n0);
     const at::Tensor cols = columns.narrow(0, 0, rows * B * P).view({rows, B * P});
-    Kernels::template im2col<DeformForwardName>(
-        deform_chunk_tensors<Kernels>(g, in, off, msk, n0, B), cols);
-    Kernels::forward_gemm(d, out3, n0, B, w, cols, b, scratch);
+    Kernels::forward_chunk(deform_chunk_tensors<Kernels>(g, in, off, msk, n0, B),
+                           d, out3, n0, B, w, cols, b, scratch);
   }
   return out.to(dtype);
 }

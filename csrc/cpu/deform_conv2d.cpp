@@ -370,11 +370,17 @@ struct CpuKernels {
     return 1;
   }
 
-  static void forward_gemm(const DeformGemm& d, at::Tensor& out3, int64_t n0,
-                           int64_t images, const at::Tensor& weight,
-                           const at::Tensor& columns, const at::Tensor& bias,
-                           at::Tensor& scratch) {
-    deform_forward_gemm(d, out3, n0, images, weight, columns, bias, scratch);
+  static int64_t forward_column_rows(at::ScalarType /*ct*/, const DeformGemm& d,
+                                     int64_t /*batch*/) {
+    return d.column_rows;
+  }
+
+  static void forward_chunk(const DeformChunkTensors& c, const DeformGemm& d,
+                            at::Tensor& out3, int64_t n0, int64_t images,
+                            const at::Tensor& weight, const at::Tensor& cols,
+                            const at::Tensor& bias, at::Tensor& scratch) {
+    im2col<DeformForwardName>(c, cols);
+    deform_forward_gemm(d, out3, n0, images, weight, cols, bias, scratch);
   }
 
   static void backward_gemm(const DeformGemm& d, const at::Tensor& grad3,

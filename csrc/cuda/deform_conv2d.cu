@@ -6,12 +6,14 @@
 // whole chunk, multiplies it by the weight (csrc/common/deform_gemm.h); for
 // large float32 layers while convolutions may use TF32, the im2col writes
 // the columns split into TF32 high and low parts and the GEMMs run as
-// 3xTF32 on torchops.matmul's kernels (split_forward_gemm below).  An
-// im2col thread owns one sample position (offset group, tap, image, output
-// pixel): it computes the bilinear geometry once and walks a slice of the
-// offset group's channels, so adjacent threads (adjacent pixels) write
-// adjacent columns.  The channels are split into slices only as far as it
-// takes to fill the GPU.
+// 3xTF32 on torchops.matmul's kernels (split_forward_gemm below); for
+// thinner float32 layers the bias rides in the GEMM as an extra column row
+// of ones (folded_forward_gemm below).  An im2col thread owns one sample
+// position (offset group, tap, image, output pixel): it computes the
+// bilinear geometry once and walks a slice of the offset group's channels,
+// so adjacent threads (adjacent pixels) write adjacent columns.  The
+// channels are split into slices as far as it takes to fill the GPU, and
+// for float32 into slices of at most 16 channels.
 //
 // Backward, per chunk: grad_columns = weight^T @ grad and grad_weight +=
 // grad @ columns^T (GEMMs, after recomputing the columns); grad_offset and
@@ -45,6 +47,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <tuple>
 #include <type_traits>
 
@@ -382,16 +385,25 @@ int multiprocessors() {
 }
 
 // Channel slices per offset group: enough threads for about two full waves
-// of the GPU, never slices of fewer than 8 channels unless that is all.
+// of the GPU, never slices of fewer than 8 channels unless that is all, and
+// never more than `most_per_slice` channels.
 struct Slicing {
   int64_t slices, per_slice;
 };
 
-Slicing slicing(int64_t positions, int64_t cpg) {
+// The im2col's most channels per thread: 16 for float32 (H100, against the
+// waves rule's 32 at 64 channels and 128 at 256: 2x64x128x128 forward 136
+// against 139 us, 8x256x64x64 with 3xTF32 822 against 856); half types
+// keep the waves rule (16 was slower: 8x256x64x64 bfloat16 344 against 318).
+constexpr int64_t kFloatChannelsPerThread = 16;
+
+constexpr int64_t kAnyChannelsPerThread = std::numeric_limits<int64_t>::max();
+
+Slicing slicing(int64_t positions, int64_t cpg, int64_t most_per_slice) {
   const int64_t want = int64_t(multiprocessors()) * 2048 * 2;
   int64_t slices = std::max<int64_t>(1, ceil_div(want, std::max<int64_t>(positions, 1)));
   slices = std::min(slices, std::max<int64_t>(1, cpg / 8));
-  const int64_t per = std::max<int64_t>(1, ceil_div(cpg, slices));
+  const int64_t per = std::min(std::max<int64_t>(1, ceil_div(cpg, slices)), most_per_slice);
   return {ceil_div(std::max<int64_t>(cpg, 1), per), per};
 }
 
@@ -423,12 +435,13 @@ int64_t sample_positions(const Chunk<scalar_t>& ch) {
 }
 
 // Launches pick(index_t{}), a kernel with a thread per (sample position,
-// channel slice), as kernel(ch, lead..., slices, per_slice, threads, out).
+// channel slice of at most `most_per_slice` channels), as kernel(ch,
+// lead..., slices, per_slice, threads, out).
 template <typename scalar_t, typename Pick, typename Out, typename... Lead>
-void launch_sliced(const Chunk<scalar_t>& ch, Pick pick, Out* out,
-                   Lead... lead) {
+void launch_sliced(const Chunk<scalar_t>& ch, int64_t most_per_slice, Pick pick,
+                   Out* out, Lead... lead) {
   const int64_t positions = sample_positions(ch);
-  const Slicing sl = slicing(positions, ch.g.group_channels());
+  const Slicing sl = slicing(positions, ch.g.group_channels(), most_per_slice);
   launch_over(positions * sl.slices, [&](auto index, unsigned int blocks) {
     using index_t = decltype(index);
     pick(index)<<<blocks, kThreads, 0, current_stream()>>>(
@@ -439,10 +452,13 @@ void launch_sliced(const Chunk<scalar_t>& ch, Pick pick, Out* out,
 
 template <typename scalar_t>
 void im2col(const Chunk<scalar_t>& ch, scalar_t* columns, bool split) {
+  const int64_t most_per_slice = std::is_same_v<scalar_t, float>
+                                     ? kFloatChannelsPerThread
+                                     : kAnyChannelsPerThread;
   if constexpr (std::is_same_v<scalar_t, float>) {
     if (split) {
       launch_sliced(
-          ch,
+          ch, most_per_slice,
           [](auto index) {
             return deform_im2col_kernel<float, float, decltype(index), true>;
           },
@@ -452,7 +468,7 @@ void im2col(const Chunk<scalar_t>& ch, scalar_t* columns, bool split) {
   }
   TORCH_INTERNAL_ASSERT(!split, "deform_conv2d: split columns are float32 only");
   launch_sliced(
-      ch,
+      ch, most_per_slice,
       [](auto index) {
         return deform_im2col_kernel<scalar_t, at::opmath_type<scalar_t>,
                                     decltype(index), false>;
@@ -464,7 +480,7 @@ template <typename scalar_t>
 void col2im_atomic(const Chunk<scalar_t>& ch, const scalar_t* grad_columns,
                    at::opmath_type<scalar_t>* grad_input) {
   launch_sliced(
-      ch,
+      ch, kAnyChannelsPerThread,
       [](auto index) {
         return deform_col2im_atomic_kernel<scalar_t, at::opmath_type<scalar_t>,
                                            decltype(index)>;
@@ -634,6 +650,73 @@ void split_backward_gemm(const DeformGemm& d, const at::Tensor& grad3, int64_t n
   gw.add_(two.narrow(0, 0, O)).add_(two.narrow(0, O, O)).add_(one);
 }
 
+// The forward's bias, folded into its GEMM: the columns get kBiasRows more
+// rows -- ones, then zeros that keep the reduction a multiple of 4 -- and
+// the weight the bias as a column, then zeros, so that one strided-batched
+// GEMM writes weight @ columns + bias straight into the (B, O, P) output.
+// Unfolded, the GEMM writes an (O, B * P) product that a transposing add of
+// the bias copies into the output: a pass over the output, against the
+// fold's longer reduction and its small kernel.  Where it was measured
+// faster (H100, whole forward): float32 with fewer than kSplitMinDim output
+// channels, 2x64x128x128 131 against 136 us.  Not at 256 channels (exact
+// float32 8x256x64x64: 1088 against 1082 us), not for bfloat16 (378
+// against 318 us; 95 against 91 at 2x64x128x128), and only where cuBLAS
+// runs the GEMM (one weight group, not under deterministic algorithms).
+// Folding only where C * K > kBiasRows keeps the row counts of split
+// columns (2 * C * K) and folded ones (C * K + kBiasRows) apart.
+constexpr int64_t kBiasRows = 4;
+
+bool folds_bias(at::ScalarType ct, const DeformGemm& d) {
+  return ct == at::kFloat && d.groups == 1 && d.out_channels < kSplitMinDim &&
+         d.column_rows > kBiasRows && !at::globalContext().deterministicAlgorithms();
+}
+
+// w_fold (O, CK + kBiasRows) = [weight | bias | 0...], and the columns'
+// extra rows (kBiasRows, BP) = [1...; 0...].
+template <typename scalar_t, typename index_t>
+__global__ void __launch_bounds__(kThreads) deform_fold_bias_kernel(
+    const scalar_t* __restrict__ weight, const scalar_t* __restrict__ bias,
+    index_t O, index_t CK, index_t BP, scalar_t* __restrict__ w_fold,
+    scalar_t* __restrict__ extra_rows) {
+  const index_t R = CK + static_cast<index_t>(kBiasRows), wn = O * R;
+  const index_t total = wn + static_cast<index_t>(kBiasRows) * BP;
+  for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
+    if (i < wn) {
+      const index_t o = i / R, j = i - o * R;
+      w_fold[i] = j < CK ? weight[o * CK + j] : (j == CK ? bias[o] : scalar_t(0));
+    } else {
+      extra_rows[i - wn] = i - wn < BP ? scalar_t(1) : scalar_t(0);
+    }
+  }
+}
+
+void folded_forward_gemm(const DeformGemm& d, at::Tensor& out3, int64_t n0,
+                         int64_t images, const at::Tensor& weight,
+                         const at::Tensor& columns, const at::Tensor& bias) {
+  const int64_t O = d.out_channels, CK = d.column_rows, R = CK + kBiasRows;
+  const int64_t P = d.pixels, BP = images * P;
+  at::Tensor w_fold = at::empty({O, R}, weight.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, columns.scalar_type(), DeformForwardName::value, [&] {
+        launch_over(O * R + kBiasRows * BP, [&](auto index, unsigned int blocks) {
+          using index_t = decltype(index);
+          deform_fold_bias_kernel<scalar_t, index_t><<<blocks, kThreads, 0, current_stream()>>>(
+              weight.const_data_ptr<scalar_t>(), bias.const_data_ptr<scalar_t>(),
+              static_cast<index_t>(O), static_cast<index_t>(CK),
+              static_cast<index_t>(BP), w_fold.mutable_data_ptr<scalar_t>(),
+              columns.mutable_data_ptr<scalar_t>() + CK * BP);
+        });
+      });
+  at::Tensor dst = out3.narrow(0, n0, images);
+  const at::Tensor cols3 = columns.view({R, images, P}).permute({1, 0, 2});
+  if (images == 1) {
+    at::Tensor o = dst.select(0, 0);
+    at::mm_out(o, w_fold, cols3.select(0, 0));
+  } else {
+    at::bmm_out(dst, w_fold.expand({images, O, R}), cols3);
+  }
+}
+
 // The steps of common/deform_conv2d_steps.h, on the GPU.
 struct CudaKernels {
   static constexpr c10::DeviceType device = c10::DeviceType::CUDA;
@@ -664,14 +747,28 @@ struct CudaKernels {
     return split_gemms(ct, d, batch) ? 2 : 1;
   }
 
-  static void forward_gemm(const DeformGemm& d, at::Tensor& out3, int64_t n0,
-                           int64_t images, const at::Tensor& weight,
-                           const at::Tensor& columns, const at::Tensor& bias,
-                           at::Tensor& scratch) {
-    if (columns.size(0) == 2 * d.column_rows) {
-      split_forward_gemm(d, out3, n0, images, weight, columns, bias);
+  static int64_t forward_column_rows(at::ScalarType ct, const DeformGemm& d,
+                                     int64_t batch) {
+    if (split_gemms(ct, d, batch)) {
+      return 2 * d.column_rows;
+    }
+    return folds_bias(ct, d) ? d.column_rows + kBiasRows : d.column_rows;
+  }
+
+  static void forward_chunk(const DeformChunkTensors& c, const DeformGemm& d,
+                            at::Tensor& out3, int64_t n0, int64_t images,
+                            const at::Tensor& weight, const at::Tensor& cols,
+                            const at::Tensor& bias, at::Tensor& scratch) {
+    const int64_t rows = cols.size(0);
+    // The im2col writes the first C * K rows (twice as many when split).
+    im2col<DeformForwardName>(
+        c, rows == d.column_rows + kBiasRows ? cols.narrow(0, 0, d.column_rows) : cols);
+    if (rows == 2 * d.column_rows) {
+      split_forward_gemm(d, out3, n0, images, weight, cols, bias);
+    } else if (rows == d.column_rows + kBiasRows) {
+      folded_forward_gemm(d, out3, n0, images, weight, cols, bias);
     } else {
-      deform_forward_gemm(d, out3, n0, images, weight, columns, bias, scratch);
+      deform_forward_gemm(d, out3, n0, images, weight, cols, bias, scratch);
     }
   }
 
