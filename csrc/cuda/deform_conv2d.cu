@@ -146,10 +146,44 @@ __device__ __forceinline__ void store_column(scalar_t* dst, int64_t low, T v) {
   }
 }
 
+// Rows of ones and zeros under the columns for a GEMM that adds the bias
+// (folded_forward_gemm).
+constexpr int64_t kBiasRows = 4;
+
+// The folded bias's small writes, which the im2col's threads do before
+// their columns rather than in a launch of their own: w_fold (O, CK +
+// kBiasRows) = [weight | bias | 0...] and the columns' extra rows
+// (kBiasRows, BP) = [1...; 0...].  w_fold == nullptr: nothing to write.
+template <typename scalar_t>
+struct BiasFold {
+  const scalar_t* weight = nullptr;  // (O, CK)
+  const scalar_t* bias = nullptr;    // (O)
+  scalar_t* w_fold = nullptr;
+  scalar_t* extra_rows = nullptr;
+  int64_t out_channels = 0, column_rows = 0, columns = 0;  // O, CK, BP
+
+  __device__ void write() const {
+    const int64_t R = column_rows + kBiasRows, wn = out_channels * R;
+    const int64_t total = wn + kBiasRows * columns;
+    for (int64_t i = grid_start<int64_t>(); i < total; i += grid_stride<int64_t>()) {
+      if (i < wn) {
+        const int64_t o = i / R, j = i - o * R;
+        w_fold[i] = j < column_rows ? weight[o * column_rows + j]
+                                    : (j == column_rows ? bias[o] : scalar_t(0));
+      } else {
+        extra_rows[i - wn] = i - wn < columns ? scalar_t(1) : scalar_t(0);
+      }
+    }
+  }
+};
+
 template <typename scalar_t, typename T, typename index_t, bool kSplit>
 __global__ void __launch_bounds__(kThreads) deform_im2col_kernel(
-    Chunk<scalar_t> ch, index_t slices, int64_t per_slice, index_t total,
-    scalar_t* __restrict__ columns) {
+    Chunk<scalar_t> ch, BiasFold<scalar_t> fold, index_t slices,
+    int64_t per_slice, index_t total, scalar_t* __restrict__ columns) {
+  if (fold.w_fold != nullptr) {
+    fold.write();
+  }
   const int64_t plane = ch.plane(), cpg = ch.g.group_channels();
   const int64_t row_step = ch.g.taps() * ch.images * ch.g.pixels();
   const int64_t low = ch.g.channels * row_step;  // kSplit: the low parts' offset
@@ -451,7 +485,8 @@ void launch_sliced(const Chunk<scalar_t>& ch, int64_t most_per_slice, Pick pick,
 }
 
 template <typename scalar_t>
-void im2col(const Chunk<scalar_t>& ch, scalar_t* columns, bool split) {
+void im2col(const Chunk<scalar_t>& ch, scalar_t* columns, bool split,
+            const BiasFold<scalar_t>& fold = {}) {
   const int64_t most_per_slice = std::is_same_v<scalar_t, float>
                                      ? kFloatChannelsPerThread
                                      : kAnyChannelsPerThread;
@@ -462,7 +497,7 @@ void im2col(const Chunk<scalar_t>& ch, scalar_t* columns, bool split) {
           [](auto index) {
             return deform_im2col_kernel<float, float, decltype(index), true>;
           },
-          columns);
+          columns, fold);
       return;
     }
   }
@@ -473,7 +508,7 @@ void im2col(const Chunk<scalar_t>& ch, scalar_t* columns, bool split) {
         return deform_im2col_kernel<scalar_t, at::opmath_type<scalar_t>,
                                     decltype(index), false>;
       },
-      columns);
+      columns, fold);
 }
 
 template <typename scalar_t>
@@ -663,50 +698,20 @@ void split_backward_gemm(const DeformGemm& d, const at::Tensor& grad3, int64_t n
 // against 318 us; 95 against 91 at 2x64x128x128), and only where cuBLAS
 // runs the GEMM (one weight group, not under deterministic algorithms).
 // Folding only where C * K > kBiasRows keeps the row counts of split
-// columns (2 * C * K) and folded ones (C * K + kBiasRows) apart.
-constexpr int64_t kBiasRows = 4;
+// columns (2 * C * K) and folded ones (C * K + kBiasRows) apart.  The
+// fold's small writes ride in the im2col's launch (BiasFold).
 
 bool folds_bias(at::ScalarType ct, const DeformGemm& d) {
   return ct == at::kFloat && d.groups == 1 && d.out_channels < kSplitMinDim &&
          d.column_rows > kBiasRows && !at::globalContext().deterministicAlgorithms();
 }
 
-// w_fold (O, CK + kBiasRows) = [weight | bias | 0...], and the columns'
-// extra rows (kBiasRows, BP) = [1...; 0...].
-template <typename scalar_t, typename index_t>
-__global__ void __launch_bounds__(kThreads) deform_fold_bias_kernel(
-    const scalar_t* __restrict__ weight, const scalar_t* __restrict__ bias,
-    index_t O, index_t CK, index_t BP, scalar_t* __restrict__ w_fold,
-    scalar_t* __restrict__ extra_rows) {
-  const index_t R = CK + static_cast<index_t>(kBiasRows), wn = O * R;
-  const index_t total = wn + static_cast<index_t>(kBiasRows) * BP;
-  for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
-    if (i < wn) {
-      const index_t o = i / R, j = i - o * R;
-      w_fold[i] = j < CK ? weight[o * CK + j] : (j == CK ? bias[o] : scalar_t(0));
-    } else {
-      extra_rows[i - wn] = i - wn < BP ? scalar_t(1) : scalar_t(0);
-    }
-  }
-}
-
+// out[n0 : n0 + B] = w_fold @ columns, the columns' extra rows written
+// (BiasFold).
 void folded_forward_gemm(const DeformGemm& d, at::Tensor& out3, int64_t n0,
-                         int64_t images, const at::Tensor& weight,
-                         const at::Tensor& columns, const at::Tensor& bias) {
-  const int64_t O = d.out_channels, CK = d.column_rows, R = CK + kBiasRows;
-  const int64_t P = d.pixels, BP = images * P;
-  at::Tensor w_fold = at::empty({O, R}, weight.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, columns.scalar_type(), DeformForwardName::value, [&] {
-        launch_over(O * R + kBiasRows * BP, [&](auto index, unsigned int blocks) {
-          using index_t = decltype(index);
-          deform_fold_bias_kernel<scalar_t, index_t><<<blocks, kThreads, 0, current_stream()>>>(
-              weight.const_data_ptr<scalar_t>(), bias.const_data_ptr<scalar_t>(),
-              static_cast<index_t>(O), static_cast<index_t>(CK),
-              static_cast<index_t>(BP), w_fold.mutable_data_ptr<scalar_t>(),
-              columns.mutable_data_ptr<scalar_t>() + CK * BP);
-        });
-      });
+                         int64_t images, const at::Tensor& w_fold,
+                         const at::Tensor& columns) {
+  const int64_t O = d.out_channels, R = d.column_rows + kBiasRows, P = d.pixels;
   at::Tensor dst = out3.narrow(0, n0, images);
   const at::Tensor cols3 = columns.view({R, images, P}).permute({1, 0, 2});
   if (images == 1) {
@@ -760,13 +765,23 @@ struct CudaKernels {
                             const at::Tensor& weight, const at::Tensor& cols,
                             const at::Tensor& bias, at::Tensor& scratch) {
     const int64_t rows = cols.size(0);
-    // The im2col writes the first C * K rows (twice as many when split).
-    im2col<DeformForwardName>(
-        c, rows == d.column_rows + kBiasRows ? cols.narrow(0, 0, d.column_rows) : cols);
+    if (rows == d.column_rows + kBiasRows) {
+      // folds_bias: float32 only.
+      TORCH_INTERNAL_ASSERT(cols.scalar_type() == at::kFloat);
+      const int64_t O = d.out_channels, CK = d.column_rows;
+      at::Tensor w_fold = at::empty({O, CK + kBiasRows}, weight.options());
+      float* cp = cols.mutable_data_ptr<float>();
+      cuda::im2col(chunk_of<float>(c), cp, /*split=*/false,
+                   BiasFold<float>{weight.const_data_ptr<float>(),
+                                   bias.const_data_ptr<float>(),
+                                   w_fold.mutable_data_ptr<float>(), cp + CK * cols.size(1),
+                                   O, CK, cols.size(1)});
+      folded_forward_gemm(d, out3, n0, images, w_fold, cols);
+      return;
+    }
+    im2col<DeformForwardName>(c, cols);
     if (rows == 2 * d.column_rows) {
       split_forward_gemm(d, out3, n0, images, weight, cols, bias);
-    } else if (rows == d.column_rows + kBiasRows) {
-      folded_forward_gemm(d, out3, n0, images, weight, cols, bias);
     } else {
       deform_forward_gemm(d, out3, n0, images, weight, cols, bias, scratch);
     }
