@@ -691,16 +691,16 @@ void split_backward_gemm(const DeformGemm& d, const at::Tensor& grad3, int64_t n
 // GEMM writes weight @ columns + bias straight into the (B, O, P) output.
 // Unfolded, the GEMM writes an (O, B * P) product that a transposing add of
 // the bias copies into the output: a pass over the output, against the
-// fold's longer reduction and its small kernel.  Where it was measured
-// faster (H100, whole forward): float32 with fewer than kSplitMinDim output
-// channels, 2x64x128x128 131 against 136 us.  Not at 256 channels (exact
+// fold's reduction, kBiasRows longer.  Where it was measured faster (H100,
+// whole forward): float32 with fewer than kSplitMinDim output channels,
+// 2x64x128x128 131 against 136 us (130 with its writes in the im2col's
+// launch, below).  Not at 256 channels (exact
 // float32 8x256x64x64: 1088 against 1082 us), not for bfloat16 (378
 // against 318 us; 95 against 91 at 2x64x128x128), and only where cuBLAS
 // runs the GEMM (one weight group, not under deterministic algorithms).
 // Folding only where C * K > kBiasRows keeps the row counts of split
 // columns (2 * C * K) and folded ones (C * K + kBiasRows) apart.  The
 // fold's small writes ride in the im2col's launch (BiasFold).
-
 bool folds_bias(at::ScalarType ct, const DeformGemm& d) {
   return ct == at::kFloat && d.groups == 1 && d.out_channels < kSplitMinDim &&
          d.column_rows > kBiasRows && !at::globalContext().deterministicAlgorithms();
