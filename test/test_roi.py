@@ -273,6 +273,32 @@ def test_cuda_roi_align_default_backward_is_the_gather_when_cheap():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("c", [5, 40])
+@pytest.mark.parametrize("layout", ["expanded", "channels_last", "sliced"])
+def test_cuda_roi_align_gather_backward_reads_any_grad_layout(c, layout):
+    # The gather backward copies the incoming gradient through its strides
+    # and writes grad_input by 32x32 (pixel, channel) tiles: channel counts
+    # that leave a tile partly empty, and gradients that are not contiguous,
+    # must give the float64 CPU kernel's result.
+    x, rois, scale = _detection_problem(c=c, k=120)
+    k = rois.shape[0]
+    full = _features((k, c, 7, 7), "cuda", seed=7)
+    g = {"expanded": full[:, :1].expand(k, c, 7, 7),
+         "channels_last": full.contiguous(memory_format=torch.channels_last),
+         "sliced": _features((k, 2 * c, 7, 9), "cuda", seed=7)[:, ::2, :, 1:8]}[layout]
+    assert not g.is_contiguous()
+    args = (rois, scale, 7, 7, 2, True)
+    with _deterministic():
+        got = _align_grad(x, *args, g)
+    assert got.is_contiguous() and got.shape == x.shape
+    want = _align_grad(x.double().cpu(), rois.double().cpu(), *args[1:], g.double().cpu())
+    # Sums of up to hundreds of float32 terms of size ~10: an absolute
+    # tolerance scaled by the largest element, as in the tests above.
+    torch.testing.assert_close(got.double().cpu(), want,
+                               atol=1e-5 * max(1.0, want.abs().max().item()), rtol=1e-5)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
 def test_cuda_roi_pool_deterministic_backward(dtype):
     x, rois, scale = _detection_problem(dtype)

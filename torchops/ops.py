@@ -335,8 +335,9 @@ def roi_align(input: Tensor, boxes: Tensor | list[Tensor], output_size: int | tu
     Returns ``(K, C, pooled_height, pooled_width)`` in ``input``'s dtype
     (half types accumulate in float32).  Differentiable with respect to
     ``input`` (not ``boxes``).  The CUDA backward has two kernels: a
-    sort-and-gather one (bitwise reproducible; scratch memory of about 240
-    bytes per bilinear sample, e.g. 47 MB for 1000 RoIs at 7x7 with
+    sort-and-gather one (bitwise reproducible; scratch memory of about 96
+    bytes per bilinear sample plus a copy of the incoming gradient, e.g. 19 MB
+    + 50 MB for 1000 RoIs and 256 channels at 7x7 with
     sampling_ratio 2), used with a fixed ``sampling_ratio`` (where it is
     also the faster one) and always under
     ``torch.use_deterministic_algorithms(True)``; and atomic adds, used for

@@ -141,7 +141,7 @@ at::Tensor deform_conv2d_forward(const at::Tensor& input,
   const int64_t rows = Kernels::forward_column_rows(ct, d, N);
   const int64_t chunk = deform_chunk(N, rows, P, at::elementSize(ct));
   at::Tensor columns = at::empty({rows * chunk * P}, in.options());
-  at::Tensor scratch = at::empty({O * chunk * P}, in.options());
+  at::Tensor scratch;  // allocated by the first chunk that needs it
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
     const int64_t B = std::min(chunk, N - n0);
     const at::Tensor cols = columns.narrow(0, 0, rows * B * P).view({rows, B * P});

@@ -66,13 +66,18 @@ struct DeformGemm {
 
 // out[n0 : n0 + B] = weight @ columns + bias, out viewed (N, O, P) and
 // columns (C * K, B * P).  `scratch` holds the (O, B * P) product between
-// the GEMM and the transposing copy that adds the bias.
+// the GEMM and the transposing copy that adds the bias; allocated here on
+// first use (the first chunk is the largest) and reused by later chunks, so
+// that paths of the device that need none (CUDA's folded bias) pay none.
 inline void deform_forward_gemm(const DeformGemm& d, at::Tensor& out3,
                                 int64_t n0, int64_t images,
                                 const at::Tensor& weight,
                                 const at::Tensor& columns,
                                 const at::Tensor& bias, at::Tensor& scratch) {
   const int64_t G = d.groups, BP = images * d.pixels;
+  if (!scratch.defined() || scratch.numel() < d.out_channels * BP) {
+    scratch = at::empty({d.out_channels * BP}, columns.options());
+  }
   at::Tensor prod = scratch.narrow(0, 0, d.out_channels * BP)
                         .view({G, d.out_rows(), BP});
   grouped_mm_out(prod, weight.view({G, d.out_rows(), d.group_rows()}),

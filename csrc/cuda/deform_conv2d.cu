@@ -29,8 +29,8 @@
 //    once per chunk as (destination pixel of its offset group, column
 //    position, weight) contributions, sorted by destination, and every
 //    grad_input element gathers its own in a fixed order, 8 channels of a
-//    pixel per thread (csrc/cuda/common/sorted_gather.cuh).  Scratch: about
-//    60 bytes per contribution, 4 per sample position (OG * kh * kw *
+//    pixel per thread (csrc/cuda/common/sorted_gather.cuh).  Scratch: 24
+//    to 48 bytes per contribution, 4 per sample position (OG * kh * kw *
 //    images * P of them), independent of the channel count.  Under
 //    determinism the GEMMs are torchops.matmul's (deterministic; cuBLAS
 //    would demand CUBLAS_WORKSPACE_CONFIG in this mode).
@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(kThreads) deform_coordinate_grad_kernel(
 template <typename scalar_t, typename T, typename key_t, typename index_t>
 __global__ void __launch_bounds__(kThreads) deform_contributions_kernel(
     Chunk<scalar_t> ch, index_t total, key_t* __restrict__ keys,
-    key_t* __restrict__ src, T* __restrict__ weight) {
+    Contribution<T, key_t>* __restrict__ entries) {
   const int64_t plane = ch.plane();
   const int64_t OG = ch.g.offset_groups, B = ch.images, P = ch.g.pixels();
   const key_t sentinel = static_cast<key_t>(B * OG * plane);
@@ -374,8 +374,7 @@ __global__ void __launch_bounds__(kThreads) deform_contributions_kernel(
     for (int corner = 0; corner < 4; ++corner) {
       const bool ok = (t.valid >> corner) & 1u;
       keys[e + corner] = ok ? static_cast<key_t>(base + t.idx[corner]) : sentinel;
-      src[e + corner] = from;
-      weight[e + corner] = ok ? m * t.w[corner] : T(0);
+      entries[e + corner] = {from, ok ? m * t.w[corner] : T(0)};
     }
   }
 }
@@ -533,19 +532,14 @@ void col2im_deterministic_as(const Chunk<scalar_t>& ch,
   const int64_t OG = ch.g.offset_groups, C = ch.g.channels;
   const int64_t plane = ch.g.height * ch.g.width;
   const int64_t positions = OG * K * B * P;
-  const auto key_opts = opts.dtype(c10::CppTypeToScalarType<key_t>::value);
-  at::Tensor keys = at::empty({positions * 4}, key_opts);
-  at::Tensor src = at::empty({positions * 4}, key_opts);
-  at::Tensor weight = at::empty({positions * 4}, opts.dtype(c10::CppTypeToScalarType<T>::value));
+  ContributionList<T, key_t> list(positions * 4, B * OG * plane, opts);
   launch_over(positions, [&](auto index, unsigned int blocks) {
     using index_t = decltype(index);
     deform_contributions_kernel<scalar_t, T, key_t, index_t>
         <<<blocks, kThreads, 0, current_stream()>>>(
-            ch, static_cast<index_t>(positions), keys.mutable_data_ptr<key_t>(),
-            src.mutable_data_ptr<key_t>(), weight.mutable_data_ptr<T>());
+            ch, static_cast<index_t>(positions), list.key_data(), list.entry_data());
   });
-  const SortedContributions sorted =
-      sort_contributions(keys, src, weight, B * OG * plane);
+  const auto sorted = list.sort();
   const int64_t cpg = ch.g.group_channels();
   const int64_t per_og = ceil_div(cpg, int64_t(kGatherChannels));
   sorted_gather<kGatherChannels, scalar_t, T, key_t>(
@@ -590,8 +584,9 @@ void coordinate_grads(const Chunk<scalar_t>& ch, const scalar_t* grad_columns,
 // per offset group it wins, with few the sort is not paid back.  H200,
 // float32, 3x3, forward + backward: 8x256x64x64 (cpg 256) gather 4.62 ms,
 // atomic 5.26; 2x64x128x128 with cpg 64: 0.99 and 0.96 ms, cpg 32: 1.10
-// and 0.97, cpg 4: 2.46 and 1.20.  Its scratch, about 60 bytes per
-// contribution, is 60 / cpg times the column buffer's.
+// and 0.97, cpg 4: 2.46 and 1.20 (before the sort was cub's own).  Its
+// scratch, 24 bytes per contribution with 32-bit keys and float weights, is
+// 24 / cpg times the column buffer's.
 // TORCHOPS_TESTING_DEFORM_INPUT_GRAD=auto|atomic|gather (read at each call)
 // forces a path, so tests reach both at any size.
 enum class InputGradPath { kAuto, kAtomic, kGather };

@@ -53,7 +53,6 @@
 
 #include "common/masked_conv2d.h"
 #include "common/masked_conv2d_steps.h"
-#include "common/testing_switch.h"
 #include "cuda/common/roi.cuh"
 
 namespace torchops::cuda {

@@ -6,10 +6,11 @@
 // per call as a list of (input pixel, grad bin, weight) contributions,
 // sorted by pixel with a stable sort, and every grad_input element then sums
 // its own contributions in that fixed order -- a gather with no atomics,
-// bitwise reproducible (cuda/common/sorted_gather.cuh).  Scratch memory: about 60 bytes per contribution
-// (sort included), four contributions per bilinear sample: K * PH * PW * S *
-// S * 4 of them, e.g. 47 MB for 1000 RoIs at 7x7 with sampling_ratio 2; plus
-// channels-last copies of grad and grad_input.
+// bitwise reproducible (cuda/common/sorted_gather.cuh).  Scratch memory:
+// about 24 bytes per contribution with 32-bit keys and float weights (sort
+// buffers included), four contributions per bilinear sample: K * PH * PW *
+// S * S * 4 of them, e.g. 19 MB for 1000 RoIs at 7x7 with sampling_ratio 2;
+// plus a (bins, channels) copy of grad, the gather's values.
 #pragma once
 
 #include <ATen/OpMathType.h>
@@ -46,15 +47,39 @@ __global__ void roi_contribution_counts_kernel(Boxes boxes, RoiGrid g,
   counts[i] = n;
 }
 
+// grad (K, C, PH, PW), any strides, copied as (K * PH * PW, C) memory: the
+// gather's values, channels innermost.
+template <typename scalar_t>
+struct GradRows {
+  const scalar_t* grad;
+  int64_t stride_k, stride_c, stride_h, stride_w;
+  scalar_t* rows;
+};
+
 // One thread per (RoI, bin) writes the four contributions of each of the
 // bin's samples, at offsets[k] (adaptive) or k * per_roi (fixed sampling,
-// where invalid samples keep their slots with the sentinel key).
-template <typename T, typename key_t, typename Boxes>
+// where invalid samples keep their slots with the sentinel key).  The same
+// launch copies grad into rows (one launch and one ATen copy fewer: the
+// small cases are bound by host time); index_t: the copy's index math.
+template <typename scalar_t, typename T, typename key_t, typename index_t, typename Boxes>
 __global__ void __launch_bounds__(kRoiThreads) roi_contributions_kernel(
     Boxes boxes, RoiGrid g, int64_t n_bins,
     const int64_t* __restrict__ offsets, int64_t per_roi,
-    key_t* __restrict__ keys, key_t* __restrict__ src,
-    T* __restrict__ weight) {
+    key_t* __restrict__ keys, Contribution<T, key_t>* __restrict__ entries,
+    GradRows<scalar_t> grad) {
+  {
+    const index_t channels = static_cast<index_t>(g.channels);
+    const index_t pw_size = static_cast<index_t>(g.pooled_width);
+    const index_t ph_size = static_cast<index_t>(g.pooled_height);
+    const index_t elements = static_cast<index_t>(n_bins) * channels;
+    for (index_t i = grid_start<index_t>(); i < elements; i += grid_stride<index_t>()) {
+      const index_t c = i % channels, t = i / channels;
+      const index_t pw = t % pw_size, r = t / pw_size;
+      const index_t ph = r % ph_size, k = r / ph_size;
+      grad.rows[i] = grad.grad[k * grad.stride_k + c * grad.stride_c +
+                               ph * grad.stride_h + pw * grad.stride_w];
+    }
+  }
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        t < n_bins; t += stride) {
@@ -87,11 +112,11 @@ __global__ void __launch_bounds__(kRoiThreads) roi_contributions_kernel(
         keys[e + 1] = static_cast<key_t>(ok ? plane + ty.lo * g.width + tx.hi : sentinel);
         keys[e + 2] = static_cast<key_t>(ok ? plane + ty.hi * g.width + tx.lo : sentinel);
         keys[e + 3] = static_cast<key_t>(ok ? plane + ty.hi * g.width + tx.hi : sentinel);
-        weight[e + 0] = ok ? ty.w_lo * tx.w_lo * box.inv_count : T(0);
-        weight[e + 1] = ok ? ty.w_lo * tx.w_hi * box.inv_count : T(0);
-        weight[e + 2] = ok ? ty.w_hi * tx.w_lo * box.inv_count : T(0);
-        weight[e + 3] = ok ? ty.w_hi * tx.w_hi * box.inv_count : T(0);
-        src[e + 0] = src[e + 1] = src[e + 2] = src[e + 3] = static_cast<key_t>(from);
+        const key_t s = static_cast<key_t>(from);
+        entries[e + 0] = {s, ok ? ty.w_lo * tx.w_lo * box.inv_count : T(0)};
+        entries[e + 1] = {s, ok ? ty.w_lo * tx.w_hi * box.inv_count : T(0)};
+        entries[e + 2] = {s, ok ? ty.w_hi * tx.w_lo * box.inv_count : T(0)};
+        entries[e + 3] = {s, ok ? ty.w_hi * tx.w_hi * box.inv_count : T(0)};
       }
     }
   }
@@ -101,7 +126,7 @@ __global__ void __launch_bounds__(kRoiThreads) roi_contributions_kernel(
 // for.  With a fixed sampling ratio it is also the faster one (H200, fp32,
 // roi_align at 7x7 bins, sampling_ratio 2, forward + backward: 1.05 vs 2.21
 // ms with atomics at 2x256x200x200 with 1000 RoIs), so it is the default
-// there while its scratch (about 60 bytes per contribution) stays within a
+// there while its scratch (24 to 48 bytes per contribution) stays within a
 // few times grad_input's own size.  Adaptive sampling would need a device
 // sync to size the contribution list: atomics by default then.
 inline bool roi_gather_by_default(const RoiGrid& g, int64_t sampling_ratio) {
@@ -170,59 +195,51 @@ at::Tensor roi_bins_backward_deterministic(const char* op, const at::Tensor& gra
     offsets = offsets.to(rois.device());
   }
 
-  // Written as (N, H, W, C) memory, returned as contiguous NCHW.
   at::Tensor grad_input =
-      at::empty({g.n_images, g.channels, g.height, g.width}, grad.options(),
-                at::MemoryFormat::ChannelsLast);
+      at::empty({g.n_images, g.channels, g.height, g.width}, grad.options());
   if (grad_input.numel() == 0) {
-    return grad_input.contiguous();
+    return grad_input;
   }
   // 32-bit keys and sources whenever they fit: the sort, the largest cost
   // here, moves half the bytes.
   const int64_t n_bins = k * bins;
   const int64_t destinations = g.n_images * plane;
   const bool narrow = fits_int32(destinations + 1) && fits_int32(n_bins);
-  const auto key_opts = long_opts.dtype(narrow ? at::kInt : at::kLong);
-  at::Tensor keys = at::empty({total}, key_opts);
-  at::Tensor src = at::empty({total}, key_opts);
-  at::Tensor weight = at::empty({total}, grad.options().dtype(
-                                             c10::CppTypeToScalarType<T>::value));
-  auto fill = [&](auto key) {
-    using key_t = decltype(key);
-    if (n_bins > 0 && total > 0) {
-      roi_contributions_kernel<T, key_t, Boxes>
-          <<<grid_for(n_bins, kRoiThreads), kRoiThreads, 0, current_stream()>>>(
-              boxes, g, n_bins,
-              offsets.defined() ? offsets.const_data_ptr<int64_t>() : nullptr,
-              per_roi, keys.mutable_data_ptr<key_t>(), src.mutable_data_ptr<key_t>(),
-              weight.mutable_data_ptr<T>());
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
-  };
   // The sentinel key `destinations` sorts after every pixel (unused slots).
-  const SortedContributions sorted = [&] {
-    if (narrow) {
-      fill(int32_t{});
-    } else {
-      fill(int64_t{});
+  at::Tensor rows = at::empty({n_bins, g.channels}, grad.options());
+  const GradRows<scalar_t> grad_rows{grad.const_data_ptr<scalar_t>(), grad.stride(0),
+                                     grad.stride(1), grad.stride(2), grad.stride(3),
+                                     rows.mutable_data_ptr<scalar_t>()};
+  auto backward = [&](auto key) {
+    using key_t = decltype(key);
+    ContributionList<T, key_t> list(total, destinations, long_opts);
+    const int64_t elements = rows.numel();
+    const unsigned int blocks = grid_for(std::max(n_bins, elements), kRoiThreads);
+    // The copy's index math in 32 bits when its loop and grad's offsets fit.
+    int64_t last = 0;
+    for (int d = 0; d < 4; ++d) {
+      last += (grad.size(d) - 1) * grad.stride(d);
     }
-    return sort_contributions(keys, src, weight, destinations);
-  }();
-
-  // Channels innermost on both sides of the gather (ChannelsInnerSites); the
-  // two transposes cost far less than strided gathers would.
-  const at::Tensor grad_t = grad.permute({0, 2, 3, 1}).contiguous();
-  const ChannelsInnerSites sites{g.channels};
+    with_index_type_if(fits_int32(elements + int64_t(blocks) * kRoiThreads) && fits_int32(last),
+                       [&](auto index) {
+      using index_t = decltype(index);
+      roi_contributions_kernel<scalar_t, T, key_t, index_t, Boxes>
+          <<<blocks, kRoiThreads, 0, current_stream()>>>(
+              boxes, g, total > 0 ? n_bins : 0,
+              offsets.defined() ? offsets.const_data_ptr<int64_t>() : nullptr,
+              per_roi, list.key_data(), list.entry_data(), grad_rows);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+    sorted_gather_planes<scalar_t, T, key_t>(rows.const_data_ptr<scalar_t>(), list.sort(),
+                                             g.channels, plane, destinations,
+                                             grad_input.mutable_data_ptr<scalar_t>());
+  };
   if (narrow) {
-    sorted_gather<1, scalar_t, T, int32_t>(grad_t.const_data_ptr<scalar_t>(), sorted, sites,
-                                        grad_input.numel(),
-                                        grad_input.mutable_data_ptr<scalar_t>());
+    backward(int32_t{});
   } else {
-    sorted_gather<1, scalar_t, T, int64_t>(grad_t.const_data_ptr<scalar_t>(), sorted, sites,
-                                        grad_input.numel(),
-                                        grad_input.mutable_data_ptr<scalar_t>());
+    backward(int64_t{});
   }
-  return grad_input.contiguous();
+  return grad_input;
 }
 
 }  // namespace torchops::cuda
