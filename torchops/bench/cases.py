@@ -237,7 +237,7 @@ CASES: list[Case] = [
          note="No eager reference: max over variable-size bins does not vectorise simply."),
     # The argmax is written forward and read backward.
     Case(name="roi_pool fwd+bwd", **ROI_POOL, backward=True,
-         sizes={"cuda": ROI_CUDA[:1], "cpu": ROI_CPU_BWD},
+         sizes={"cuda": ROI_CUDA, "cpu": ROI_CPU_BWD},
          bytes=lambda a: _roi_fwd_bytes(a, True) + 2 * _argmax_bytes(a)),
     Case(name="deform_roi_pool", **DEFORM_ROI_POOL, sizes={"cuda": ROI_CUDA, "cpu": ROI_CPU},
          bytes=_deform_roi_bytes, note=DEFORM_ROI_NOTE),
