@@ -298,6 +298,33 @@ def test_cuda_roi_align_gather_backward_reads_any_grad_layout(c, layout):
                                atol=1e-5 * max(1.0, want.abs().max().item()), rtol=1e-5)
 
 
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("where", ["corner", "nowhere"])
+def test_cuda_roi_align_gather_backward_with_long_runs_of_untouched_pixels(where):
+    # The sorted gather finds each pixel's range of contributions; pixels no
+    # RoI touches (the whole first image and most of the second, or every
+    # pixel when no RoI is valid) must come out exactly zero, and the rest
+    # must match the float64 CPU kernel.
+    x, rois, scale = _detection_problem(c=33, k=60)
+    h, w = x.shape[2] / scale, x.shape[3] / scale  # image size in RoI coordinates
+    rois[:, 0] = 1 if where == "corner" else 5  # 5: no such image
+    rois[:, 1:3] = rois[:, 1:3] * 0.1 + torch.tensor([0.8 * w, 0.8 * h], device="cuda")
+    rois[:, 3:5] = rois[:, 1:3] + 0.1 * torch.tensor([w, h], device="cuda")
+    g = _features((rois.shape[0], x.shape[1], 7, 7), "cuda", seed=8)
+    args = (rois, scale, 7, 7, 2, True)
+    with _deterministic():
+        got = _align_grad(x, *args, g)
+    assert torch.equal(got[0], torch.zeros_like(got[0]))
+    if where == "nowhere":
+        assert torch.equal(got, torch.zeros_like(got))
+        return
+    assert got[1].abs().sum() > 0
+    assert torch.equal(got[1, :, : x.shape[2] // 2], torch.zeros_like(got[1, :, : x.shape[2] // 2]))
+    want = _align_grad(x.double().cpu(), rois.double().cpu(), *args[1:], g.double().cpu())
+    torch.testing.assert_close(got.double().cpu(), want,
+                               atol=1e-5 * max(1.0, want.abs().max().item()), rtol=1e-5)
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
 def test_cuda_roi_pool_deterministic_backward(dtype):

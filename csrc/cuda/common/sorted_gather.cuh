@@ -49,22 +49,26 @@ struct SortedContributions {
   const Contribution<T, src_t>* entries;
 };
 
-// bounds[d] = the first position whose sorted key is >= d: position j
-// starts every destination in (keys[j - 1], keys[j]], with keys[-1] = -1
-// and keys[n] = destinations, so each bound is written exactly once.
+// bounds[d] = the first position whose sorted key is >= d (a lower bound,
+// at most log2(n) + 1 steps), a thread per destination: no thread's work
+// depends on how the keys are spread (a thread per key, writing the bounds
+// of the gap before it, would write a long run of pixels with no
+// contributions alone).
 template <typename key_t>
 __global__ void __launch_bounds__(256) key_bounds_kernel(
     const key_t* __restrict__ keys, int64_t n, int64_t destinations,
     int64_t* __restrict__ bounds) {
-  for (int64_t j = grid_start<int64_t>(); j <= n; j += grid_stride<int64_t>()) {
-    const int64_t lo = j == 0 ? 0 : static_cast<int64_t>(keys[j - 1]) + 1;
-    // Clamped: a key past the sentinel (a bug upstream) cannot write out
-    // of range.
-    const int64_t key = j == n ? destinations : static_cast<int64_t>(keys[j]);
-    const int64_t hi = key < destinations ? key : destinations;
-    for (int64_t d = lo; d <= hi; ++d) {
-      bounds[d] = j;
+  for (int64_t d = grid_start<int64_t>(); d <= destinations; d += grid_stride<int64_t>()) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (static_cast<int64_t>(keys[mid]) < d) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
     }
+    bounds[d] = lo;
   }
 }
 
@@ -125,7 +129,7 @@ class ContributionList {
     size_t temp_bytes = temp_bytes_;
     C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(part(kTemp), temp_bytes, keys, entries,
                                                    count_, 0, end_bit_, stream));
-    key_bounds_kernel<key_t><<<grid_for(count_ + 1, 256), 256, 0, stream>>>(
+    key_bounds_kernel<key_t><<<grid_for(destinations_ + 1, 256), 256, 0, stream>>>(
         reinterpret_cast<const key_t*>(keys.Current()), count_, destinations_, bounds);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return {storage_, bounds, entries.Current()};
