@@ -375,3 +375,30 @@ def test_doctor_reports_a_failed_load(tmp_path, entry):
     assert "tried: JIT cache" in lines[cpu + 2] and "TORCHOPS_JIT=0" in lines[cpu + 2]
     fix = [ln for ln in lines if ln.startswith("Fix:")]
     assert fix and "python -m torchops build" in fix[0], text
+
+
+def test_glue_unit_must_include_every_glue_file_once(tmp_path):
+    """The dispatcher glue compiles through dispatch/all_ops.cpp; a glue file
+    it leaves out would build and silently lose its op's autograd kernel."""
+    real = _b.find_csrc()
+    # The real tree passes, with the unit first (the longest compile).
+    sources = _b.CPU.sources(real)
+    assert sources[0] == real / _b.GLUE_UNIT
+    assert not [p for p in sources if p.name.endswith("_dispatch.cpp")]
+
+    csrc = tmp_path / "csrc"
+    shutil.copytree(real, csrc)
+    unit = csrc / _b.GLUE_UNIT
+    text = unit.read_text()
+    (csrc / "dispatch" / "new_op_dispatch.cpp").write_text("// a new op's glue\n")
+    with pytest.raises(RuntimeError, match=r"not included: \['new_op_dispatch.cpp'\]"):
+        _b.CPU.sources(csrc)
+    unit.write_text(text + '#include "dispatch/new_op_dispatch.cpp"\n'
+                    '#include "dispatch/gone_dispatch.cpp"\n')
+    with pytest.raises(RuntimeError, match=r"no such glue file: \['gone_dispatch.cpp'\]"):
+        _b.CPU.sources(csrc)
+    unit.write_text(text + '#include "dispatch/new_op_dispatch.cpp"\n' * 2)
+    with pytest.raises(RuntimeError, match="included twice"):
+        _b.CPU.sources(csrc)
+    unit.write_text(text + '#include "dispatch/new_op_dispatch.cpp"\n')
+    assert csrc / "dispatch" / "new_op_dispatch.cpp" not in _b.CPU.sources(csrc)

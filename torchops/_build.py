@@ -63,6 +63,30 @@ def _files(csrc: Path, subdirs: tuple[str, ...], suffixes: tuple[str, ...],
     return sorted(out)
 
 
+GLUE_UNIT = "dispatch/all_ops.cpp"
+
+
+def glue_unit(csrc: Path) -> Path:
+    """dispatch/all_ops.cpp, after checking that it includes every glue file
+    (dispatch/*_dispatch.cpp) and nothing else: a glue file left out would
+    build fine and lose its op's autograd and autocast kernels."""
+    unit = csrc / GLUE_UNIT
+    if not unit.is_file():
+        raise RuntimeError(f"torchops_cpu: {unit} is missing")
+    listed = re.findall(r'^#include "dispatch/([^"]+)"', unit.read_text(), re.MULTILINE)
+    present = sorted(p.name for p in (csrc / "dispatch").glob("*_dispatch.cpp"))
+    missing = sorted(set(present) - set(listed))
+    unknown = sorted(set(listed) - set(present))
+    dupes = sorted({n for n in listed if listed.count(n) > 1})
+    if missing or unknown or dupes:
+        problems = [f"{what}: {names}" for what, names in
+                    (("not included", missing), ("no such glue file", unknown),
+                     ("included twice", dupes)) if names]
+        raise RuntimeError(f"torchops_cpu: {unit} must include every dispatch/*_dispatch.cpp "
+                           f"once ({'; '.join(problems)})")
+    return unit
+
+
 def sources_hash(csrc: Path) -> str:
     """Hash of every source and header under csrc: a header edit must rebuild."""
     h = hashlib.sha256()
@@ -202,7 +226,10 @@ class Library:
         if self.cuda:
             files = _files(csrc, ("cuda",), (".cu",), recursive=False)
         else:
-            files = _files(csrc, ("", "dispatch", "cpu"), (".cpp",), recursive=False)
+            # The dispatcher glue files compile as one unit, through
+            # dispatch/all_ops.cpp (it says why); first, as the longest job
+            # (ninja starts jobs in this order).
+            files = [glue_unit(csrc)] + _files(csrc, ("", "cpu"), (".cpp",), recursive=False)
         # cpp_extension.load names object files by basename only.
         stems = [p.stem for p in files]
         dupes = sorted({s for s in stems if stems.count(s) > 1})
