@@ -235,7 +235,7 @@ class Library:
         dupes = sorted({s for s in stems if stems.count(s) > 1})
         if dupes:
             raise RuntimeError(f"{self.name}: source basenames must be unique, "
-                               f"repeated: {dupes} (dispatch glue files end in _dispatch)")
+                               f"repeated: {dupes}")
         return files
 
     def cxx_flags(self) -> list[str]:
