@@ -666,7 +666,10 @@ def deform_conv2d(input: Tensor, offset: Tensor, weight: Tensor, bias: Tensor | 
     groups = input.shape[1] // weight.shape[1] if weight.shape[1] != 0 else 1
     use_mask = mask is not None
     if mask is None:
-        mask = input.new_zeros((input.shape[0], 1))
+        # Never read without use_mask (the kernels take 1 for every sample),
+        # so left uninitialised: new_zeros would cost a fill kernel per call
+        # (~2 us of the 2x64x128x128 CUDA forward's ~125).
+        mask = input.new_empty((input.shape[0], 1))
     if bias is None:
         bias = input.new_zeros((weight.shape[0],))
     return torch.ops.torchops.deform_conv2d.default(
