@@ -1,6 +1,6 @@
 """matmul-specific tests (the generic ones come from its opdb entry).  CPU:
 both vector widths of the packed GEMM on shapes that end mid-tile in every
-dimension, also with tiny cache blocks, and of the M = 1 kernel.  CUDA: every path forced in turn,
+dimension, also with tiny cache blocks, and of the streaming kernel (M <= 8).  CUDA: every path forced in turn,
 against float64, NaN/Inf, the float32 precision rule, CUDA graphs, and small
 shapes for compute-sanitizer."""
 
@@ -24,8 +24,10 @@ from torchops import references
 torch.manual_seed(0)
 shapes = [(None, 1, 1, 1), (None, 7, 1, 5), (None, 1, 300, 1), (None, 97, 300, 33),
           (None, 6, 256, 32), (None, 5, 257, 31), (None, 13, 700, 17), (3, 19, 23, 29),
-          # M = 1 streams B (no packing): column slices, vector tails, K % 4
-          (None, 1, 701, 4101), (3, 1, 333, 37), (2, 1, 4, 70)]
+          # M <= 8 streams B (no packing), four rows a pass: column slices,
+          # vector tails, K % 4, one and two passes
+          (None, 1, 701, 4101), (3, 1, 333, 37), (2, 1, 4, 70), (2, 3, 41, 70),
+          (None, 8, 129, 2051), (None, 9, 130, 45)]
 for threads in (1, 2):
     torch.set_num_threads(threads)
     for batch, m, k, n in shapes:

@@ -254,75 +254,113 @@ inline __attribute__((always_inline)) void gemm_part(
   }
 }
 
-// One row of C (M = 1: a vector times a matrix): c[0 .. n) = a[0 .. k) @ B
-// rows [0, k) of columns [0, n) (leading dim ldb).  Packing would copy all
-// of B to use each element once, so B is streamed instead, row by row
-// (each row's slice contiguous, which the hardware prefetcher follows), into
-// up to kRowBlock running sums that stay in L1: the packed kernel read B
-// three times over (pack, store, read back), at 0.3x of torch.mm (MKL's
-// gemv) for 1 x 4096 x 4096 on one thread.  Same FMA order as the packed
-// kernel: each sum over p in turn.
-constexpr int64_t kRowBlock = 2048;
+// Few rows of C (M <= kStreamRows: a vector or a small batch of them times a
+// matrix): packing would copy all of B to use each element M times, and pad
+// A to a kMr-row tile, so B is streamed instead, row by row (each row's
+// slice contiguous, which the hardware prefetcher follows), into running
+// sums that stay in L1: up to kStreamPass rows of C per pass over B (a pass
+// per four rows).  The packed kernel read B three times over (pack, store,
+// read back): 0.3x of torch.mm's gemv at 1 x 4096 x 4096 on one thread.
+// Same order of products as the packed kernel: each sum over k in turn.
+constexpr int64_t kStreamRows = 8;
+constexpr int64_t kStreamPass = 4;
+constexpr int64_t kStreamSums = 2048;  // running sums per pass (8 KB of floats)
 
-template <typename T, int W>
-inline __attribute__((always_inline)) void row_times_matrix(
-    const T* __restrict__ a, const T* __restrict__ b, int64_t ldb,
-    T* __restrict__ c, int64_t k, int64_t n) {
+// c[r, 0 .. n) = a[r, 0 .. k) @ B for r < MR (a, c leading dims lda, ldc;
+// B k x n, leading dim ldb).
+template <typename T, int W, int MR>
+inline __attribute__((always_inline)) void rows_times_matrix(
+    const T* __restrict__ a, int64_t lda, const T* __restrict__ b, int64_t ldb,
+    T* __restrict__ c, int64_t ldc, int64_t k, int64_t n) {
   using Vec = typename Gemm<T, W>::Vec;
   constexpr int64_t L = lanes<T, W>();
-  alignas(64) T acc[kRowBlock];
-  for (int64_t j0 = 0; j0 < n; j0 += kRowBlock) {
-    const int64_t len = std::min(kRowBlock, n - j0), full = len / L * L;
-    for (int64_t j = 0; j < len; ++j) {
-      acc[j] = T(0);
+  constexpr int64_t kBlock = kStreamSums / MR / L * L;
+  alignas(64) T acc[MR][kBlock];
+  for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+    const int64_t len = std::min(kBlock, n - j0), full = len / L * L;
+    for (int r = 0; r < MR; ++r) {
+      for (int64_t j = 0; j < len; ++j) {
+        acc[r][j] = T(0);
+      }
     }
     int64_t p = 0;
-    // Four rows a pass: a sum is loaded and stored once per four products
-    // (added in row order, as one row at a time would).
+    // Four rows of B a pass: each sum is loaded and stored once per four
+    // products (added in row order, as one row at a time would).
     for (; p + 4 <= k; p += 4) {
-      const T a0 = a[p], a1 = a[p + 1], a2 = a[p + 2], a3 = a[p + 3];
+      T av[MR][4];
+      for (int r = 0; r < MR; ++r) {
+        for (int q = 0; q < 4; ++q) {
+          av[r][q] = a[r * lda + p + q];
+        }
+      }
       const T* r0 = b + p * ldb + j0;
       const T* r1 = r0 + ldb;
       const T* r2 = r1 + ldb;
       const T* r3 = r2 + ldb;
       for (int64_t j = 0; j < full; j += L) {
-        Vec b0, b1, b2, b3, av;
+        Vec b0, b1, b2, b3;
         __builtin_memcpy(&b0, r0 + j, sizeof(Vec));
         __builtin_memcpy(&b1, r1 + j, sizeof(Vec));
         __builtin_memcpy(&b2, r2 + j, sizeof(Vec));
         __builtin_memcpy(&b3, r3 + j, sizeof(Vec));
-        __builtin_memcpy(&av, acc + j, sizeof(Vec));
-        av += a0 * b0;
-        av += a1 * b1;
-        av += a2 * b2;
-        av += a3 * b3;
-        __builtin_memcpy(acc + j, &av, sizeof(Vec));
+        for (int r = 0; r < MR; ++r) {
+          Vec v;
+          __builtin_memcpy(&v, &acc[r][j], sizeof(Vec));
+          v += av[r][0] * b0;
+          v += av[r][1] * b1;
+          v += av[r][2] * b2;
+          v += av[r][3] * b3;
+          __builtin_memcpy(&acc[r][j], &v, sizeof(Vec));
+        }
       }
       for (int64_t j = full; j < len; ++j) {
-        T v = acc[j];
-        v += a0 * r0[j];
-        v += a1 * r1[j];
-        v += a2 * r2[j];
-        v += a3 * r3[j];
-        acc[j] = v;
+        for (int r = 0; r < MR; ++r) {
+          T v = acc[r][j];
+          v += av[r][0] * r0[j];
+          v += av[r][1] * r1[j];
+          v += av[r][2] * r2[j];
+          v += av[r][3] * r3[j];
+          acc[r][j] = v;
+        }
       }
     }
     for (; p < k; ++p) {
-      const T ap = a[p];
       const T* row = b + p * ldb + j0;
-      for (int64_t j = 0; j < full; j += L) {
-        Vec bv, av;
-        __builtin_memcpy(&bv, row + j, sizeof(Vec));
-        __builtin_memcpy(&av, acc + j, sizeof(Vec));
-        av += ap * bv;
-        __builtin_memcpy(acc + j, &av, sizeof(Vec));
-      }
-      for (int64_t j = full; j < len; ++j) {
-        acc[j] += ap * row[j];
+      for (int r = 0; r < MR; ++r) {
+        const T ap = a[r * lda + p];
+        for (int64_t j = 0; j < full; j += L) {
+          Vec bv, v;
+          __builtin_memcpy(&bv, row + j, sizeof(Vec));
+          __builtin_memcpy(&v, &acc[r][j], sizeof(Vec));
+          v += ap * bv;
+          __builtin_memcpy(&acc[r][j], &v, sizeof(Vec));
+        }
+        for (int64_t j = full; j < len; ++j) {
+          acc[r][j] += ap * row[j];
+        }
       }
     }
-    for (int64_t j = 0; j < len; ++j) {
-      c[j0 + j] = acc[j];
+    for (int r = 0; r < MR; ++r) {
+      for (int64_t j = 0; j < len; ++j) {
+        c[r * ldc + j0 + j] = acc[r][j];
+      }
+    }
+  }
+}
+
+// All m <= kStreamRows rows, kStreamPass at a time.
+template <typename T, int W>
+inline __attribute__((always_inline)) void stream_rows(
+    const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc, int64_t m,
+    int64_t k, int64_t n) {
+  for (int64_t r0 = 0; r0 < m; r0 += kStreamPass) {
+    const T* ar = a + r0 * lda;
+    T* cr = c + r0 * ldc;
+    switch (std::min(kStreamPass, m - r0)) {
+      case 1: rows_times_matrix<T, W, 1>(ar, lda, b, ldb, cr, ldc, k, n); break;
+      case 2: rows_times_matrix<T, W, 2>(ar, lda, b, ldb, cr, ldc, k, n); break;
+      case 3: rows_times_matrix<T, W, 3>(ar, lda, b, ldb, cr, ldc, k, n); break;
+      default: rows_times_matrix<T, W, 4>(ar, lda, b, ldb, cr, ldc, k, n); break;
     }
   }
 }
@@ -352,19 +390,20 @@ inline __attribute__((always_inline)) void row_times_matrix(
     NAME(a, lda, b, ldb, c, ldc, m, n, k, kc, mc, nc, ap, bp);               \
   }
 #define TORCHOPS_ROW_TIMES(NAME, T, W, ATTR)                                 \
-  ATTR void NAME(const T* a, const T* b, int64_t ldb, T* c, int64_t k,       \
-                 int64_t n) {                                                \
-    row_times_matrix<T, W>(a, b, ldb, c, k, n);                              \
+  ATTR void NAME(const T* a, int64_t lda, const T* b, int64_t ldb, T* c,     \
+                 int64_t ldc, int64_t m, int64_t k, int64_t n) {             \
+    stream_rows<T, W>(a, lda, b, ldb, c, ldc, m, k, n);                      \
   }                                                                          \
-  inline void row_times_acc(std::integral_constant<int, W>, const T* a,      \
-                            const T* b, int64_t ldb, T* c, int64_t k,        \
-                            int64_t n) {                                     \
-    NAME(a, b, ldb, c, k, n);                                                \
+  inline void stream_rows_acc(std::integral_constant<int, W>, const T* a,    \
+                              int64_t lda, const T* b, int64_t ldb, T* c,    \
+                              int64_t ldc, int64_t m, int64_t k,             \
+                              int64_t n) {                                   \
+    NAME(a, lda, b, ldb, c, ldc, m, k, n);                                   \
   }
-TORCHOPS_ROW_TIMES(row_times_f32, float, 32, TORCHOPS_CPU_MULTIVERSION)
-TORCHOPS_ROW_TIMES(row_times_f64, double, 32, TORCHOPS_CPU_MULTIVERSION)
-TORCHOPS_ROW_TIMES(row_times_f32_avx512, float, 64, TORCHOPS_AVX512)
-TORCHOPS_ROW_TIMES(row_times_f64_avx512, double, 64, TORCHOPS_AVX512)
+TORCHOPS_ROW_TIMES(stream_rows_f32, float, 32, TORCHOPS_CPU_MULTIVERSION)
+TORCHOPS_ROW_TIMES(stream_rows_f64, double, 32, TORCHOPS_CPU_MULTIVERSION)
+TORCHOPS_ROW_TIMES(stream_rows_f32_avx512, float, 64, TORCHOPS_AVX512)
+TORCHOPS_ROW_TIMES(stream_rows_f64_avx512, double, 64, TORCHOPS_AVX512)
 #undef TORCHOPS_ROW_TIMES
 
 TORCHOPS_GEMM_PART(gemm_part_f32, float, 32, TORCHOPS_CPU_MULTIVERSION)
@@ -407,18 +446,19 @@ void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
   const acc_t* bp = b.const_data_ptr<acc_t>();
   acc_t* cp = c.mutable_data_ptr<acc_t>();
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  if (s.m == 1) {
-    // Column slices of whole vectors, at most kRowBlock wide, shared out
-    // over the threads (and the batch).
+  if (s.m <= kStreamRows) {
+    // Column slices of whole vectors, at most a pass's block wide, shared
+    // out over the threads (and the batch).
     constexpr int64_t L = lanes<acc_t, W>();
     const int64_t per = std::clamp<int64_t>(
-        ((s.n + threads - 1) / threads + L - 1) / L * L, L, kRowBlock);
+        ((s.n + threads - 1) / threads + L - 1) / L * L, L, kStreamSums);
     const int64_t slices = (s.n + per - 1) / per;
     at::parallel_for(0, s.batch * slices, 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const int64_t bi = i / slices, j0 = i % slices * per;
-        row_times_acc(std::integral_constant<int, W>{}, ap + bi * s.k, bp + bi * s.k * s.n + j0,
-                      s.n, cp + bi * s.n + j0, s.k, std::min(per, s.n - j0));
+        stream_rows_acc(std::integral_constant<int, W>{}, ap + bi * s.m * s.k, s.k,
+                        bp + bi * s.k * s.n + j0, s.n, cp + bi * s.m * s.n + j0, s.n, s.m,
+                        s.k, std::min(per, s.n - j0));
       }
     });
     return;
