@@ -1,8 +1,8 @@
 """matmul-specific tests (the generic ones come from its opdb entry).  CPU:
 both vector widths of the packed GEMM on shapes that end mid-tile in every
-dimension, also with tiny cache blocks, and of the streaming kernel (M <= 8).  CUDA: every path forced in turn,
-against float64, NaN/Inf, the float32 precision rule, CUDA graphs, and small
-shapes for compute-sanitizer."""
+dimension, also with tiny cache blocks, and of the streaming kernel (M <= 8).
+CUDA: every path forced in turn, against float64, NaN/Inf, the float32
+precision rule, CUDA graphs, and small shapes for compute-sanitizer."""
 
 from __future__ import annotations
 

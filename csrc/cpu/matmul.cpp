@@ -260,7 +260,9 @@ inline __attribute__((always_inline)) void gemm_part(
 // slice contiguous, which the hardware prefetcher follows), into running
 // sums that stay in L1: up to kStreamPass rows of C per pass over B (a pass
 // per four rows).  The packed kernel read B three times over (pack, store,
-// read back): 0.3x of torch.mm's gemv at 1 x 4096 x 4096 on one thread.
+// read back): 0.36x of torch.mm's gemv at 1 x 4096 x 4096 on one thread of
+// the 2-core development machine, 0.40x of MKL at 4 x 1024 x 1024 on the
+// H200's host (docs/design.md has the streaming kernel's numbers).
 // Same order of products as the packed kernel: each sum over k in turn.
 constexpr int64_t kStreamRows = 8;
 constexpr int64_t kStreamPass = 4;
