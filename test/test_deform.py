@@ -128,6 +128,36 @@ def test_cpu_backward_is_reproducible():
         assert torch.equal(a, b)
 
 
+def test_wrapper_without_mask_compiles_and_exports():
+    """mask=None (DCNv1) and bias=None: the wrapper makes their stand-ins
+    itself (the mask left uninitialised, never read); under
+    torch.compile(fullgraph=True, dynamic=True) at three sizes and through
+    torch.export it equals eager, gradients included."""
+    w = torch.randn(3, 4, 3, 3, requires_grad=True)
+
+    def f(x, off, w):
+        return torchops.deform_conv2d(x, off, w, padding=1)
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=True)
+    for n, h, wd in ((2, 7, 8), (3, 9, 6), (1, 5, 11)):
+        x = torch.randn(n, 4, h, wd, requires_grad=True)
+        off = torch.randn(n, 18, h, wd, requires_grad=True)
+        want, got = f(x, off, w), compiled(x, off, w)
+        torch.testing.assert_close(got, want)
+        g = torch.randn_like(want)
+        for a, b in zip(torch.autograd.grad(got, (x, off, w), g),
+                        torch.autograd.grad(want, (x, off, w), g)):
+            torch.testing.assert_close(a, b)
+
+    class Module(torch.nn.Module):
+        def forward(self, x, off, w):
+            return f(x, off, w)
+
+    x, off = torch.randn(2, 4, 7, 8), torch.randn(2, 18, 7, 8)
+    program = torch.export.export(Module(), (x, off, w.detach()))
+    torch.testing.assert_close(program.module()(x, off, w.detach()), f(x, off, w.detach()))
+
+
 def test_wrapper_infers_groups_and_defaults():
     x, w, off, mask, b, *_ = _problem(c=4, o=6, groups=2, og=2, k=(3, 2), stride=2, pad=1, dil=2)
     got = torchops.deform_conv2d(x, off, w, b, stride=2, padding=1, dilation=2, mask=mask)

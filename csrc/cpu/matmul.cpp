@@ -266,7 +266,7 @@ inline __attribute__((always_inline)) void gemm_part(
 // Same order of products as the packed kernel: each sum over k in turn.
 constexpr int64_t kStreamRows = 8;
 constexpr int64_t kStreamPass = 4;
-constexpr int64_t kStreamSums = 2048;  // running sums per pass (8 KB of floats)
+constexpr int64_t kStreamSums = 2048;  // running sums per pass (8 KB of floats, 16 of doubles)
 
 // c[r, 0 .. n) = a[r, 0 .. k) @ B for r < MR (a, c leading dims lda, ldc;
 // B k x n, leading dim ldb).
