@@ -10,7 +10,12 @@
 // 64x64x16, 4x4 per thread (8x8 doubles would need ~200 registers).
 // Both tiles are stored k-major in shared memory (A transposed), double
 // buffered, with the next tile prefetched into registers while the current
-// one is multiplied: one __syncthreads per BK.
+// one is multiplied: one __syncthreads per BK.  Each k step's fragments are
+// read from shared memory during the previous step's FMAs, the first step of
+// the next tile included (read right after the barrier, before the current
+// tile's last FMAs): reading them at the top of each tile stalled every warp
+// of the block on shared-memory latency at once (4096^3: 3129 -> 3079 us;
+// the small tile, which had spilled, 4241 -> 3611 us).
 //
 // Global loads: each thread loads groups of 4 elements consecutive along
 // one dimension of the operand (a template flag picks which, so the
@@ -63,6 +68,7 @@ struct TileCfg {
   static_assert(BM % TM == 0 && BN % TN == 0, "whole threads");
   static_assert(TM % 4 == 0 && TN % 4 == 0, "4x4 sub-tiles");
   static_assert(TX % 8 == 0 && TY % 4 == 0, "warps of 8 x 4 threads");
+  // BK even: the k steps alternate between two fragment slots.
   static_assert(BK % 4 == 0 && BM <= 256 && BN <= 256, "int tile math (simt_supports)");
   static_assert((BM * BK) % (4 * THREADS) == 0 && (BK * BN) % (4 * THREADS) == 0,
                 "whole 4-element load groups per thread");
@@ -75,9 +81,11 @@ struct TileCfg {
 // The automatic choices, from an H200 sweep (scripts/matmul_dev --cfgs
 // simt:all; ratio to cuBLAS fp32 at 4096^3 / 1000x3000x768):
 //   float: 128x128x16, 8x8 per thread, one block per SM with up to 255
-//     registers (0.86 / 0.73; 128x128x8 at 2 blocks/SM was 0.77 / 0.65);
-//     problems of under two waves of those tiles take 128x64x8 with 128
-//     threads, 3 blocks/SM (0.63 / 0.81): more blocks to spread;
+//     registers (0.87 / 0.74; 128x128x8 at 2 blocks/SM was 0.77 / 0.65;
+//     128x128x32, 8x16 or 16x8 per thread at 128 threads: 0.81, 0.74, 0.72
+//     at 4096^3); problems that fill GPU waves badly with those tiles take
+//     128x64x8 with 128 threads, 3 blocks/SM (0.74 / 0.88; see
+//     use_small_f32_tiles);
 //   double: 128x64x8, 8x8 per thread, 128 threads (0.31 of cuBLAS, which
 //     uses the FP64 tensor cores; 64x64x16 4x4 was 0.20).
 using CfgF32 = TileCfg<128, 128, 16, 8, 8, 1>;
@@ -325,9 +333,22 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) simt_kernel(const P
     // k tiles below full_tiles need no bounds checks (C::SPLIT).
     const bool interior = C::SPLIT && p.a_vec && p.b_vec && row0 + BM <= m && col0 + BN <= n;
     const int full_tiles = interior ? k / BK : 0;
+    // Fragments of step kk+1 are read while step kk's FMAs run, across the
+    // tile boundary too: the next tile's first fragments are read right after
+    // the barrier, before the current tile's last FMAs, so no warp waits on
+    // shared-memory latency at the start of a tile.
+    Acc af[2][TM], bf[2][TN];
+    auto frags = [&](int buf, int kk, int slot) {
+#pragma unroll
+      for (int i = 0; i < TM / 4; ++i) lds4(&As[buf][kk][i * MS + ty * 4], &af[slot][i * 4]);
+#pragma unroll
+      for (int j = 0; j < TN / 4; ++j) lds4(&Bs[buf][kk][j * NS + tx * 4], &bf[slot][j * 4]);
+    };
+    __syncthreads();  // the previous batch entry's last reads of buffer 0
     load(0, std::false_type{});
     store(0);
     __syncthreads();
+    frags(0, 0, 0);
     for (int t = 0; t < ntiles; ++t) {
       const int cur = t & 1;
       const bool more = t + 1 < ntiles;
@@ -337,19 +358,19 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) simt_kernel(const P
       }
 #pragma unroll
       for (int kk = 0; kk < BK; ++kk) {
-        Acc af[TM], bf[TN];
-#pragma unroll
-        for (int i = 0; i < TM / 4; ++i) lds4(&As[cur][kk][i * MS + ty * 4], &af[i * 4]);
-#pragma unroll
-        for (int j = 0; j < TN / 4; ++j) lds4(&Bs[cur][kk][j * NS + tx * 4], &bf[j * 4]);
+        if (kk + 1 < BK) {
+          frags(cur, kk + 1, (kk + 1) & 1);
+        } else if (more) {
+          // The other buffer's last reads came before the previous barrier.
+          store(cur ^ 1);
+          __syncthreads();
+          frags(cur ^ 1, 0, 0);
+        }
 #pragma unroll
         for (int i = 0; i < TM; ++i)
 #pragma unroll
-          for (int j = 0; j < TN; ++j) acc[i][j] = fma(af[i], bf[j], acc[i][j]);
+          for (int j = 0; j < TN; ++j) acc[i][j] = fma(af[kk & 1][i], bf[kk & 1][j], acc[i][j]);
       }
-      // The other buffer was last read before the previous barrier.
-      if (more) store(cur ^ 1);
-      __syncthreads();
     }
 
     // Epilogue addresses from one per-thread base: fewer live values for
@@ -522,6 +543,19 @@ inline const char* simt_dev_cfg_dtypes(int i) {
 }
 #endif
 
+// The float tile for a problem of `big` CfgF32 tiles (one block per SM) or
+// `small` CfgF32Small tiles (three per SM): the small tile when the big ones
+// leave over a quarter of a single wave's SMs idle, or need a second, mostly
+// idle wave where the small ones fit in one.  From an H200 sweep of 15 shapes
+// (ratio to torch.mm, big / small tile): 2048^3 (256 big tiles) 0.87x /
+// 0.54x; 1280x2560x1024 (200) 0.88x / 0.76x; 1000x3000x768 (192) 0.74x /
+// 0.88x; 1664^2x1024 (169) 0.75x / 0.93x; 2048x1024x4096 (128) 0.92x / 0.79x;
+// 1024^3 (64) 0.63x / 0.71x.  (The rule before, small below two waves of big
+// tiles, ran 2048^3 at 0.47x.)
+inline bool use_small_f32_tiles(int64_t big, int64_t small, int sms) {
+  return 4 * big < 3 * int64_t(sms) || (big > sms && small <= 3 * int64_t(sms));
+}
+
 inline cudaError_t simt_run(const GemmArgs& g, void* /*workspace*/, cudaStream_t stream) {
   using namespace simt_detail;
   if (g.batch == 0 || g.m == 0 || g.n == 0) return cudaSuccess;
@@ -541,10 +575,11 @@ inline cudaError_t simt_run(const GemmArgs& g, void* /*workspace*/, cudaStream_t
       int dev = 0, sms = 0;
       cudaGetDevice(&dev);
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-      const int64_t tiles = g.batch * ((g.m + CfgF32::BM - 1) / CfgF32::BM) *
-                            ((g.n + CfgF32::BN - 1) / CfgF32::BN);
-      return tiles < 2 * int64_t(sms) ? launch<float, CfgF32Small>(g, stream)
-                                      : launch<float, CfgF32>(g, stream);
+      const int64_t rows = g.batch * ((g.m + CfgF32::BM - 1) / CfgF32::BM);
+      const int64_t big = rows * ((g.n + CfgF32::BN - 1) / CfgF32::BN);
+      const int64_t small = rows * ((g.n + CfgF32Small::BN - 1) / CfgF32Small::BN);
+      return use_small_f32_tiles(big, small, sms) ? launch<float, CfgF32Small>(g, stream)
+                                                  : launch<float, CfgF32>(g, stream);
     }
     case DType::f64: return launch<double, CfgF64>(g, stream);
     case DType::f16: return launch<__half, CfgF32>(g, stream);
