@@ -171,7 +171,7 @@ CASES: list[Case] = [
     # The sizes of issue 10's targets.  torch.compile of torch.matmul is the
     # same cuBLAS/BLAS call: not timed.
     Case(name="matmul", op="matmul", inputs=inputs.matrices, compile=False, sizes={
-        "cuda": [_mm(512, quick=True), _mm(4096, tag="exact"),
+        "cuda": [_mm(512, quick=True), _mm(2048, tag="exact"), _mm(4096, tag="exact"),
                  _mm(4096, tag="TF32", fp32_precision="high"),
                  _mm(4096, bf16), _mm(4096, f16), _mm(8192, bf16), _mm(8192, f16),
                  _mm(4093, bf16, m=4095, k=4097), _mm(3000, bf16, m=1000, k=768),
