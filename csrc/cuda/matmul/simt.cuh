@@ -333,22 +333,26 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) simt_kernel(const P
     // k tiles below full_tiles need no bounds checks (C::SPLIT).
     const bool interior = C::SPLIT && p.a_vec && p.b_vec && row0 + BM <= m && col0 + BN <= n;
     const int full_tiles = interior ? k / BK : 0;
-    // Fragments of step kk+1 are read while step kk's FMAs run, across the
-    // tile boundary too: the next tile's first fragments are read right after
-    // the barrier, before the current tile's last FMAs, so no warp waits on
-    // shared-memory latency at the start of a tile.
-    Acc af[2][TM], bf[2][TN];
+    // Float: the fragments of step kk+1 are read while step kk's FMAs run,
+    // across the tile boundary too: the next tile's first fragments are read
+    // right after the barrier, before the current tile's last FMAs, so no warp
+    // waits on shared-memory latency at the start of a tile.  Double: one
+    // fragment slot, read at each step (a second slot of doubles spills:
+    // 1024^3 146 -> 162 us), and the barrier after the tile.
+    constexpr bool kAhead = sizeof(Acc) == 4;
+    constexpr int kSlots = kAhead ? 2 : 1;
+    Acc af[kSlots][TM], bf[kSlots][TN];
     auto frags = [&](int buf, int kk, int slot) {
 #pragma unroll
       for (int i = 0; i < TM / 4; ++i) lds4(&As[buf][kk][i * MS + ty * 4], &af[slot][i * 4]);
 #pragma unroll
       for (int j = 0; j < TN / 4; ++j) lds4(&Bs[buf][kk][j * NS + tx * 4], &bf[slot][j * 4]);
     };
-    __syncthreads();  // the previous batch entry's last reads of buffer 0
+    if (kAhead) __syncthreads();  // the previous batch entry's last reads of buffer 0
     load(0, std::false_type{});
     store(0);
     __syncthreads();
-    frags(0, 0, 0);
+    if (kAhead) frags(0, 0, 0);
     for (int t = 0; t < ntiles; ++t) {
       const int cur = t & 1;
       const bool more = t + 1 < ntiles;
@@ -358,7 +362,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) simt_kernel(const P
       }
 #pragma unroll
       for (int kk = 0; kk < BK; ++kk) {
-        if (kk + 1 < BK) {
+        if (!kAhead) {
+          frags(cur, kk, 0);
+        } else if (kk + 1 < BK) {
           frags(cur, kk + 1, (kk + 1) & 1);
         } else if (more) {
           // The other buffer's last reads came before the previous barrier.
@@ -366,10 +372,16 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) simt_kernel(const P
           __syncthreads();
           frags(cur ^ 1, 0, 0);
         }
+        const int slot = kAhead ? (kk & 1) : 0;
 #pragma unroll
         for (int i = 0; i < TM; ++i)
 #pragma unroll
-          for (int j = 0; j < TN; ++j) acc[i][j] = fma(af[kk & 1][i], bf[kk & 1][j], acc[i][j]);
+          for (int j = 0; j < TN; ++j) acc[i][j] = fma(af[slot][i], bf[slot][j], acc[i][j]);
+      }
+      if (!kAhead) {
+        // The other buffer was last read before the previous barrier.
+        if (more) store(cur ^ 1);
+        __syncthreads();
       }
     }
 
