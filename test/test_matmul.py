@@ -273,3 +273,104 @@ def test_cuda_paths_sanitizer_shapes(path, matmul_dtype, monkeypatch):
         for layout in ("nn", "tn", "nt", "tt"):
             a, b = _operands(batch, m, k, n, dtype, layout, gen)
             _assert_close_to_float64(torch.ops.torchops.matmul(a, b), a, b, eps * 2)
+
+
+# --- the public wrapper: torch.matmul's shape rules -------------------------------
+
+def _matmul_float64(a, b):
+    """a @ b in float64 by broadcasting products and a sum (no BLAS): 1-D
+    operands as a row / a column, batch dimensions broadcast."""
+    return _matmul_float64_diff(a.detach().double(), b.detach().double())
+
+
+def _matmul_float64_diff(a2, b2):
+    """_matmul_float64 on float64 tensors, differentiable (the gradients'
+    reference)."""
+    row, col = a2.dim() == 1, b2.dim() == 1
+    if row:
+        a2 = a2.unsqueeze(0)
+    if col:
+        b2 = b2.unsqueeze(-1)
+    out = (a2.unsqueeze(-1) * b2.unsqueeze(-3)).sum(-2)
+    if row:
+        out = out.squeeze(-2)
+    if col:
+        out = out.squeeze(-1)
+    return out
+
+
+_ND_SHAPES = [
+    ((5,), (5, 3)), ((4, 5), (5,)), ((5,), (5,)),               # vectors
+    ((2, 4, 5), (5, 3)), ((4, 5), (2, 5, 3)),                   # a linear layer; expanded a
+    ((2, 3, 4, 5), (2, 3, 5, 6)), ((2, 1, 4, 5), (3, 5, 6)),    # attention-style; broadcast
+    ((1, 4, 5), (2, 5, 3)), ((5,), (2, 3, 5, 4)), ((2, 3, 4, 5), (5,)),
+    ((0, 4, 5), (5, 3)), ((2, 0, 4, 5), (5, 3)), ((2, 2, 4, 0), (2, 2, 0, 3)),  # empty
+]
+
+
+_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA GPU"))]
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shapes", _ND_SHAPES, ids=lambda s: f"{s[0]}@{s[1]}")
+def test_wrapper_follows_torch_matmul_shape_rules(shapes, dtype, device):
+    """torchops.matmul takes what torch.matmul takes: values against a
+    float64 product-and-sum, torch.matmul's output shape, gradients to both
+    inputs; a transposed (non-contiguous) a as well."""
+    torch.manual_seed(0)
+    for transposed in (False, True):
+        if transposed and len(shapes[0]) < 2:
+            continue
+        sa, sb = shapes
+        if transposed:
+            a = torch.randn(*sa[:-2], sa[-1], sa[-2], dtype=dtype,
+                            device=device).transpose(-1, -2)
+        else:
+            a = torch.randn(sa, dtype=dtype, device=device)
+        b = torch.randn(sb, dtype=dtype, device=device)
+        a.requires_grad_(True)
+        b.requires_grad_(True)
+        got = torchops.matmul(a, b)
+        assert got.shape == torch.matmul(a.detach(), b.detach()).shape and got.dtype == dtype
+        tol = 1e-5 if dtype == torch.float32 else 1e-12
+        torch.testing.assert_close(got.double(), _matmul_float64(a, b), rtol=tol, atol=tol)
+        grad = torch.randn_like(got)
+        ga, gb = torch.autograd.grad(got, (a, b), grad)
+        a64 = a.detach().double().requires_grad_(True)
+        b64 = b.detach().double().requires_grad_(True)
+        ra, rb = torch.autograd.grad(_matmul_float64_diff(a64, b64), (a64, b64), grad.double())
+        torch.testing.assert_close(ga.double(), ra, rtol=tol, atol=tol)
+        torch.testing.assert_close(gb.double(), rb, rtol=tol, atol=tol)
+
+
+def test_wrapper_shape_errors_name_the_op():
+    cases = [((), (3,)), ((2, 3, 4), (3, 4, 5)), ((3, 4), (5, 6)), ((2, 3, 4), (5, 6)),
+             ((4,), (5,))]
+    for sa, sb in cases:
+        with pytest.raises(RuntimeError, match="torchops.matmul"):
+            torchops.matmul(torch.randn(sa), torch.randn(sb))
+
+
+def test_wrapper_nd_compiles_and_exports():
+    """The folding and broadcasting under torch.compile(fullgraph=True,
+    dynamic=True), at two sizes of each case, and in torch.export."""
+    fn = torch.compile(torchops.matmul, fullgraph=True, dynamic=True)
+    torch.manual_seed(0)
+    cases = [lambda g: ((2 * g, 4, 5), (5, 3)),        # batch of rows @ matrix
+             lambda g: ((5 + g,), (5 + g, 3 * g)),      # vector @ matrix
+             lambda g: ((2, 1, 4, 5 * g), (3, 5 * g, 6))]  # broadcast batch
+    for case in cases:
+        for g in (1, 3):
+            sa, sb = case(g)
+            a, b = torch.randn(sa), torch.randn(sb)
+            torch.testing.assert_close(fn(a, b), torchops.matmul(a, b))
+
+    class Linear(torch.nn.Module):
+        def forward(self, x, w):
+            return torchops.matmul(x, w)
+
+    x, w = torch.randn(2, 4, 5), torch.randn(5, 3)
+    ep = torch.export.export(Linear(), (x, w))
+    torch.testing.assert_close(ep.module()(x, w), torchops.matmul(x, w))

@@ -71,16 +71,60 @@ def _check_output_size(op: str, shape, dtype: torch.dtype) -> None:
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
-    """Matrix product ``a @ b`` of 2-D ``(M, K) @ (K, N)`` or batched 3-D
-    ``(B, M, K) @ (B, K, N)`` tensors.
+    """Matrix product ``a @ b`` with :func:`torch.matmul`'s shape rules.
 
-    Supports float32, float64, float16 and bfloat16 (the half types
-    accumulate in float32) on CPU and CUDA, any strides (transposed and
-    expanded inputs are read in place), and autograd to both inputs.  Batch
-    dimensions are not broadcast: both inputs have the same rank and batch.
-    Returns a new contiguous tensor of ``a``'s dtype.
+    1-D operands are a row (``a``) or a column (``b``), removed from the
+    result; batch dimensions broadcast, so ``(B, T, K) @ (K, N)`` (a linear
+    layer) and ``(B, H, M, K) @ (B, H, K, N)`` (attention scores) work as they
+    do with ``@``.  Supports float32, float64, float16 and bfloat16 (the half
+    types accumulate in float32) on CPU and CUDA, any strides (transposed and
+    expanded inputs are read in place where the product is 2-D or 3-D), and
+    autograd to both inputs.  Both inputs have one dtype; the result is a new
+    tensor of that dtype.
+
+    The operator itself, ``torch.ops.torchops.matmul``, takes 2-D ``(M, K) @
+    (K, N)`` or 3-D ``(B, M, K) @ (B, K, N)``; this wrapper folds every other
+    case into one of those with views (a copy only where ``reshape`` needs
+    one), as torch.matmul does.
     """
-    return torch.ops.torchops.matmul.default(a, b)
+    da, db = a.dim(), b.dim()
+    if da == db == 2:
+        return torch.ops.torchops.matmul.default(a, b)
+    # Plain raises, not torch._check: dynamo traces this wrapper (see _roi_rows).
+    if da == 0 or db == 0:
+        raise RuntimeError(f"torchops.matmul: both arguments need at least 1 dimension, "
+                           f"got {da}-D and {db}-D")
+    if db == 1:  # b is one column
+        return matmul(a, b.unsqueeze(-1)).squeeze(-1)
+    if da == 1:  # a is one row
+        return matmul(a.unsqueeze(-2), b).squeeze(-2)
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    if k != b.shape[-2]:  # named here: the folded shapes would confuse the operator's message
+        raise RuntimeError(f"torchops.matmul: inner dimensions differ: 'a' has shape "
+                           f"{tuple(a.shape)} and 'b' has shape {tuple(b.shape)}")
+    if db == 2:  # a's batch dimensions fold into its rows: one 2-D product
+        rows = m
+        for d in a.shape[:-2]:
+            rows = rows * d
+        out = torch.ops.torchops.matmul.default(a.reshape(rows, k), b)
+        return out.reshape(*a.shape[:-1], n)
+    batch = []
+    pa, pb = a.shape[:-2], b.shape[:-2]
+    for i in range(1, max(len(pa), len(pb)) + 1):
+        x = pa[-i] if i <= len(pa) else 1
+        y = pb[-i] if i <= len(pb) else 1
+        if x != y and x != 1 and y != 1:
+            raise RuntimeError(f"torchops.matmul: the batch dimensions of 'a' "
+                               f"{tuple(pa)} and 'b' {tuple(pb)} do not broadcast")
+        batch.insert(0, y if x == 1 else x)
+    if da == db == 3 and pa[0] == pb[0]:
+        return torch.ops.torchops.matmul.default(a, b)
+    nb = 1
+    for d in batch:
+        nb = nb * d
+    a3 = a.expand(*batch, m, k).reshape(nb, m, k)
+    b3 = b.expand(*batch, k, n).reshape(nb, k, n)
+    return torch.ops.torchops.matmul.default(a3, b3).reshape(*batch, m, n)
 
 
 @torch.library.register_fake("torchops::matmul")
