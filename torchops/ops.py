@@ -88,8 +88,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     one), as torch.matmul does.
     """
     da, db = a.dim(), b.dim()
-    if da == db == 2:
-        return torch.ops.torchops.matmul.default(a, b)
+    if da == db and (da == 2 or (da == 3 and a.shape[0] == b.shape[0])):
+        return torch.ops.torchops.matmul.default(a, b)  # the operator's own shapes
     # Plain raises, not torch._check: dynamo traces this wrapper (see _roi_rows).
     if da == 0 or db == 0:
         raise RuntimeError(f"torchops.matmul: both arguments need at least 1 dimension, "
@@ -117,8 +117,6 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
             raise RuntimeError(f"torchops.matmul: the batch dimensions of 'a' "
                                f"{tuple(pa)} and 'b' {tuple(pb)} do not broadcast")
         batch.insert(0, y if x == 1 else x)
-    if da == db == 3 and pa[0] == pb[0]:
-        return torch.ops.torchops.matmul.default(a, b)
     nb = 1
     for d in batch:
         nb = nb * d
