@@ -173,6 +173,24 @@ def test_box_iou_continuous_random(device, dtype):
                                atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=str)
+def test_box_iou_integer_boxes(device, dtype):
+    """Pixel boxes in integers, as torchvision takes them: exact IoUs (the
+    areas and intersections are integers) in the default float dtype."""
+    gen = torch.Generator().manual_seed(3)
+    xy = torch.randint(0, 1000, (40, 2), generator=gen)
+    wh = torch.randint(0, 200, (40, 2), generator=gen)
+    boxes = torch.cat([xy, xy + wh], 1).to(device=device, dtype=dtype)
+    b1, b2 = boxes[:13], boxes[13:]
+    got = torchops.box_iou(b1, b2)
+    assert got.dtype == torch.get_default_dtype() and got.shape == (13, 27)
+    want = references.box_iou(b1.double(), b2.double()).to(got.dtype)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    fn = torch.compile(torchops.box_iou, fullgraph=True, dynamic=True)
+    torch.testing.assert_close(fn(b1, b2), got, atol=0, rtol=0)
+
+
 def _tie_boxes(device):
     # Identical boxes, shared edges, touching (zero-width overlap), nested,
     # disjoint: every kink of max/min/clamp.

@@ -269,10 +269,17 @@ def box_iou(boxes1: Tensor, boxes2: Tensor) -> Tensor:
 
     float32, float64, float16, bfloat16 on CPU and CUDA (half types computed
     in float32; unlike torchvision, which returns float32 for half inputs,
-    the result has the inputs' dtype).  Differentiable with respect to both
-    inputs, with the gradient autograd gives torchvision's formula.  Returns
-    a new contiguous tensor.
+    the result has the inputs' dtype).  Integer boxes (both inputs) are
+    computed in float64 and give PyTorch's default float dtype, as
+    torchvision's integer division does.  Differentiable with respect to both
+    floating-point inputs, with the gradient autograd gives torchvision's
+    formula.  Returns a new contiguous tensor.
     """
+    if not boxes1.is_floating_point() and not boxes2.is_floating_point():
+        # float64 holds integer coordinates exactly up to 2^53: areas and
+        # intersections as exact as torchvision's int64 arithmetic.
+        iou = torch.ops.torchops.box_iou.default(boxes1.double(), boxes2.double())
+        return iou.to(torch.get_default_dtype())
     return torch.ops.torchops.box_iou.default(boxes1, boxes2)
 
 
