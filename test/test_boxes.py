@@ -190,6 +190,13 @@ def test_box_iou_integer_boxes(device, dtype):
     fn = torch.compile(torchops.box_iou, fullgraph=True, dynamic=True)
     torch.testing.assert_close(fn(b1, b2), got, atol=0, rtol=0)
 
+    class Iou(torch.nn.Module):
+        def forward(self, x, y):
+            return torchops.box_iou(x, y)
+
+    program = torch.export.export(Iou(), (b1, b2))
+    torch.testing.assert_close(program.module()(b1, b2), got, atol=0, rtol=0)
+
 
 def _tie_boxes(device):
     # Identical boxes, shared edges, touching (zero-width overlap), nested,

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import torchops
+from torchops import references
 
 # Runs in a subprocess: the kernel reads TORCHOPS_TESTING_MATMUL_NARROW, and a
 # fresh process makes sure the forced path is the one that ran.
@@ -277,28 +278,6 @@ def test_cuda_paths_sanitizer_shapes(path, matmul_dtype, monkeypatch):
 
 # --- the public wrapper: torch.matmul's shape rules -------------------------------
 
-def _matmul_float64(a, b):
-    """a @ b in float64 by broadcasting products and a sum (no BLAS): 1-D
-    operands as a row / a column, batch dimensions broadcast."""
-    return _matmul_float64_diff(a.detach().double(), b.detach().double())
-
-
-def _matmul_float64_diff(a2, b2):
-    """_matmul_float64 on float64 tensors, differentiable (the gradients'
-    reference)."""
-    row, col = a2.dim() == 1, b2.dim() == 1
-    if row:
-        a2 = a2.unsqueeze(0)
-    if col:
-        b2 = b2.unsqueeze(-1)
-    out = (a2.unsqueeze(-1) * b2.unsqueeze(-3)).sum(-2)
-    if row:
-        out = out.squeeze(-2)
-    if col:
-        out = out.squeeze(-1)
-    return out
-
-
 _ND_SHAPES = [
     ((5,), (5, 3)), ((4, 5), (5,)), ((5,), (5,)),               # vectors
     ((2, 4, 5), (5, 3)), ((4, 5), (2, 5, 3)),                   # a linear layer; expanded a
@@ -316,9 +295,9 @@ _DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shapes", _ND_SHAPES, ids=lambda s: f"{s[0]}@{s[1]}")
 def test_wrapper_follows_torch_matmul_shape_rules(shapes, dtype, device):
-    """torchops.matmul takes what torch.matmul takes: values against a
-    float64 product-and-sum, torch.matmul's output shape, gradients to both
-    inputs; a transposed (non-contiguous) a as well."""
+    """torchops.matmul takes what torch.matmul takes: values and gradients
+    to both inputs against the float64 reference, torch.matmul's output
+    shape; a transposed (non-contiguous) a as well."""
     torch.manual_seed(0)
     for transposed in (False, True):
         if transposed and len(shapes[0]) < 2:
@@ -335,12 +314,13 @@ def test_wrapper_follows_torch_matmul_shape_rules(shapes, dtype, device):
         got = torchops.matmul(a, b)
         assert got.shape == torch.matmul(a.detach(), b.detach()).shape and got.dtype == dtype
         tol = 1e-5 if dtype == torch.float32 else 1e-12
-        torch.testing.assert_close(got.double(), _matmul_float64(a, b), rtol=tol, atol=tol)
         grad = torch.randn_like(got)
         ga, gb = torch.autograd.grad(got, (a, b), grad)
         a64 = a.detach().double().requires_grad_(True)
         b64 = b.detach().double().requires_grad_(True)
-        ra, rb = torch.autograd.grad(_matmul_float64_diff(a64, b64), (a64, b64), grad.double())
+        want = references.matmul(a64, b64)
+        torch.testing.assert_close(got.detach().double(), want.detach(), rtol=tol, atol=tol)
+        ra, rb = torch.autograd.grad(want, (a64, b64), grad.double())
         torch.testing.assert_close(ga.double(), ra, rtol=tol, atol=tol)
         torch.testing.assert_close(gb.double(), rb, rtol=tol, atol=tol)
 

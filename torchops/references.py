@@ -26,8 +26,8 @@ __all__ += ["carafe"]
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
-    """``a @ b`` for 2-D ``(M, K) @ (K, N)`` or 3-D ``(B, M, K) @ (B, K, N)``
-    inputs: ``torch.matmul``."""
+    """``a @ b`` with torch.matmul's shape rules (vectors, broadcast batch
+    dimensions), which torchops.matmul follows: ``torch.matmul``."""
     return torch.matmul(a, b)
 
 
