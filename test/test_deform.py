@@ -324,6 +324,43 @@ def test_cuda_float32_forward_with_the_bias_folded_in(o, k, c, budget, use_mask,
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("o,c,h,w", [(64, 32, 12, 12), (64, 64, 12, 12), (70, 30, 16, 18),
+                                     (64, 32, 13, 11)],
+                         ids=["one_tile", "split_k", "odd_channels", "pixels_not_4"])
+@pytest.mark.parametrize("budget", [None, "1"], ids=["one_chunk", "chunks"])
+@pytest.mark.parametrize("use_mask", [True, False])
+def test_cuda_float32_forward_3xtf32_in_kernel(o, c, h, w, budget, use_mask, monkeypatch):
+    """Layers with C * kh * kw >= 256 that do not split their columns (fewer
+    than 256 output channels) run the float32 forward GEMM as 3xTF32 split
+    in the kernel on Hopper while convolutions may use TF32 (exact float32
+    elsewhere, and where the pixel count does not suit TMA): float32-sized
+    error against float64 either way, bitwise reproducible (also under
+    deterministic algorithms, split-K included), and on Hopper not the exact
+    path's bits (so the 3xTF32 kernel is what ran)."""
+    if budget is not None:
+        monkeypatch.setenv(BUDGET, budget)
+    args64 = _problem(n=2, c=c, h=h, w=w, o=o, use_mask=use_mask, reach=3, device="cuda",
+                      seed=12)
+    args32 = [a.float() if isinstance(a, torch.Tensor) else a for a in args64]
+    want = OP(*args64)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        exact = OP(*args32)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):
+        got = OP(*args32)
+        with _deterministic():
+            det = [OP(*args32) for _ in range(2)]
+    for out in (exact, got, det[0]):
+        assert out.dtype == torch.float32 and out.is_contiguous()
+        err = (out.double() - want).abs().max().item() / want.abs().max().item()
+        assert err < 1e-5, err
+    assert torch.equal(det[0], det[1])
+    in_kernel = torch.cuda.get_device_capability() == (9, 0) and (h * w) % 4 == 0
+    assert torch.equal(got, exact) != in_kernel
+    if in_kernel:
+        assert torch.equal(got, det[0])  # the same kernel, deterministic anyway
+
+
+@pytest.mark.cuda
 def test_cuda_deterministic_backward_chunked(monkeypatch):
     """The multi-chunk deterministic path equals the CPU backward (float64)."""
     monkeypatch.setenv(BUDGET, "1")

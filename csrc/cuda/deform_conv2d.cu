@@ -680,6 +680,29 @@ void split_backward_gemm(const DeformGemm& d, const at::Tensor& grad3, int64_t n
   gw.add_(two.narrow(0, 0, O)).add_(two.narrow(0, O, O)).add_(one);
 }
 
+// float32 forward GEMMs of the layers split_gemms leaves alone, on Hopper
+// while convolutions may use TF32: 3xTF32 with the split done in the
+// kernel's registers (matmul_3xtf32_out, cuda/matmul/sm90.cuh), so the
+// columns are written and read once, unsplit, and the bias rides along
+// folded (folds_bias).  Pre-split columns (split_gemms) cost a second
+// column buffer, which at 64 output channels made three TF32 products
+// slower than one exact GEMM; split in the kernel they are not.  H200,
+// 2x64x128x128 forward: see docs/design.md.  Only where the reduction is
+// long (C * kh * kw >= kSplitMinDim): small layers keep exact float32.
+// P % 4 == 0: the columns' batch stride must suit TMA.
+bool is_sm90() {
+  int dev = 0, major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major == 9 && minor == 0;
+}
+
+bool folds_3xtf32(at::ScalarType ct, const DeformGemm& d) {
+  return ct == at::kFloat && d.groups == 1 && d.column_rows >= kSplitMinDim &&
+         d.pixels % 4 == 0 && conv_allows_tf32() && is_sm90();
+}
+
 // The forward's bias, folded into its GEMM: the columns get kBiasRows more
 // rows -- ones, then zeros that keep the reduction a multiple of 4 -- and
 // the weight the bias as a column, then zeros, so that one strided-batched
@@ -702,13 +725,17 @@ bool folds_bias(at::ScalarType ct, const DeformGemm& d) {
 }
 
 // out[n0 : n0 + B] = w_fold @ columns, the columns' extra rows written
-// (BiasFold).
+// (BiasFold): 3xTF32 where folds_3xtf32, else exact (cuBLAS).
 void folded_forward_gemm(const DeformGemm& d, at::Tensor& out3, int64_t n0,
                          int64_t images, const at::Tensor& w_fold,
                          const at::Tensor& columns) {
   const int64_t O = d.out_channels, R = d.column_rows + kBiasRows, P = d.pixels;
   at::Tensor dst = out3.narrow(0, n0, images);
   const at::Tensor cols3 = columns.view({R, images, P}).permute({1, 0, 2});
+  if (folds_3xtf32(at::kFloat, d) &&
+      matmul_3xtf32_out(dst, w_fold.expand({images, O, R}), cols3)) {
+    return;
+  }
   if (images == 1) {
     at::Tensor o = dst.select(0, 0);
     at::mm_out(o, w_fold, cols3.select(0, 0));
@@ -752,7 +779,8 @@ struct CudaKernels {
     if (split_gemms(ct, d, batch)) {
       return 2 * d.column_rows;
     }
-    return folds_bias(ct, d) ? d.column_rows + kBiasRows : d.column_rows;
+    return folds_bias(ct, d) || folds_3xtf32(ct, d) ? d.column_rows + kBiasRows
+                                                    : d.column_rows;
   }
 
   static void forward_chunk(const DeformChunkTensors& c, const DeformGemm& d,
@@ -761,7 +789,7 @@ struct CudaKernels {
                             const at::Tensor& bias, at::Tensor& scratch) {
     const int64_t rows = cols.size(0);
     if (rows == d.column_rows + kBiasRows) {
-      // folds_bias: float32 only.
+      // folds_bias or folds_3xtf32: float32 only.
       TORCH_INTERNAL_ASSERT(cols.scalar_type() == at::kFloat);
       const int64_t O = d.out_channels, CK = d.column_rows;
       at::Tensor w_fold = at::empty({O, CK + kBiasRows}, weight.options());

@@ -249,6 +249,26 @@ void matmul_tf32_out(const at::Tensor& out, const at::Tensor& a, const at::Tenso
   matmul_as(a, b, /*tf32=*/true, &out);
 }
 
+bool matmul_3xtf32_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.scalar_type() == at::kFloat, "torchops.matmul_3xtf32: float32 only, got ",
+              a.scalar_type());
+  const MatmulShape s = check_matmul(a, b, c10::DeviceType::CUDA);
+  TORCH_CHECK(out.sizes() == at::IntArrayRef(s.out_sizes()) && out.is_contiguous() &&
+                  out.scalar_type() == at::kFloat && out.device() == a.device(),
+              "torchops.matmul_3xtf32: out must be contiguous, of the result's shape, float32");
+  const c10::cuda::CUDAGuard guard(a.device());
+  at::Tensor c = out;
+  if (c.numel() == 0 || s.k == 0) {
+    return false;
+  }
+  const GemmArgs g = args_of(a, b, c, s, /*tf32=*/true);
+  if (!gemm::sm90_3xtf32_path.supports(g)) {
+    return false;
+  }
+  run_path(gemm::sm90_3xtf32_path, g, c);
+  return true;
+}
+
 TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
   m.impl("matmul", &matmul);
 }

@@ -15,4 +15,11 @@ at::Tensor matmul_tf32(const at::Tensor& a, const at::Tensor& b);
 // The same into `out`: contiguous, of the result's shape, float32.
 void matmul_tf32_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
 
+// out = a @ b at float32 accuracy on TF32 tensor cores (3xTF32, split in
+// the kernel: cuda/matmul/sm90.cuh), where the GPU and layouts allow it:
+// Hopper, b row-major with 16-byte-aligned strides, any a (broadcast over
+// the batch too).  Shapes as torchops.matmul's; out contiguous.  Returns
+// false, having done nothing, where it cannot run: the caller falls back.
+bool matmul_3xtf32_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
+
 }  // namespace torchops::cuda

@@ -1,6 +1,6 @@
 """Writes csrc/cuda/matmul/wgmma.cuh: the wgmma m64nNk16 wrappers (N = 128,
 192 (16-bit only), 256; bf16, f16 and tf32 inputs, f32 accumulators; tf32 also with A in
-registers).  Inline PTX needs every
+registers, and N = 64 for the 3xTF32 mode's low-part product).  Inline PTX needs every
 accumulator register as its own operand (64 or 128 of them): generated, not
 typed.   python scripts/matmul_dev/gen_wgmma.py"""
 from pathlib import Path
@@ -36,7 +36,7 @@ for n in (128, 256):
 }}
 """)
 
-for n in (128, 256):
+for n in (64, 128, 256):
     r = n // 2
     regs = ", ".join(f"%{i}" for i in range(r))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(r))

@@ -17,27 +17,9 @@
 #include <cstdint>
 
 #include "cuda/common/launch.cuh"
+#include "cuda/common/tf32_parts.cuh"  // split_tf32
 
 namespace torchops::cuda {
-
-// x = hi + lo, both TF32-representable (low 13 mantissa bits zero).  Inf and
-// NaN stay in hi with lo = 0, so they reach the result as in one product; a
-// value that would round up to Inf is truncated instead.
-__device__ __forceinline__ void split_tf32(float x, float& hi, float& lo) {
-  const uint32_t u = __float_as_uint(x);
-  if ((u & 0x7f800000u) == 0x7f800000u) {
-    hi = x;
-    lo = 0.f;
-    return;
-  }
-  uint32_t r = (u + 0x1000u) & 0xffffe000u;  // nearest, ties away from zero
-  if ((r & 0x7f800000u) == 0x7f800000u) {
-    r = u & 0xffffe000u;
-  }
-  hi = __uint_as_float(r);
-  const float d = x - hi;  // exact: hi and x share the leading bits
-  lo = __uint_as_float((__float_as_uint(d) + 0x1000u) & 0xffffe000u);
-}
 
 // Where a split of a (rows, cols) matrix goes: up to two copies of hi, at
 // hi_ld floats per row, and one of lo at lo_ld; null: not wanted.

@@ -25,6 +25,19 @@
 // through registers (wgmma's A-from-registers form, fragments loaded from
 // the swizzled stage), and a row-major B by computing C^T = B^T A^T, where
 // B^T is such an A and C^T is stored transposed: no operand is copied.
+//
+// The 3xTF32 mode (sm90_3xtf32_*, below) is float32 at float32 accuracy on
+// those tensor cores, for callers that opt in (deform_conv2d): C^T = B^T
+// A^T as above, where B^T comes through registers and is split there into
+// TF32 high and low parts (cuda/common/tf32_parts.cuh), and A, small, is
+// split once by a kernel of its own into the workspace, per 64 rows of A
+// 64 rows of high parts then 64 of low ones.  A 128-wide B tile of the
+// kernel then holds both parts of 64 output columns, and per k step
+//   acc    += hi(B^T) @ [hi(A^T) | lo(A^T)]   (m64n128)
+//   acc_lo += lo(B^T) @ hi(A^T)               (m64n64)
+// so the output is acc[:, :64] + acc[:, 64:] + acc_lo: the three products
+// of cuda/common/split_tf32.cuh, with the large operand read once and never
+// stored twice.
 #pragma once
 
 #include <algorithm>
@@ -37,6 +50,7 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
+#include "cuda/common/tf32_parts.cuh"
 #include "cuda/matmul/gemm_args.cuh"
 #include "cuda/matmul/wgmma.cuh"
 
@@ -75,6 +89,7 @@ struct Problem {
   // laid out like C, at ws + j * batch * m * n (sum_splits adds them up).
   int splits, split_kb;
   float* ws;
+  int b_one;  // one B matrix for every batch (3xTF32: A's parts, shared)
 };
 
 // Unit t: its tile and its k blocks [kb0, kb0 + nkb).
@@ -170,13 +185,25 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   return v;
 }
 
+// One stage's A fragments (four k8 steps); with kSplit also their low
+// parts (hi holds the high parts then).
+template <bool kSplit>
+struct RsFrags {
+  uint32_t hi[4][4];
+  uint32_t lo[kSplit ? 4 : 1][4];
+};
+
 // Tells the compiler the registers are used here: A fragments must stay in
 // their registers until the wgmmas reading them asynchronously are waited for.
-__device__ __forceinline__ void keep_regs(uint32_t (&f)[4][4]) {
+template <bool kSplit>
+__device__ __forceinline__ void keep_regs(RsFrags<kSplit>& f) {
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(f[i][j])::"memory");
+    for (int j = 0; j < 4; ++j) {
+      asm volatile("" : "+r"(f.hi[i][j])::"memory");
+      if constexpr (kSplit) asm volatile("" : "+r"(f.lo[i][j])::"memory");
+    }
 }
 
 // Where a consumer's stages are: its A rows and the B tile of stage 0.
@@ -190,11 +217,14 @@ struct RsSmem {
 // `cur`, issue its wgmmas, and once the previous stage's are done, its
 // fragments (`prev`) and buffers are free.  Two fragment sets alternate
 // (the caller unrolls by two) because wgmma reads them asynchronously.
-template <int S, int BN>
-__device__ __forceinline__ void rs_stage(float (&acc)[BN / 2], uint32_t (&cur)[4][4],
-                                         uint32_t (&prev)[4][4], int kb, uint32_t& it,
-                                         const RsSmem& sm, uint64_t* full, uint64_t* empty,
-                                         const uint32_t (&a_off)[4]) {
+// kSplit (3xTF32, BN = 128): the fragments are split into high and low
+// parts, acc takes hi @ the whole B tile (both parts of 64 columns) and
+// acc_lo lo @ its first 64 rows (the high parts).
+template <int S, int BN, bool kSplit>
+__device__ __forceinline__ void rs_stage(float (&acc)[BN / 2], float (&acc_lo)[32],
+                                         RsFrags<kSplit>& cur, RsFrags<kSplit>& prev, int kb,
+                                         uint32_t& it, const RsSmem& sm, uint64_t* full,
+                                         uint64_t* empty, const uint32_t (&a_off)[4]) {
   const int s = it % S;
   mbar_wait(&full[s], (it / S) & 1);
   const uint32_t sa = smem_addr(sm.a + s * sm.stage_bytes);
@@ -202,11 +232,24 @@ __device__ __forceinline__ void rs_stage(float (&acc)[BN / 2], uint32_t (&cur)[4
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
-    for (int v = 0; v < 4; ++v) cur[ks][v] = lds32(sa + ks * 8 * kRowBytes + a_off[v]);
+    for (int v = 0; v < 4; ++v) {
+      const uint32_t x = lds32(sa + ks * 8 * kRowBytes + a_off[v]);
+      if constexpr (kSplit) {
+        float hi, lo;
+        split_tf32(__uint_as_float(x), hi, lo);
+        cur.hi[ks][v] = __float_as_uint(hi);
+        cur.lo[ks][v] = __float_as_uint(lo);
+      } else {
+        cur.hi[ks][v] = x;
+      }
+    }
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
-    wgmma_step_rs<BN>(acc, cur[ks], make_desc(sb + ks * 32, 16, 1024), (kb > 0 || ks > 0) ? 1 : 0);
+    const uint64_t db = make_desc(sb + ks * 32, 16, 1024);
+    const int scale = (kb > 0 || ks > 0) ? 1 : 0;
+    wgmma_step_rs<BN>(acc, cur.hi[ks], db, scale);
+    if constexpr (kSplit) wgmma_m64n64k8_tf32_rs(acc_lo, cur.lo[ks], db, scale);
   }
   wgmma_commit();
   wgmma_wait<1>();
@@ -275,7 +318,7 @@ __device__ __forceinline__ uint16_t pack1(float v, bool bf16) {
   return r;
 }
 
-template <typename T, int BN, int kTransA, int kTransB, bool kTmaStore>
+template <typename T, int BN, int kTransA, int kTransB, bool kTmaStore, bool kSplit = false>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
     const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
     const __grid_constant__ CUtensorMap map_c, void* __restrict__ c, const Problem p) {
@@ -285,6 +328,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
   constexpr int kBox = 64 * kRowBytes;        // bytes of a 64-row box
   static_assert(!T::kIsTf32 || (!kTransB && !kTmaStore),
                 "tf32: a K-major B and the direct epilogue only");
+  static_assert(!kSplit || (T::kIsTf32 && kTransA && BN == 128),
+                "3xTF32: A through registers, 128-wide B tiles (64 output columns)");
+  // Output columns per tile: with kSplit a B tile holds two parts of each.
+  constexpr int kOutBN = kSplit ? BN / 2 : BN;
   constexpr int kMRows = kRowBytes / T::kBytes;   // MN-major box: rows of 128 bytes
   constexpr int kMBoxBytes = kRowBytes * kBK;     // one such box of a stage
   constexpr bool kRegA = T::kIsTf32 && kTransA;   // A through registers
@@ -341,7 +388,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
               tma_load_3d(sb + j * kMBoxBytes, &map_b, &full[s], tn * BN + j * kMRows, kb * kBK, bi);
             }
           } else {
-            tma_load_3d(sb, &map_b, &full[s], kb * kBK, tn * BN, bi);
+            tma_load_3d(sb, &map_b, &full[s], kb * kBK, tn * BN, p.b_one ? 0 : bi);
           }
         }
       }
@@ -353,6 +400,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
   const int cw = wg - 1;  // consumer index: rows cw*64 .. +64 of the tile
   const bool bf16 = T::kIsBf16;
   float acc[BN / 2];
+  float acc_lo[32];  // kSplit only (unused registers otherwise)
   uint32_t it = 0;
   // kRegA: the byte offsets, in this consumer's 64 rows of a stage, of
   // the four A elements lane (g, t) of warp w holds per k8 step: rows
@@ -368,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
       a_off[v] = (w / 2) * kMBoxBytes + k * kRowBytes + (((row / 4) ^ k) * 16) + (row % 4) * 4;
     }
   }
-  uint32_t fa[4][4] = {}, fb[4][4] = {};  // kRegA: A fragments of two stages in flight
+  RsFrags<kSplit> fa = {}, fb = {};  // kRegA: A fragments of two stages in flight
   const RsSmem smem_rs{smem + cw * kBox, smem + Cfg::kABytes, Cfg::kStageBytes};
   for (int64_t t = blockIdx.x; t < p.tiles * p.splits; t += gridDim.x) {
     int64_t tile;
@@ -379,10 +427,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
     if constexpr (kRegA) {
       int kb = 0;
       for (; kb + 1 < nkb; kb += 2) {
-        rs_stage<S, BN>(acc, fa, fb, kb, it, smem_rs, full, empty, a_off);
-        rs_stage<S, BN>(acc, fb, fa, kb + 1, it, smem_rs, full, empty, a_off);
+        rs_stage<S, BN, kSplit>(acc, acc_lo, fa, fb, kb, it, smem_rs, full, empty, a_off);
+        rs_stage<S, BN, kSplit>(acc, acc_lo, fb, fa, kb + 1, it, smem_rs, full, empty, a_off);
       }
-      if (kb < nkb) rs_stage<S, BN>(acc, fa, fb, kb, it, smem_rs, full, empty, a_off);
+      if (kb < nkb) rs_stage<S, BN, kSplit>(acc, acc_lo, fa, fb, kb, it, smem_rs, full, empty, a_off);
     }
     for (int kb = 0; kb < (kRegA ? 0 : nkb); ++kb, ++it) {
       const int s = it % S;
@@ -415,24 +463,33 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
 
     // Accumulator layout of wgmma m64nN (per warp: 16 rows): register r of
     // lane l holds row 16*warp + l/4 + 8*((r/2)%2), column 8*(r/4) + 2*(l%4) + r%2.
+    // kSplit: output column j < 64 is acc's column j (hi @ hi) + its column
+    // j + 64 (hi @ lo), register r + 32, + acc_lo's column j (lo @ hi).
     const int warp = tid / 32, lane = tid % 32;
+    auto out = [&](int r) {
+      if constexpr (kSplit) {
+        return acc[r] + (acc[r + 32] + acc_lo[r]);
+      } else {
+        return acc[r];
+      }
+    };
     if (p.splits > 1) {
       // This split's fp32 partial, where C's element goes (host: no TMA
       // store with split-K).
       const int64_t row0 = static_cast<int64_t>(tm) * kBM + cw * 64 + warp * 16 + lane / 4;
-      const int64_t col0 = static_cast<int64_t>(tn) * BN + 2 * (lane % 4);
+      const int64_t col0 = static_cast<int64_t>(tn) * kOutBN + 2 * (lane % 4);
       float* ws = p.ws + (static_cast<int64_t>(split) * p.batch + bi) * p.m * p.n;
 #pragma unroll
-      for (int r = 0; r < BN / 2; r += 2) {
+      for (int r = 0; r < kOutBN / 2; r += 2) {
         const int64_t row = row0 + 8 * ((r / 2) % 2);
         const int64_t col = col0 + 8 * (r / 4);
         if (row >= p.m) continue;
         if (p.store_t) {
-          if (col < p.n) ws[col * p.m + row] = acc[r];
-          if (col + 1 < p.n) ws[(col + 1) * p.m + row] = acc[r + 1];
+          if (col < p.n) ws[col * p.m + row] = out(r);
+          if (col + 1 < p.n) ws[(col + 1) * p.m + row] = out(r + 1);
         } else {
-          if (col < p.n) ws[row * p.n + col] = acc[r];
-          if (col + 1 < p.n) ws[row * p.n + col + 1] = acc[r + 1];
+          if (col < p.n) ws[row * p.n + col] = out(r);
+          if (col + 1 < p.n) ws[row * p.n + col + 1] = out(r + 1);
         }
       }
       continue;
@@ -464,11 +521,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
       }
     } else {
       const int64_t row0 = static_cast<int64_t>(tm) * kBM + cw * 64 + warp * 16 + lane / 4;
-      const int64_t col0 = static_cast<int64_t>(tn) * BN + 2 * (lane % 4);
+      const int64_t col0 = static_cast<int64_t>(tn) * kOutBN + 2 * (lane % 4);
       const int64_t base = static_cast<int64_t>(bi) * p.m * p.n;
       const bool pairs = (p.n % 2) == 0;  // aligned column pairs
 #pragma unroll
-      for (int r = 0; r < BN / 2; r += 2) {
+      for (int r = 0; r < kOutBN / 2; r += 2) {
         const int64_t row = row0 + 8 * ((r / 2) % 2);
         const int64_t col = col0 + 8 * (r / 4);
         if (row >= p.m) continue;
@@ -476,16 +533,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
           if (p.store_t) {
             // C^T's rows are C's columns: 8 lanes write 32 contiguous bytes.
             float* dst = static_cast<float*>(c) + base + col * p.m + row;
-            if (col < p.n) dst[0] = acc[r];
-            if (col + 1 < p.n) dst[p.m] = acc[r + 1];
+            if (col < p.n) dst[0] = out(r);
+            if (col + 1 < p.n) dst[p.m] = out(r + 1);
             continue;
           }
           float* dst = static_cast<float*>(c) + base + row * p.n + col;
           if (pairs && col + 1 < p.n) {
-            *reinterpret_cast<float2*>(dst) = make_float2(acc[r], acc[r + 1]);
+            *reinterpret_cast<float2*>(dst) = make_float2(out(r), out(r + 1));
           } else {
-            if (col < p.n) dst[0] = acc[r];
-            if (col + 1 < p.n) dst[1] = acc[r + 1];
+            if (col < p.n) dst[0] = out(r);
+            if (col + 1 < p.n) dst[1] = out(r + 1);
           }
         } else {
           uint16_t* dst = static_cast<uint16_t*>(c) + base + row * p.n + col;
@@ -647,6 +704,7 @@ cudaError_t launch(const GemmArgs& g, const Layout& l, bool store_t, int splits,
   p.splits = splits;
   p.split_kb = splits > 1 ? split_kb : p.k_blocks;
   p.ws = static_cast<float*>(ws);
+  p.b_one = 0;
   auto kernel = gemm_kernel<T, BN, kTransA, kTransB, kTmaStore>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Cfg::kSmemBytes);
@@ -804,6 +862,15 @@ inline Resolved resolve(const GemmArgs& g) {
 
 }  // namespace sm90_detail
 
+// An sm_90 GPU (wgmma), and a driver that encodes tensor maps.
+inline bool sm90_supports_device() {
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return major == 9 && minor == 0 && sm90_detail::encode_fn() != nullptr;
+}
+
 inline bool sm90_supports(const GemmArgs& g) {
   const bool tf32 = g.dtype == DType::f32 && g.allow_tf32;
   if (g.dtype != DType::bf16 && g.dtype != DType::f16 && !tf32) return false;
@@ -811,12 +878,7 @@ inline bool sm90_supports(const GemmArgs& g) {
   // TMA coordinates are 32-bit.
   if (g.m >= (int64_t(1) << 31) || g.n >= (int64_t(1) << 31) || g.k >= (int64_t(1) << 31) ||
       g.batch >= (int64_t(1) << 31)) return false;
-  int dev = 0, major = 0, minor = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  if (major != 9 || minor != 0) return false;
-  if (sm90_detail::encode_fn() == nullptr) return false;
+  if (!sm90_supports_device()) return false;
   return sm90_detail::resolve(g).ok;
 }
 
@@ -842,6 +904,137 @@ inline cudaError_t sm90_run(const GemmArgs& g, void* ws, cudaStream_t stream) {
     default:
       return launch_t<F16Tag>(r.g, r.l, ws, stream);
   }
+}
+
+// The 3xTF32 mode (see the top of this file).  C = A @ B for float32 with
+// B row-major (N contiguous, TMA-aligned: the large operand, split in the
+// kernel's registers) and A of any strides (its parts are written to the
+// workspace first); A may be broadcast over the batch (batch stride 0).
+namespace sm90_detail {
+
+// A's parts in the workspace: per batch of A, rows() rows of ld floats.
+struct Split3Parts {
+  int64_t batches, m, ld;
+  __host__ __device__ int64_t rows() const { return 2 * ((m + 63) / 64) * 64; }
+  size_t bytes() const { return size_t(batches) * size_t(rows()) * size_t(ld) * sizeof(float); }
+};
+
+inline Split3Parts split3_parts(const GemmArgs& g) {
+  // k padded to 4 floats: TMA wants 16-byte row strides.
+  return {g.a.batch_stride == 0 ? 1 : g.batch, g.m, (g.k + 3) / 4 * 4};
+}
+
+// Row r of block r / 128 of the parts: A's row 64 * (r / 128) + r % 64,
+// high part if r % 128 < 64, else low part; zero past m and k.
+__global__ void __launch_bounds__(256) split3_parts_kernel(Operand a, int64_t k, Split3Parts sp,
+                                                           float* __restrict__ parts) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const int64_t rows = sp.rows(), total = sp.batches * rows * sp.ld;
+  const float* src = static_cast<const float*>(a.ptr);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t col = i % sp.ld, r = (i / sp.ld) % rows, b = i / (sp.ld * rows);
+    const int64_t row = (r / 128) * 64 + r % 64;
+    float x = 0.f;
+    if (row < sp.m && col < k) x = src[b * a.batch_stride + row * a.row_stride + col * a.col_stride];
+    float hi, lo;
+    split_tf32(x, hi, lo);
+    parts[i] = r % 128 < 64 ? hi : lo;
+  }
+#else
+  __trap();
+#endif
+}
+
+// B (k, n) row-major, as the kernel's M-major A: its leading and batch
+// strides, or false where TMA cannot take them.
+inline bool split3_b_strides(const GemmArgs& g, int64_t& ld, int64_t& bs) {
+  const Operand& b = g.b;
+  if (reinterpret_cast<uintptr_t>(b.ptr) % 16 != 0) return false;
+  if (b.col_stride != 1 && g.n != 1) return false;
+  ld = g.k == 1 ? (g.n + 3) / 4 * 4 : b.row_stride;
+  if (ld % 4 != 0 || ld < g.n) return false;
+  bs = g.batch == 1 ? ld * g.k : b.batch_stride;
+  return bs > 0 && bs % 4 == 0;
+}
+
+// The kernel's problem: C^T (n x m) = B^T @ A^T, 64 output columns a tile.
+inline Choice split3_choice(const GemmArgs& g) {
+  GemmArgs t = g;
+  t.m = g.n;
+  t.n = 2 * g.m;  // pick_splits counts 128-wide tiles: two per 64 outputs
+  Choice c{128, false};
+  pick_splits(t, c);
+  return c;
+}
+
+inline size_t split3_partials_bytes(const GemmArgs& g) {
+  const Choice c = split3_choice(g);
+  if (c.splits < 2) return 0;
+  const size_t b = size_t(c.splits) * size_t(g.batch) * size_t(g.m) * size_t(g.n) * sizeof(float);
+  return (b + 255) / 256 * 256;
+}
+
+}  // namespace sm90_detail
+
+inline bool sm90_3xtf32_supports(const GemmArgs& g) {
+  int64_t ld = 0, bs = 0;
+  // The device and size checks of the TF32 path; its layouts do not apply.
+  return g.dtype == DType::f32 && g.m >= 1 && g.n >= 1 && g.k >= 1 && g.batch >= 1 &&
+         g.m < (int64_t(1) << 30) && g.n < (int64_t(1) << 31) && g.k < (int64_t(1) << 31) &&
+         g.batch < (int64_t(1) << 31) && sm90_detail::split3_b_strides(g, ld, bs) &&
+         sm90_supports_device();
+}
+
+inline size_t sm90_3xtf32_workspace_bytes(const GemmArgs& g) {
+  return sm90_detail::split3_partials_bytes(g) + sm90_detail::split3_parts(g).bytes();
+}
+
+inline cudaError_t sm90_3xtf32_run(const GemmArgs& g, void* ws, cudaStream_t stream) {
+  using namespace sm90_detail;
+  int64_t ldb = 0, bsb = 0;
+  if (!split3_b_strides(g, ldb, bsb) || ws == nullptr) return cudaErrorInvalidValue;
+  const Choice c = split3_choice(g);
+  const Split3Parts sp = split3_parts(g);
+  unsigned char* w = static_cast<unsigned char*>(ws);
+  float* parts = reinterpret_cast<float*>(w + split3_partials_bytes(g));
+  const int64_t total = sp.batches * sp.rows() * sp.ld;
+  split3_parts_kernel<<<static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 1024)), 256, 0,
+                        stream>>>(g.a, g.k, sp, parts);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  constexpr int BN = 128, kBK = kRowBytes / 4;
+  using Cfg = Config<BN, false>;
+  CUtensorMap ma, mb;
+  // B^T: M-major A of the kernel (m = n of C); A's parts: its K-major B.
+  if (!encode(&ma, g.b.ptr, 4, g.n, g.k, g.batch, ldb, bsb, kRowBytes / 4, kBK) ||
+      !encode(&mb, parts, 4, g.k, sp.rows(), sp.batches, sp.ld, sp.rows() * sp.ld, kBK, BN)) {
+    return cudaErrorInvalidValue;
+  }
+  Problem p;
+  p.batch = g.batch;
+  p.m = g.n;
+  p.n = g.m;
+  p.k = g.k;
+  p.tiles_m = static_cast<int>((g.n + kBM - 1) / kBM);
+  p.tiles_n = static_cast<int>((g.m + 63) / 64);
+  p.tiles = g.batch * p.tiles_m * p.tiles_n;
+  p.k_blocks = static_cast<int>((g.k + kBK - 1) / kBK);
+  p.store_t = 1;
+  p.splits = c.splits;
+  p.split_kb = c.splits > 1 ? c.split_kb : p.k_blocks;
+  p.ws = c.splits > 1 ? reinterpret_cast<float*>(w) : nullptr;
+  p.b_one = sp.batches == 1 ? 1 : 0;
+  auto kernel = gemm_kernel<Tf32Tag, BN, 1, 0, false, true>;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (e != cudaSuccess) return e;
+  const int grid = static_cast<int>(std::min<int64_t>(p.tiles * c.splits, sm_count()));
+  kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(ma, mb, ma, g.c, p);
+  if (c.splits == 1) return cudaGetLastError();
+  const int64_t out = g.batch * g.m * g.n;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((out + 255) / 256, 4096));
+  sum_splits<Tf32Tag><<<blocks, 256, 0, stream>>>(p.ws, g.c, c.splits, out);
+  return cudaGetLastError();
 }
 
 }  // namespace torchops::cuda::gemm
