@@ -776,11 +776,15 @@ struct CudaKernels {
 
   static int64_t forward_column_rows(at::ScalarType ct, const DeformGemm& d,
                                      int64_t batch) {
+    // The in-kernel split first: the forward then writes one column buffer
+    // where split_gemms would write two (the backward still splits).
+    if (folds_3xtf32(ct, d)) {
+      return d.column_rows + kBiasRows;
+    }
     if (split_gemms(ct, d, batch)) {
       return 2 * d.column_rows;
     }
-    return folds_bias(ct, d) || folds_3xtf32(ct, d) ? d.column_rows + kBiasRows
-                                                    : d.column_rows;
+    return folds_bias(ct, d) ? d.column_rows + kBiasRows : d.column_rows;
   }
 
   static void forward_chunk(const DeformChunkTensors& c, const DeformGemm& d,

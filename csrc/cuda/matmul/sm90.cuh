@@ -925,21 +925,26 @@ inline Split3Parts split3_parts(const GemmArgs& g) {
 }
 
 // Row r of block r / 128 of the parts: A's row 64 * (r / 128) + r % 64,
-// high part if r % 128 < 64, else low part; zero past m and k.
+// high part if r % 128 < 64, else low part; zero past m and k.  A block
+// per row (grid-stride over rows), threads along it: no divisions per element.
 __global__ void __launch_bounds__(256) split3_parts_kernel(Operand a, int64_t k, Split3Parts sp,
                                                            float* __restrict__ parts) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  const int64_t rows = sp.rows(), total = sp.batches * rows * sp.ld;
+  const int64_t rows = sp.rows();
   const float* src = static_cast<const float*>(a.ptr);
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t col = i % sp.ld, r = (i / sp.ld) % rows, b = i / (sp.ld * rows);
+  for (int64_t br = blockIdx.x; br < sp.batches * rows; br += gridDim.x) {
+    const int64_t b = br / rows, r = br - b * rows;
     const int64_t row = (r / 128) * 64 + r % 64;
-    float x = 0.f;
-    if (row < sp.m && col < k) x = src[b * a.batch_stride + row * a.row_stride + col * a.col_stride];
-    float hi, lo;
-    split_tf32(x, hi, lo);
-    parts[i] = r % 128 < 64 ? hi : lo;
+    const bool low = r % 128 >= 64;
+    const bool real = row < sp.m;
+    const float* in = real ? src + b * a.batch_stride + row * a.row_stride : src;
+    float* out = parts + br * sp.ld;
+    for (int64_t col = threadIdx.x; col < sp.ld; col += blockDim.x) {
+      const float x = real && col < k ? in[col * a.col_stride] : 0.f;
+      float hi, lo;
+      split_tf32(x, hi, lo);
+      out[col] = low ? lo : hi;
+    }
   }
 #else
   __trap();
@@ -998,8 +1003,8 @@ inline cudaError_t sm90_3xtf32_run(const GemmArgs& g, void* ws, cudaStream_t str
   const Split3Parts sp = split3_parts(g);
   unsigned char* w = static_cast<unsigned char*>(ws);
   float* parts = reinterpret_cast<float*>(w + split3_partials_bytes(g));
-  const int64_t total = sp.batches * sp.rows() * sp.ld;
-  split3_parts_kernel<<<static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 1024)), 256, 0,
+  const int64_t part_rows = sp.batches * sp.rows();
+  split3_parts_kernel<<<static_cast<unsigned>(std::min<int64_t>(part_rows, 65535)), 256, 0,
                         stream>>>(g.a, g.k, sp, parts);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
