@@ -360,8 +360,8 @@ DEFORM = dict(op="deform_conv2d", inputs=inputs.deform_conv2d_args,
               note="3x3, stride 1, padding 1, one offset group; offsets ~N(0, 2) pixels. "
                    "torchvision has no bfloat16 kernel: its bfloat16 rows run in float32. "
                    "TFLOP/s count the GEMMs only. float32 at PyTorch's default convolution "
-                   "precision: the 256-channel layers' GEMMs run as 3xTF32 (float32-sized "
-                   "error), the 64-channel ones exactly (docs/design.md).")
+                   "precision: the GEMMs run as 3xTF32 (float32-sized error), the forward's "
+                   "split inside the GEMM kernel on Hopper (docs/design.md).")
 DEFORM_BOUND = dict(op="deform_conv2d", inputs=inputs.deform_conv2d_args, compile=False,
                     peer=_conv2d_peer(),
                     note="Offsets 0 and mask 1, where the op equals a convolution: cuDNN's "

@@ -9,7 +9,9 @@
 // alone 3e-4.  Three TF32 GEMMs still beat one exact float32 GEMM on CUDA
 // cores (495 against 67 TFLOP/s at peak on Hopper) once every dimension is
 // a few hundred.  The callers choose how to lay out the parts so that the
-// three products need few launches (see deform_conv2d.cu).
+// three products need few launches (see deform_conv2d.cu); the sm90
+// matmul path's 3xTF32 mode splits inside its kernel instead, so that the
+// large operand is never stored twice (cuda/matmul/sm90.cuh).
 #pragma once
 
 #include <ATen/core/Tensor.h>
