@@ -52,12 +52,13 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"   # this checkout's torchop
 BUDGET=${GPU_CHECK_BUDGET:-570}
 # memcheck: every op family in every dtype, forward and backward, the bad
 # inputs, the deterministic backwards (test_roi.py) and every matmul path
-# (test_matmul.py's sanitizer shapes).  racecheck: every op whose kernels use
+# (test_matmul.py's sanitizer shapes; the sm90 path's 3xTF32 mode through
+# test_deform.py's 3xtf32_in_kernel).  racecheck: every op whose kernels use
 # shared memory (matmul's paths, box_iou's and nms's box tiles, the focal
 # loss's block reduction, carafe's and masked_conv2d's tiles, the RoI
 # gather backward's output tiles), forward and backward.
-MEMCHECK_K=${GPU_CHECK_MEMCHECK_K:-"correctness or grad_vs_reference or error_inputs or deterministic or gather_backward or sanitizer_shapes"}
-RACECHECK_K=${GPU_CHECK_RACECHECK_K:-"(correctness or grad_vs_reference) and (matmul or box_iou or nms or sigmoid_focal_loss or carafe or masked_conv2d) or gather_backward or sanitizer_shapes"}
+MEMCHECK_K=${GPU_CHECK_MEMCHECK_K:-"correctness or grad_vs_reference or error_inputs or deterministic or gather_backward or sanitizer_shapes or 3xtf32_in_kernel"}
+RACECHECK_K=${GPU_CHECK_RACECHECK_K:-"(correctness or grad_vs_reference) and (matmul or box_iou or nms or sigmoid_focal_loss or carafe or masked_conv2d) or gather_backward or sanitizer_shapes or 3xtf32_in_kernel"}
 T0=$(date +%s)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -194,7 +195,7 @@ if command -v "$SANITIZER" > /dev/null; then
       test/test_masked_conv2d.py test/test_upsample.py -q -p no:cacheprovider -m cuda -k "$MEMCHECK_K"
     step racecheck "$(cap 180 "$(( WINDOW - $(cat "$TMP/memcheck.secs") ))")" "$SANITIZER" \
       --tool racecheck --kernel-name kns=torchops --error-exitcode 99 --print-limit 20 \
-      "$PY" -m pytest test/test_ops.py test/test_matmul.py test/test_roi.py -q -p no:cacheprovider -m cuda -k "$RACECHECK_K"
+      "$PY" -m pytest test/test_ops.py test/test_matmul.py test/test_roi.py test/test_deform.py -q -p no:cacheprovider -m cuda -k "$RACECHECK_K"
   ) &
   SAN_PID=$!
 else
