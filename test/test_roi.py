@@ -426,9 +426,13 @@ def test_cuda_roi_align_matches_torchvision(dtype, sampling_ratio, aligned):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_cuda_roi_pool_matches_torchvision(dtype):
+@pytest.mark.parametrize("hw", [50, 800], ids=["planes_in_l2", "planes_beyond_l2"])
+def test_cuda_roi_pool_matches_torchvision(dtype, hw):
+    """Values, argmax and input gradient as torchvision's; the atomic
+    backward's two thread orders (memory order where the input planes fit in
+    L2, channel-outer where they do not: 2 x 32 x 800 x 800 is 164 MB)."""
     tv = pytest.importorskip("torchvision")
-    x, rois, scale = _detection_problem(dtype, c=32, k=200)
+    x, rois, scale = _detection_problem(dtype, c=32, h=hw, w=hw, k=200)
     want_out, want_argmax = torch.ops.torchvision.roi_pool(x, rois, scale, 7, 7)
     got_out, got_argmax = POOL(x, rois, scale, 7, 7)
     torch.testing.assert_close(got_out, want_out, atol=0, rtol=0)
