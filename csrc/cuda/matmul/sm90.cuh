@@ -673,6 +673,27 @@ inline int sm_count() {
   return sms;
 }
 
+// The kernel's problem: C (batch, m, n) in tiles of kBM x tile_n outputs,
+// k in blocks of kbk.
+inline Problem problem_of(int64_t batch, int64_t m, int64_t n, int64_t k, int tile_n, int kbk,
+                          bool store_t, int splits, int split_kb, void* ws, bool b_one) {
+  Problem p;
+  p.batch = batch;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.tiles_m = static_cast<int>((m + kBM - 1) / kBM);
+  p.tiles_n = static_cast<int>((n + tile_n - 1) / tile_n);
+  p.tiles = batch * p.tiles_m * p.tiles_n;
+  p.k_blocks = static_cast<int>((k + kbk - 1) / kbk);
+  p.store_t = store_t ? 1 : 0;
+  p.splits = splits;
+  p.split_kb = splits > 1 ? split_kb : p.k_blocks;
+  p.ws = static_cast<float*>(ws);
+  p.b_one = b_one ? 1 : 0;
+  return p;
+}
+
 template <typename T, int BN, int kTransA, int kTransB, bool kTmaStore>
 cudaError_t launch(const GemmArgs& g, const Layout& l, bool store_t, int splits, int split_kb,
                    void* ws, cudaStream_t stream) {
@@ -691,20 +712,8 @@ cudaError_t launch(const GemmArgs& g, const Layout& l, bool store_t, int splits,
   const bool okc = !kTmaStore || encode(&mc, g.c, E, g.n, g.m, g.batch, g.n, g.m * g.n, 64, 64);
   if (!oka || !okb || !okc) return cudaErrorInvalidValue;
   if (!kTmaStore) mc = ma;  // unused
-  Problem p;
-  p.batch = g.batch;
-  p.m = g.m;
-  p.n = g.n;
-  p.k = g.k;
-  p.tiles_m = static_cast<int>((g.m + kBM - 1) / kBM);
-  p.tiles_n = static_cast<int>((g.n + BN - 1) / BN);
-  p.tiles = g.batch * p.tiles_m * p.tiles_n;
-  p.k_blocks = static_cast<int>((g.k + kBK - 1) / kBK);
-  p.store_t = store_t ? 1 : 0;
-  p.splits = splits;
-  p.split_kb = splits > 1 ? split_kb : p.k_blocks;
-  p.ws = static_cast<float*>(ws);
-  p.b_one = 0;
+  const Problem p = problem_of(g.batch, g.m, g.n, g.k, BN, kBK, store_t, splits, split_kb, ws,
+                               /*b_one=*/false);
   auto kernel = gemm_kernel<T, BN, kTransA, kTransB, kTmaStore>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Cfg::kSmemBytes);
@@ -1016,20 +1025,9 @@ inline cudaError_t sm90_3xtf32_run(const GemmArgs& g, void* ws, cudaStream_t str
       !encode(&mb, parts, 4, g.k, sp.rows(), sp.batches, sp.ld, sp.rows() * sp.ld, kBK, BN)) {
     return cudaErrorInvalidValue;
   }
-  Problem p;
-  p.batch = g.batch;
-  p.m = g.n;
-  p.n = g.m;
-  p.k = g.k;
-  p.tiles_m = static_cast<int>((g.n + kBM - 1) / kBM);
-  p.tiles_n = static_cast<int>((g.m + 63) / 64);
-  p.tiles = g.batch * p.tiles_m * p.tiles_n;
-  p.k_blocks = static_cast<int>((g.k + kBK - 1) / kBK);
-  p.store_t = 1;
-  p.splits = c.splits;
-  p.split_kb = c.splits > 1 ? c.split_kb : p.k_blocks;
-  p.ws = c.splits > 1 ? reinterpret_cast<float*>(w) : nullptr;
-  p.b_one = sp.batches == 1 ? 1 : 0;
+  // 64 output columns a tile (a 128-wide B tile holds both parts of each).
+  const Problem p = problem_of(g.batch, g.n, g.m, g.k, BN / 2, kBK, /*store_t=*/true, c.splits,
+                               c.split_kb, c.splits > 1 ? w : nullptr, sp.batches == 1);
   auto kernel = gemm_kernel<Tf32Tag, BN, 1, 0, false, true>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (e != cudaSuccess) return e;
