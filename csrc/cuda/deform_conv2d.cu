@@ -680,15 +680,15 @@ void split_backward_gemm(const DeformGemm& d, const at::Tensor& grad3, int64_t n
   gw.add_(two.narrow(0, 0, O)).add_(two.narrow(0, O, O)).add_(one);
 }
 
-// float32 forward GEMMs of the layers split_gemms leaves alone, on Hopper
-// while convolutions may use TF32: 3xTF32 with the split done in the
-// kernel's registers (matmul_3xtf32_out, cuda/matmul/sm90.cuh), so the
-// columns are written and read once, unsplit, and the bias rides along
-// folded (folds_bias).  Pre-split columns (split_gemms) cost a second
-// column buffer, which at 64 output channels made three TF32 products
-// slower than one exact GEMM; split in the kernel they are not.  H200,
-// 2x64x128x128 forward: see docs/design.md.  Only where the reduction is
-// long (C * kh * kw >= kSplitMinDim): small layers keep exact float32.
+// The float32 forward's GEMM on Hopper while convolutions may use TF32:
+// 3xTF32 with the split done in the kernel's registers (matmul_3xtf32_out,
+// cuda/matmul/sm90.cuh), so the columns are written and read once, unsplit,
+// and the bias rides along folded (as folds_bias's).  Pre-split columns
+// (split_gemms, still the backward's) cost a second column buffer, which at
+// 64 output channels made three TF32 products slower than one exact GEMM;
+// split in the kernel they are not (H100 forward: 2x64x128x128 138 -> 115
+// us, 8x256x64x64 830 -> 705; docs/design.md).  Only where the reduction
+// is long (C * kh * kw >= kSplitMinDim): small layers keep exact float32.
 // P % 4 == 0: the columns' batch stride must suit TMA.
 bool is_sm90() {
   int dev = 0, major = 0, minor = 0;

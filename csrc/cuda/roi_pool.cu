@@ -9,7 +9,8 @@
 // Backward: each grad element goes to exactly one input pixel, the one its
 // argmax names.  By default with atomicAdd (into a float32 buffer for half
 // types), in channel-outer thread order where the input planes do not fit
-// in L2 and in memory order where they do (atomic_order).  Under torch.use_deterministic_algorithms(True): the destinations
+// in L2 and in memory order where they do (memory_order_scatter).  Under
+// torch.use_deterministic_algorithms(True): the destinations
 // are sorted with a stable sort and the first thread of each run of equal
 // destinations sums the run in that fixed order (no atomics, bitwise
 // reproducible; about 40 bytes of scratch per grad element, sort included).
