@@ -52,7 +52,8 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"   # this checkout's torchop
 BUDGET=${GPU_CHECK_BUDGET:-570}
 # memcheck: every op family in every dtype, forward and backward, the bad
 # inputs, the deterministic backwards (test_roi.py) and every matmul path
-# (test_matmul.py's sanitizer shapes; the sm90 path's 3xTF32 mode through
+# (test_matmul.py's sanitizer shapes, simt90's TMA-fed float32 kernel in
+# big_tile_f32_sanitizer_shapes; the sm90 path's 3xTF32 mode through
 # test_deform.py's 3xtf32_in_kernel).  racecheck: every op whose kernels use
 # shared memory (matmul's paths, box_iou's and nms's box tiles, the focal
 # loss's block reduction, carafe's and masked_conv2d's tiles, the RoI

@@ -255,6 +255,51 @@ def test_cuda_matmul_in_a_cuda_graph(m, k, n):
     assert torch.equal(out, torch.ops.torchops.matmul(a, b))
 
 
+# Exact float32 problems that take the simt path's big tile, row-major with
+# K % 4 == 0: on Hopper, simt90.cuh's TMA-fed kernel.  Tails in M, in N (a
+# multiple of 4: TMA wants 16-byte row strides) and in K (a part stage); a
+# K shorter than one stage.
+BIG_TILE_F32_SHAPES = [(2047, 2052, 2044), (1290, 132, 1300), (1290, 36, 1300)]
+
+
+@cuda
+@pytest.mark.parametrize("m,k,n", BIG_TILE_F32_SHAPES)
+def test_cuda_exact_float32_big_tiles(m, k, n):
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    a = torch.randn(m, k, generator=gen, device="cuda")
+    b = torch.randn(k, n, generator=gen, device="cuda")
+    if torch.cuda.get_device_capability() == (9, 0):
+        # The kernel that ran is the TMA one (a fallback would give the
+        # same bits: both sum k in order with fmaf).
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            got = torch.ops.torchops.matmul(a, b)
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events()]
+        assert any("simt90_kernel" in name for name in names), sorted(set(names))
+    else:
+        got = torch.ops.torchops.matmul(a, b)
+    _assert_close_to_float64(got, a, b, EPS[torch.float32] * 2)
+    assert torch.equal(got, torchops.matmul(a, b))
+    a[1, 3] = float("nan")
+    a[5, 7] = float("inf")
+    b[9, 2] = float("-inf")
+    got, want = torch.ops.torchops.matmul(a, b), torch.matmul(a, b)
+    for pred in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert torch.equal(pred(got), pred(want)), pred
+
+
+@cuda
+@pytest.mark.parametrize("m,k,n", [(1290, 164, 1300), (1290, 4, 1300)])
+def test_cuda_big_tile_f32_sanitizer_shapes(m, k, n):
+    """For compute-sanitizer (the name has "sanitizer_shapes"): the TMA
+    kernel's stage ring wrapping (six k tiles, four stages) and a single
+    part stage, once each (float32, row-major)."""
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    a = torch.randn(m, k, generator=gen, device="cuda")
+    b = torch.randn(k, n, generator=gen, device="cuda")
+    _assert_close_to_float64(torch.ops.torchops.matmul(a, b), a, b, EPS[torch.float32] * 2)
+
+
 # Small shapes for compute-sanitizer (memcheck and racecheck in the GPU
 # check): every path, tails in every dimension, each layout, batched; 3 x
 # 1024 x 4096 splits K in two, which decode sums inside a cluster on Hopper.

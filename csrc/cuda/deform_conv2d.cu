@@ -690,17 +690,9 @@ void split_backward_gemm(const DeformGemm& d, const at::Tensor& grad3, int64_t n
 // us, 8x256x64x64 830 -> 705; docs/design.md).  Only where the reduction
 // is long (C * kh * kw >= kSplitMinDim): small layers keep exact float32.
 // P % 4 == 0: the columns' batch stride must suit TMA.
-bool is_sm90() {
-  int dev = 0, major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&dev));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  return major == 9 && minor == 0;
-}
-
 bool folds_3xtf32(at::ScalarType ct, const DeformGemm& d) {
   return ct == at::kFloat && d.groups == 1 && d.column_rows >= kSplitMinDim &&
-         d.pixels % 4 == 0 && conv_allows_tf32() && is_sm90();
+         d.pixels % 4 == 0 && conv_allows_tf32() && matmul_3xtf32_available();
 }
 
 // The forward's bias, folded into its GEMM: the columns get kBiasRows more

@@ -269,6 +269,8 @@ bool matmul_3xtf32_out(const at::Tensor& out, const at::Tensor& a, const at::Ten
   return true;
 }
 
+bool matmul_3xtf32_available() { return is_hopper(); }
+
 TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
   m.impl("matmul", &matmul);
 }

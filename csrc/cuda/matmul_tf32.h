@@ -22,4 +22,8 @@ void matmul_tf32_out(const at::Tensor& out, const at::Tensor& a, const at::Tenso
 // false, having done nothing, where it cannot run: the caller falls back.
 bool matmul_3xtf32_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
 
+// Whether the current GPU has the 3xTF32 mode at all (Hopper, sm_90): lets a
+// caller pick its data layout before it asks for the product.
+bool matmul_3xtf32_available();
+
 }  // namespace torchops::cuda

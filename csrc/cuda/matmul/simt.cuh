@@ -24,6 +24,10 @@
 // and aligned and the group lies inside the matrix, else 4 guarded scalar
 // loads (zero fill), which also serve arbitrary strides and stride 0.
 //
+// On Hopper, float32 problems that take the big float tile and whose
+// layout suits TMA (row-major A and B, K % 4 == 0, one matrix) run
+// simt90.cuh's kernel instead: the same FMA loop fed by TMA and mbarriers.
+//
 // The tile shape is a template (TileCfg); harness builds (-DTORCHOPS_MATMUL_DEV)
 // add candidate configs picked by the env var TORCHOPS_DEV_SIMT_CFG at each
 // call (scripts/matmul_dev/check.py --cfgs simt:all).
@@ -40,6 +44,7 @@
 #endif
 
 #include "gemm_args.cuh"
+#include "simt90.cuh"
 
 namespace torchops::cuda::gemm {
 namespace simt_detail {
@@ -568,6 +573,18 @@ inline bool use_small_f32_tiles(int64_t big, int64_t small, int sms) {
   return 4 * big < 3 * int64_t(sms) || (big > sms && small <= 3 * int64_t(sms));
 }
 
+// simt90.cuh's kernel: 1 where it would run simt.cuh's big float tile.
+// Harness builds read TORCHOPS_DEV_SIMT90: 0 keeps simt.cuh's own kernel
+// on Hopper (an A/B switch for check.py --sweep), 2 takes simt90 wherever
+// it can run (the correctness list's small shapes included).
+inline int simt90_mode() {
+#ifdef TORCHOPS_MATMUL_DEV
+  if (const char* v = std::getenv("TORCHOPS_DEV_SIMT90"); v && (v[0] == '0' || v[0] == '2'))
+    return v[0] - '0';
+#endif
+  return 1;
+}
+
 inline cudaError_t simt_run(const GemmArgs& g, void* /*workspace*/, cudaStream_t stream) {
   using namespace simt_detail;
   if (g.batch == 0 || g.m == 0 || g.n == 0) return cudaSuccess;
@@ -590,8 +607,13 @@ inline cudaError_t simt_run(const GemmArgs& g, void* /*workspace*/, cudaStream_t
       const int64_t rows = g.batch * ((g.m + CfgF32::BM - 1) / CfgF32::BM);
       const int64_t big = rows * ((g.n + CfgF32::BN - 1) / CfgF32::BN);
       const int64_t small = rows * ((g.n + CfgF32Small::BN - 1) / CfgF32Small::BN);
-      return use_small_f32_tiles(big, small, sms) ? launch<float, CfgF32Small>(g, stream)
-                                                  : launch<float, CfgF32>(g, stream);
+      const bool small_tiles = use_small_f32_tiles(big, small, sms);
+      const int mode = simt90_mode();
+      if ((mode == 2 || (mode == 1 && !small_tiles)) && simt90_supports(g)) {
+        const cudaError_t e = simt90_run(g, stream);
+        if (e != cudaErrorNotSupported || mode == 2) return e;  // forced: no silent fallback
+      }
+      return small_tiles ? launch<float, CfgF32Small>(g, stream) : launch<float, CfgF32>(g, stream);
     }
     case DType::f64: return launch<double, CfgF64>(g, stream);
     case DType::f16: return launch<__half, CfgF32>(g, stream);

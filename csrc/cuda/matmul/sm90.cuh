@@ -52,6 +52,7 @@
 
 #include "cuda/common/tf32_parts.cuh"
 #include "cuda/matmul/gemm_args.cuh"
+#include "cuda/matmul/tma.cuh"
 #include "cuda/matmul/wgmma.cuh"
 
 namespace torchops::cuda::gemm {
@@ -103,33 +104,12 @@ __host__ __device__ __forceinline__ void unit_k(const Problem& p, int64_t t, int
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
-}
-
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-               ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-
-// Waits until the phase of parity `parity` has completed.  A fresh barrier
-// counts its (nonexistent) previous phase, parity 1, as complete: that is
-// how the producer's first pass over the empty ring goes straight through.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)), "r"(parity) : "memory");
-}
+using tma::mbar_arrive;
+using tma::mbar_expect_tx;
+using tma::mbar_init;
+using tma::mbar_wait;
+using tma::smem_addr;
+using tma::tma_load_3d;
 
 __device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
   asm volatile(
@@ -141,15 +121,6 @@ __device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void*
 // Named barrier of one consumer warpgroup (id 0 is __syncthreads').
 __device__ __forceinline__ void warpgroup_sync(int id) {
   asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
-}
-
-__device__ __forceinline__ void tma_load_3d(
-    void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3, %4}], [%5];"
-      ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2),
-        "r"(smem_addr(bar)) : "memory");
 }
 
 // Shared-memory matrix descriptor, 128-byte swizzle.  SBO: bytes between
@@ -585,35 +556,14 @@ __global__ void __launch_bounds__(256) sum_splits(const float* __restrict__ ws, 
   }
 }
 
-inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      f = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
 // A 3-D (inner, outer, batch) map of an operand of 2- or 4-byte elements.
 inline bool encode(CUtensorMap* map, const void* ptr, int bytes, uint64_t inner, uint64_t outer,
                    uint64_t batch, uint64_t outer_stride, uint64_t batch_stride,
                    uint32_t box_inner, uint32_t box_outer) {
-  auto fn = encode_fn();
-  if (fn == nullptr) return false;
-  const cuuint64_t dims[3] = {inner, outer, batch};
-  const cuuint64_t strides[2] = {outer_stride * bytes, batch_stride * bytes};
-  const cuuint32_t box[3] = {box_inner, box_outer, 1};
-  const cuuint32_t estr[3] = {1, 1, 1};
-  const CUtensorMapDataType type =
-      bytes == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_UINT16;
-  return fn(map, type, 3, const_cast<void*>(ptr), dims, strides, box,
-            estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  const uint64_t dims[3] = {inner, outer, batch};
+  const uint64_t strides[2] = {outer_stride * bytes, batch_stride * bytes};
+  const uint32_t box[3] = {box_inner, box_outer, 1};
+  return tma::encode_3d(map, ptr, bytes, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 struct Layout {
@@ -872,13 +822,7 @@ inline Resolved resolve(const GemmArgs& g) {
 }  // namespace sm90_detail
 
 // An sm_90 GPU (wgmma), and a driver that encodes tensor maps.
-inline bool sm90_supports_device() {
-  int dev = 0, major = 0, minor = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  return major == 9 && minor == 0 && sm90_detail::encode_fn() != nullptr;
-}
+inline bool sm90_supports_device() { return tma::sm90_device(); }
 
 inline bool sm90_supports(const GemmArgs& g) {
   const bool tf32 = g.dtype == DType::f32 && g.allow_tf32;
