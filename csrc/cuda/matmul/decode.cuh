@@ -116,23 +116,24 @@ struct Geom {
 };
 template <class C> constexpr Geom geom_of() { return {C::NW, C::BKT, C::BNG, C::UK, C::UN, C::UF, C::MINB}; }
 
-// The automatic one (H100 sweep, 2026-11-26, two runs of every config:
-// 1x4096x4096 0.99x of cuBLAS, 16x4096x4096 1.01-1.03x, against 0.96x and
-// 1.02x for K12, the automatic one before).
-using K0 = KCfg<8, 4, 1, 4, 4, 4, 3, 1>;
+// The automatic one.  H100, 2026-11-26, each config timed three times in
+// turn against K12 (8 warps, 4 loads in flight, L2 evict-first: ahead in
+// the first two runs of a 30-config sweep): the same within the spread (1x4096x4096 0.96x
+// of cuBLAS either way, 16x4096x4096 1.01x; float32 K0 1.38x, K12 1.36x).
+using K0 = KCfg<16, 4, 1, 2, 2, 2, 0, 1>;
 #ifdef TORCHOPS_MATMUL_DEV
 using K1 = KCfg<16, 4, 1, 2, 2, 2, 1, 1>;  // nc.L1::no_allocate loads
 using K2 = KCfg<16, 4, 1, 2, 2, 2, 2, 1>;  // + L2::256B prefetch
-using K3 = KCfg<8, 4, 1, 4, 4, 4, 0, 1>;   // 8 warps, 2x K12's loads per warp
+using K3 = KCfg<8, 4, 1, 4, 4, 4, 0, 1>;   // 8 warps, 2x the loads per warp
 using K4 = KCfg<8, 4, 1, 2, 2, 2, 0, 2>;   // 8 warps, 2 CTAs per SM
 using K5 = KCfg<8, 4, 1, 8, 8, 4, 0, 1>;   // 8 warps, 4x the loads per warp
 using K6 = KCfg<16, 2, 2, 2, 2, 2, 0, 1>;  // bk 16 columns, bn 128 columns
 using K7 = KCfg<4, 4, 1, 2, 2, 2, 0, 4>;   // 4 warps, 4 CTAs per SM (u4 spills at 128 regs)
 using K8 = KCfg<8, 4, 1, 4, 4, 4, 1, 1>;   // K3 with nc loads
 using K9 = KCfg<8, 4, 1, 8, 8, 4, 1, 1>;   // K5 with nc loads
-using K10 = KCfg<16, 4, 1, 2, 2, 2, 3, 1>;  // K12 with nc + L2 evict-first policy
-using K11 = KCfg<16, 4, 1, 2, 2, 2, 4, 1>;  // K12 with cs + L2 evict-first policy
-using K12 = KCfg<16, 4, 1, 2, 2, 2, 0, 1>;  // 16 warps, u2, cs (the automatic one before)
+using K10 = KCfg<16, 4, 1, 2, 2, 2, 3, 1>;  // K0 with nc + L2 evict-first policy
+using K11 = KCfg<16, 4, 1, 2, 2, 2, 4, 1>;  // K0 with cs + L2 evict-first policy
+using K12 = KCfg<8, 4, 1, 4, 4, 4, 3, 1>;   // K3 with nc + L2 evict-first policy
 using K13 = KCfg<16, 2, 2, 2, 2, 2, 3, 1>;  // K6 with nc + L2 evict-first policy
 using K14 = KCfg<4, 4, 1, 8, 8, 4, 3, 1>;   // 4 warps, u8, nc + L2 evict-first policy
 using K15 = KCfg<8, 4, 1, 6, 6, 4, 3, 1>;   // 8 warps, u6, nc + L2 evict-first policy
@@ -150,12 +151,12 @@ struct DevCfg {
 };
 constexpr int kDevCfgs = 34;
 constexpr DevCfg kDevCfgs_[kDevCfgs] = {
-    {0, 0, 0, "w8 u4 nc L2 evict-first, split auto (auto)"},
-    {12, 0, 1, "w16 u2 cs, split auto, 1 kernel"},
-    {12, 1, 0, "w16 u2 cs, no split"},
-    {12, 2, 1, "w16 u2 cs, split 2, 1 kernel"},
-    {12, 4, 1, "w16 u2 cs, split 4, 1 kernel"},
-    {12, 2, 0, "w16 u2 cs, split 2, 2 kernels"},
+    {0, 0, 0, "w16 u2 cs, split auto (auto)"},
+    {0, 0, 1, "w16 u2 cs, split auto, 1 kernel"},
+    {0, 1, 0, "w16 u2 cs, no split"},
+    {0, 2, 1, "w16 u2 cs, split 2, 1 kernel"},
+    {0, 4, 1, "w16 u2 cs, split 4, 1 kernel"},
+    {0, 2, 0, "w16 u2 cs, split 2, 2 kernels"},
     {1, 0, 1, "w16 u2 nc, split auto, 1 kernel"},
     {2, 0, 1, "w16 u2 nc L2::256B, split auto, 1 kernel"},
     {3, 0, 1, "w8 u4 cs, split auto, 1 kernel"},
@@ -172,7 +173,7 @@ constexpr DevCfg kDevCfgs_[kDevCfgs] = {
     {5, 2, 1, "w8 u8 cs, split 2, 1 kernel"},
     {10, 0, 0, "w16 u2 nc L2 evict-first, split auto"},
     {11, 0, 0, "w16 u2 cs L2 evict-first, split auto"},
-    {12, 0, 0, "w16 u2 cs, split auto (the auto one before)"},
+    {12, 0, 0, "w8 u4 nc L2 evict-first, split auto"},
     {13, 0, 0, "w16 bk16c/bn128c nc L2 ef, split auto"},
     {10, 1, 0, "w16 u2 nc L2 evict-first, no split"},
     {10, 4, 1, "w16 u2 nc L2 evict-first, split 4, 1 kernel"},
@@ -195,9 +196,8 @@ __device__ __forceinline__ uint2 ldg8(const void* p) { return __ldg(static_cast<
 
 // B is read exactly once.  LD 0: streaming (evict-first) loads.  LD 1/2:
 // the read-only path without L1 allocation (B never returns to L1; A does).
-// LD 3/4: with an explicit L2 evict-first policy, so a weight streamed
-// through does not push out what else the L2 holds (in a model: the
-// activations, a KV cache).
+// LD 3/4: with an explicit L2 evict-first policy (meant to keep what else
+// the L2 holds; no faster in the bench, see below).
 template <int LD>
 __device__ __forceinline__ uint4 ldb16(const void* p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
@@ -219,8 +219,7 @@ __device__ __forceinline__ uint4 ldb16(const void* p) {
     // flush (a 256 MB memset: the L2 full of dirty lines) it times as .cs
     // does (H100): the write-backs cost both alike, cuBLAS too (its GEMV
     // 20.8 us after that flush, 16.8 after a flush by reads; exp notes in
-    // docs/design.md).  The automatic config uses it with 8 warps, 4
-    // loads in flight per lane (the faster shape either way).
+    // docs/design.md).  Harness configs only.
     uint64_t pol;
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     uint4 v;
