@@ -116,9 +116,9 @@ struct Geom {
 };
 template <class C> constexpr Geom geom_of() { return {C::NW, C::BKT, C::BNG, C::UK, C::UN, C::UF, C::MINB}; }
 
-// The automatic one.  H100, 2026-11-26, each config timed three times in
-// turn against K12 (8 warps, 4 loads in flight, L2 evict-first: ahead in
-// the first two runs of a 30-config sweep): the same within the spread (1x4096x4096 0.96x
+// The automatic one.  H100, 2026-11-26, timed three times in turn against
+// K12 (8 warps, 4 loads in flight, L2 evict-first: ahead in the first two
+// runs of a 30-config sweep): the same within the spread (1x4096x4096 0.96x
 // of cuBLAS either way, 16x4096x4096 1.01x; float32 K0 1.38x, K12 1.36x).
 using K0 = KCfg<16, 4, 1, 2, 2, 2, 0, 1>;
 #ifdef TORCHOPS_MATMUL_DEV
