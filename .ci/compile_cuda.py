@@ -35,7 +35,13 @@ def main() -> int:
     # included), and nvcc puts it after any -Xcompiler flag, so the library's
     # -O3 is replaced, not followed by -Xcompiler -O0 (which it overrode:
     # roi_align.cu 95 -> 86 s).
+    # Device code at -O0 as well (cicc and ptxas): every kernel is still
+    # parsed, instantiated, lowered to PTX and assembled, inline PTX
+    # included, which is what this check is for; optimising it found no
+    # error the GPU check's real (-O3) builds would not, and cost most of
+    # the time (matmul_sm90.cu 33 -> 8 s).
     flags = ["-O0" if f == "-O3" else f for f in lib.nvcc_flags()]
+    flags += ["-Xcicc", "-O0", "-Xptxas", "-O0"]
     cmd = [nvcc, "-c", "-gencode=arch=compute_90a,code=sm_90a", "-Xcompiler", "-fPIC",
            "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
            "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__",
