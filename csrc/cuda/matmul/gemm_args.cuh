@@ -45,4 +45,17 @@ struct GemmArgs {
   bool allow_tf32;
 };
 
+// The paths' tile order: linear tile index t -> tile row tm and column tn,
+// in groups of `group` tile rows swept column by column (rows fastest), so
+// the tiles in flight at once share A rows and B columns in L2.
+__host__ __device__ __forceinline__ void grouped_tile(int64_t t, int64_t tiles_m, int64_t tiles_n,
+                                                      int64_t group, int64_t& tm, int64_t& tn) {
+  const int64_t per_group = group * tiles_n;
+  const int64_t first_m = t / per_group * group;
+  const int64_t rows = tiles_m - first_m < group ? tiles_m - first_m : group;
+  const int64_t in_group = t - first_m * tiles_n;
+  tm = first_m + in_group % rows;
+  tn = in_group / rows;
+}
+
 }  // namespace torchops::cuda::gemm

@@ -214,17 +214,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) simt_kernel(const P
   const int tx = (warp % (C::TX / 8)) * 8 + (lane & 7);
   const int ty = (warp / (C::TX / 8)) * 4 + (lane >> 3);
 
-  // Tile order: groups of kGroupM tile rows swept column by column, so
-  // concurrently running blocks share A rows and B columns in L2.
+  // Tile order: gemm_args.cuh's grouped one.
   int64_t tm, tn;
-  {
-    const int64_t pid = blockIdx.x;
-    const int64_t in_group = int64_t(kGroupM) * p.tiles_n;
-    const int64_t first_m = (pid / in_group) * kGroupM;
-    const int64_t gsize = min(p.tiles_m - first_m, int64_t(kGroupM));
-    tm = first_m + (pid % in_group) % gsize;
-    tn = (pid % in_group) / gsize;
-  }
+  grouped_tile(blockIdx.x, p.tiles_m, p.tiles_n, kGroupM, tm, tn);
   // Sizes fit in int (simt_supports); only element offsets need 64 bits.
   const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
   const int row0 = static_cast<int>(tm) * BM, col0 = static_cast<int>(tn) * BN;

@@ -86,17 +86,9 @@ __global__ void __launch_bounds__(kThreads, 1) simt90_kernel(
   }
   __syncthreads();
 
-  // Grouped raster, as simt.cuh's.
-  int tm, tn;
-  {
-    const int pid = blockIdx.x;
-    const int in_group = kGroupM * p.tiles_n;
-    const int first_m = (pid / in_group) * kGroupM;
-    const int gsize = min(p.tiles_m - first_m, kGroupM);
-    tm = first_m + (pid % in_group) % gsize;
-    tn = (pid % in_group) / gsize;
-  }
-  const int row0 = tm * kBM, col0 = tn * kBN;
+  int64_t tm, tn;
+  grouped_tile(blockIdx.x, p.tiles_m, p.tiles_n, kGroupM, tm, tn);
+  const int row0 = static_cast<int>(tm) * kBM, col0 = static_cast<int>(tn) * kBN;
   const int kt = p.k_tiles;
 
   if (tid < 128) {  // producer warpgroup: one thread issues the copies

@@ -251,14 +251,10 @@ __device__ __forceinline__ void wgmma_step(float (&d)[BN / 2], uint64_t da, uint
 __device__ __forceinline__ void tile_coords(const Problem& p, int64_t t, int& bi, int& tm, int& tn) {
   const int64_t per_batch = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
   bi = static_cast<int>(t / per_batch);
-  const int r = static_cast<int>(t - bi * per_batch);
-  const int per_group = kGroupM * p.tiles_n;
-  const int g = r / per_group;
-  const int first_m = g * kGroupM;
-  const int rows = min(p.tiles_m - first_m, kGroupM);
-  const int in_group = r - g * per_group;
-  tm = first_m + in_group % rows;
-  tn = in_group / rows;
+  int64_t m, n;
+  grouped_tile(t - bi * per_batch, p.tiles_m, p.tiles_n, kGroupM, m, n);
+  tm = static_cast<int>(m);
+  tn = static_cast<int>(n);
 }
 
 #endif  // sm_90a
