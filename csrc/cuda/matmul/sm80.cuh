@@ -344,14 +344,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
   const int wm0 = (warp / Cfg::WARPS_N) * WM;
   const int wn0 = (warp % Cfg::WARPS_N) * WN;
 
-  // Grouped raster: 8 tile-rows share their B tiles while they run together.
-  constexpr int GROUP = 8;
-  const int t = blockIdx.x;
-  const int width = GROUP * p.tiles_n;
-  const int first_m = (t / width) * GROUP;
-  const int gsz = min(p.tiles_m - first_m, GROUP);
-  const int m0 = (first_m + (t % width) % gsz) * BM;
-  const int n0 = ((t % width) / gsz) * BN;
+  // Grouped raster (gemm_args.cuh): 8 tile rows share their B tiles while
+  // they run together.
+  int64_t tm, tn;
+  grouped_tile(blockIdx.x, p.tiles_m, p.tiles_n, 8, tm, tn);
+  const int m0 = static_cast<int>(tm) * BM;
+  const int n0 = static_cast<int>(tn) * BN;
 
   // ldmatrix lane roles.  Matrix j = lane/8 of an x4, row lane%8 of it.
   // A x4 = m16 x k(2 chunks): j -> (m half j&1, k chunk j>>1);
