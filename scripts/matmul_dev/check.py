@@ -149,7 +149,7 @@ CORRECTNESS = [  # (batch or None, m, n, k)
     (None, 256, 256, 256), (None, 97, 211, 1), (None, 1000, 3000, 768), (None, 509, 521, 523),
     (None, 4095, 4097, 4093), (None, 2048, 2048, 2048), (None, 64, 8192, 128),
     (4, 100, 72, 40), (512, 64, 64, 64), (3, 129, 255, 200), (2, 16, 512, 1024),
-    # sm90 clusters: an odd number of tile rows (3 and 5), k not a stage multiple
+    # odd numbers of 128-row tiles (3 and 5), k not a multiple of a 64-deep stage
     (None, 300, 520, 136), (3, 520, 264, 72),
 ]
 
