@@ -293,24 +293,6 @@ __device__ __forceinline__ void tree_reduce(float (&v)[NV], float* red, int warp
   }
 }
 
-// tree_reduce of an mma accumulator set (NV/4 tiles of m16n8 fragments):
-// where A has at most 8 rows, only each fragment's first two values (rows
-// g < 8) are sums of real rows; the rest are the zero padding's, so half as
-// much goes through shared memory.  The real rows' sums are the same bits.
-template <int NW, int NV>
-__device__ __forceinline__ void mma_reduce(float (&v)[NV], float* red, int warp, int lane, int m) {
-  if (m > 8) {
-    tree_reduce<NW, NV>(v, red, warp, lane);
-    return;
-  }
-  float h[NV / 2];
-#pragma unroll
-  for (int j = 0; j < NV / 4; ++j) h[2 * j] = v[4 * j], h[2 * j + 1] = v[4 * j + 1];
-  tree_reduce<NW, NV / 2>(h, red, warp, lane);
-#pragma unroll
-  for (int j = 0; j < NV / 4; ++j) v[4 * j] = h[2 * j], v[4 * j + 1] = h[2 * j + 1];
-}
-
 template <typename T>
 __device__ __forceinline__ void put(const Params& p, int64_t bi, int row, int col, float v) {
   const int64_t idx = (bi * p.m + row) * p.n + col;
@@ -442,7 +424,7 @@ __global__ void __launch_bounds__(C::NW * 32, C::MINB) decode_mma_bk(const Param
     }
 
     float (&flat)[NV] = *reinterpret_cast<float(*)[NV]>(&acc[0][0]);
-    mma_reduce<NW, NV>(flat, red, warp, lane, p.m);
+    tree_reduce<NW, NV>(flat, red, warp, lane);
     if (warp == 0) {
 #pragma unroll
       for (int j = 0; j < TILES; ++j) {
@@ -512,7 +494,7 @@ __global__ void __launch_bounds__(C::NW * 32, C::MINB) decode_mma_bn(const Param
     }
 
     float (&flat)[NV] = *reinterpret_cast<float(*)[NV]>(&acc[0][0]);
-    mma_reduce<WPG, NV>(flat, red + grp * RED, wk, lane, p.m);
+    tree_reduce<WPG, NV>(flat, red + grp * RED, wk, lane);
     if (wk == 0) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
