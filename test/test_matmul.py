@@ -60,10 +60,11 @@ def test_cpu_gemm_paths_match_reference(narrow):
 # blocks, N = 75 and 203 several column blocks, M = 301 several row blocks, all
 # ending mid-tile.
 _TINY_CACHES = r"""
-import math, torch, torchops
+import itertools, math, os, torch, torchops
 torch.manual_seed(0)
-for threads in (1, 2):
+for threads, shared in itertools.product((1, 2), ("0", "1")):
     torch.set_num_threads(threads)
+    os.environ["TORCHOPS_TESTING_MATMUL_SHARED"] = shared
     for *pre, m, k, n in ((37, 1029, 75), (301, 300, 203), (3, 50, 70, 33)):
         for dt, eps in ((torch.float32, 2.0**-24), (torch.float64, 2.0**-53)):
             a = torch.randn(*pre, m, k, dtype=dt)
@@ -73,7 +74,7 @@ for threads in (1, 2):
             bound = torch.matmul(a.double().abs(), b.double().abs())
             tol = 2 * eps * (want.abs() + 4 * math.sqrt(k) * bound)
             excess = ((got - want).abs() - tol).max().item()
-            assert excess <= 0, (threads, pre, m, k, n, dt, excess)
+            assert excess <= 0, (threads, shared, pre, m, k, n, dt, excess)
 print("CHECKED")
 """
 
@@ -90,6 +91,40 @@ def test_cpu_gemm_tiny_cache_blocks_match_float64(narrow):
     proc = subprocess.run([sys.executable, "-c", _TINY_CACHES], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode != 0 and "TORCHOPS_TESTING_CPU_CACHES" in proc.stderr, proc.stderr
+
+
+# The shared schedule (one matrix, every block packed once for all threads,
+# C tiles claimed from counters) against float64 and against the per-thread
+# grid, bit for bit: both sum each element over k in order, in the same depth
+# blocks.  Shapes: depth blocks of three generations, super blocks (2048
+# rows or columns) ending mid-tile, fewer units than threads, M = 9, a
+# transposed B.  Threads 1 and 3 too: the workers must not need each other
+# to run at the same time.
+@pytest.mark.parametrize("narrow", ["0", "1"])
+def test_cpu_gemm_shared_schedule(narrow, monkeypatch):
+    monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_NARROW", narrow)
+    prev = torch.get_num_threads()
+    gen = torch.Generator().manual_seed(0)
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            for m, k, n in ((301, 1500, 257), (2100, 40, 70), (50, 30, 2100), (9, 700, 33),
+                            (130, 64, 2049)):
+                for dt, eps in ((torch.float32, 2.0**-24), (torch.float64, 2.0**-53)):
+                    a = torch.randn(m, k, dtype=dt, generator=gen)
+                    b = torch.randn(n, k, dtype=dt, generator=gen).t()
+                    monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_SHARED", "1")
+                    got = torchops.matmul(a, b)
+                    monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_SHARED", "0")
+                    grid = torchops.matmul(a, b)
+                    assert torch.equal(got, grid), (threads, m, k, n, dt)
+                    want = references.matmul(a.double(), b.double())
+                    bound = references.matmul(a.double().abs(), b.double().abs())
+                    tol = 2 * eps * (want.abs() + 4 * math.sqrt(k) * bound)
+                    excess = ((got.double() - want).abs() - tol).max().item()
+                    assert excess <= 0, (threads, m, k, n, dt, excess)
+    finally:
+        torch.set_num_threads(prev)
 
 
 # --- CUDA: every path, forced through TORCHOPS_TESTING_MATMUL_PATH -------------------------

@@ -1,5 +1,6 @@
 // CPU kernel of torchops.matmul: a packed, cache-blocked (BLIS-style) GEMM,
-// parallel over parts of the output, one per thread.
+// parallel over parts of the output, one per thread, or for one large
+// matrix on many threads over C tiles with every block packed once.
 //
 // Inputs are first made contiguous in the accumulation type (float for
 // float/half/bfloat16, double for double), so one micro-kernel per
@@ -9,7 +10,10 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <memory>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -201,13 +205,15 @@ inline __attribute__((always_inline)) void pack_a(
 }
 
 // b[0 .. kc, 0 .. nc] (leading dim ldb) into panels of NR columns, each
-// kc x NR row-major; columns past nc are zero.  Row by row, so B is read
-// as whole rows: panel by panel would read NR columns at a stride of ldb,
-// which the hardware prefetcher does not follow across pages.
+// row-major with NR-wide rows, `stride` elements apart (the block's depth:
+// a caller may pack a block's rows in several calls); columns past nc are
+// zero.  Row by row, so B is read as whole rows: panel by panel would read
+// NR columns at a stride of ldb, which the hardware prefetcher does not
+// follow across pages.
 template <typename T, int W>
 inline __attribute__((always_inline)) void pack_b(
     const T* __restrict__ b, int64_t ldb, int64_t kc, int64_t nc,
-    T* __restrict__ out) {
+    T* __restrict__ out, int64_t stride) {
   using Vec = typename Gemm<T, W>::Vec;
   constexpr int64_t L = lanes<T, W>();
   constexpr int64_t NR = nr<T, W>();
@@ -219,11 +225,11 @@ inline __attribute__((always_inline)) void pack_b(
       Vec v0, v1;
       __builtin_memcpy(&v0, row + j, sizeof(Vec));
       __builtin_memcpy(&v1, row + j + L, sizeof(Vec));
-      __builtin_memcpy(dst + j * kc, &v0, sizeof(Vec));
-      __builtin_memcpy(dst + j * kc + L, &v1, sizeof(Vec));
+      __builtin_memcpy(dst + j * stride, &v0, sizeof(Vec));
+      __builtin_memcpy(dst + j * stride + L, &v1, sizeof(Vec));
     }
     if (full < nc) {
-      T* tail = dst + full * kc;
+      T* tail = dst + full * stride;
       for (int64_t j = 0; j < NR; ++j) {
         tail[j] = full + j < nc ? row[full + j] : T(0);
       }
@@ -246,7 +252,7 @@ inline __attribute__((always_inline)) void gemm_part(
       pack_a<T, W>(a + ic * lda + pc, lda, mc, kc, apack);
       for (int64_t jc = 0; jc < n; jc += nc_size) {
         const int64_t nc = std::min(nc_size, n - jc);
-        pack_b<T, W>(b + pc * ldb + jc, ldb, kc, nc, bpack);
+        pack_b<T, W>(b + pc * ldb + jc, ldb, kc, nc, bpack, kc);
         macro_kernel<T, W>(mc, nc, kc, apack, bpack, c + ic * ldc + jc, ldc,
                            pc == 0);
       }
@@ -378,18 +384,47 @@ inline __attribute__((always_inline)) void stream_rows(
 #define TORCHOPS_HAS_AVX512_PATH 0
 #endif
 
-#define TORCHOPS_GEMM_PART(NAME, T, W, ATTR)                                 \
-  ATTR void NAME(const T* a, int64_t lda, const T* b, int64_t ldb, T* c,     \
-                 int64_t ldc, int64_t m, int64_t n, int64_t k, int64_t kc,   \
-                 int64_t mc, int64_t nc, T* ap, T* bp) {                     \
-    gemm_part<T, W>(a, lda, b, ldb, c, ldc, m, n, k, kc, mc, nc, ap, bp);    \
-  }                                                                          \
-  inline void gemm_part_acc(std::integral_constant<int, W>, const T* a,      \
-                            int64_t lda, const T* b, int64_t ldb, T* c,      \
-                            int64_t ldc, int64_t m, int64_t n, int64_t k,    \
-                            int64_t kc, int64_t mc, int64_t nc, T* ap,       \
-                            T* bp) {                                         \
-    NAME(a, lda, b, ldb, c, ldc, m, n, k, kc, mc, nc, ap, bp);               \
+// Per (type, width): the whole-part GEMM of one thread, and the pieces the
+// shared schedule (shared_gemm) hands out one at a time.
+#define TORCHOPS_GEMM_ENTRIES(SUFFIX, T, W, ATTR)                              \
+  ATTR void gemm_part_##SUFFIX(const T* a, int64_t lda, const T* b,            \
+                               int64_t ldb, T* c, int64_t ldc, int64_t m,      \
+                               int64_t n, int64_t k, int64_t kc, int64_t mc,   \
+                               int64_t nc, T* ap, T* bp) {                     \
+    gemm_part<T, W>(a, lda, b, ldb, c, ldc, m, n, k, kc, mc, nc, ap, bp);      \
+  }                                                                            \
+  ATTR void pack_a_##SUFFIX(const T* a, int64_t lda, int64_t mc, int64_t kc,   \
+                            T* out) {                                          \
+    pack_a<T, W>(a, lda, mc, kc, out);                                         \
+  }                                                                            \
+  ATTR void pack_b_##SUFFIX(const T* b, int64_t ldb, int64_t kc, int64_t nc,   \
+                            T* out, int64_t stride) {                          \
+    pack_b<T, W>(b, ldb, kc, nc, out, stride);                                 \
+  }                                                                            \
+  ATTR void macro_##SUFFIX(int64_t mc, int64_t nc, int64_t kc, const T* ap,    \
+                           const T* bp, T* c, int64_t ldc, bool first) {       \
+    macro_kernel<T, W>(mc, nc, kc, ap, bp, c, ldc, first);                     \
+  }                                                                            \
+  inline void gemm_part_acc(std::integral_constant<int, W>, const T* a,        \
+                            int64_t lda, const T* b, int64_t ldb, T* c,        \
+                            int64_t ldc, int64_t m, int64_t n, int64_t k,      \
+                            int64_t kc, int64_t mc, int64_t nc, T* ap,         \
+                            T* bp) {                                           \
+    gemm_part_##SUFFIX(a, lda, b, ldb, c, ldc, m, n, k, kc, mc, nc, ap, bp);   \
+  }                                                                            \
+  inline void pack_a_acc(std::integral_constant<int, W>, const T* a,           \
+                         int64_t lda, int64_t mc, int64_t kc, T* out) {        \
+    pack_a_##SUFFIX(a, lda, mc, kc, out);                                      \
+  }                                                                            \
+  inline void pack_b_acc(std::integral_constant<int, W>, const T* b,           \
+                         int64_t ldb, int64_t kc, int64_t nc, T* out,          \
+                         int64_t stride) {                                     \
+    pack_b_##SUFFIX(b, ldb, kc, nc, out, stride);                              \
+  }                                                                            \
+  inline void macro_acc(std::integral_constant<int, W>, int64_t mc,            \
+                        int64_t nc, int64_t kc, const T* ap, const T* bp,      \
+                        T* c, int64_t ldc, bool first) {                       \
+    macro_##SUFFIX(mc, nc, kc, ap, bp, c, ldc, first);                         \
   }
 #define TORCHOPS_ROW_TIMES(NAME, T, W, ATTR)                                 \
   ATTR void NAME(const T* a, int64_t lda, const T* b, int64_t ldb, T* c,     \
@@ -408,11 +443,11 @@ TORCHOPS_ROW_TIMES(stream_rows_f32_avx512, float, 64, TORCHOPS_AVX512)
 TORCHOPS_ROW_TIMES(stream_rows_f64_avx512, double, 64, TORCHOPS_AVX512)
 #undef TORCHOPS_ROW_TIMES
 
-TORCHOPS_GEMM_PART(gemm_part_f32, float, 32, TORCHOPS_CPU_MULTIVERSION)
-TORCHOPS_GEMM_PART(gemm_part_f64, double, 32, TORCHOPS_CPU_MULTIVERSION)
-TORCHOPS_GEMM_PART(gemm_part_f32_avx512, float, 64, TORCHOPS_AVX512)
-TORCHOPS_GEMM_PART(gemm_part_f64_avx512, double, 64, TORCHOPS_AVX512)
-#undef TORCHOPS_GEMM_PART
+TORCHOPS_GEMM_ENTRIES(f32, float, 32, TORCHOPS_CPU_MULTIVERSION)
+TORCHOPS_GEMM_ENTRIES(f64, double, 32, TORCHOPS_CPU_MULTIVERSION)
+TORCHOPS_GEMM_ENTRIES(f32_avx512, float, 64, TORCHOPS_AVX512)
+TORCHOPS_GEMM_ENTRIES(f64_avx512, double, 64, TORCHOPS_AVX512)
+#undef TORCHOPS_GEMM_ENTRIES
 
 bool cpu_has_avx512() {
 #if TORCHOPS_HAS_AVX512_PATH
@@ -431,11 +466,174 @@ inline int64_t balanced(int64_t n, int64_t limit, int64_t q) {
   return (size + q - 1) / q * q;
 }
 
+// Spins until ready() holds.  Every wait in shared_gemm is for work that
+// running threads have already claimed and finish without waiting on the
+// waiter, so each one ends, also when at::parallel_for runs the workers one
+// after another on a single thread.
+template <typename F>
+inline void wait_until(F&& ready) {
+  for (int spins = 0; !ready(); ++spins) {
+    if (spins < 128) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+
+// Extent of the part of C the shared schedule walks at a time (a "super
+// block"): its packed A and B blocks, two generations of them, are shared by
+// all threads and stay in the last-level cache.
+constexpr int64_t kSharedRows = 2048;
+constexpr int64_t kSharedCols = 2048;
+// Multiply-adds from which batched_gemm takes the shared schedule (below,
+// its synchronisation costs about what the packing it saves does: 512^3 on
+// 16 threads of the H100 machine's host took 0.38-0.53 ms against the
+// grid's 0.35-0.40).
+constexpr double kSharedMinWork = double(1 << 28);
+
+// C = A @ B for one row-major, contiguous A (M x K) and B (K x N), on all
+// threads with every block of A and B packed once, by whichever thread gets
+// to it.  The per-thread schedule (batched_gemm's grid) packs each thread's
+// rows of A and columns of B on its own: on a 4 x 4 grid of 16 threads the
+// whole of A and B four times over, on 2 threads all of B twice.
+//
+// The work comes in generations, one per depth block of each super block of
+// C; in each, the packing of A and B (chunks: groups of A's row panels and
+// of B's rows) and then the C tiles (units, mu x nu) are claimed from atomic
+// counters.  A unit adds its depth block to C after the same unit of the
+// previous depth block has (so each element's sum runs over k in order: the
+// result is the same bits for every thread count and claim order).  Two
+// generations' buffers alternate: a thread that runs out of units packs the
+// next generation while the others finish theirs.
+template <typename acc_t, int W>
+void shared_gemm(const acc_t* a, const acc_t* b, acc_t* c, int64_t m,
+                 int64_t n, int64_t k, int64_t threads) {
+  using Tag = std::integral_constant<int, W>;
+  constexpr int64_t NR = nr<acc_t, W>();
+  constexpr int64_t kMr = tile_rows<W>();
+  const Blocks& blk = blocks<acc_t, W>();
+  const int64_t kc_size = balanced(k, blk.kc, 1);
+  const int64_t kblocks = (k + kc_size - 1) / kc_size;
+  const int64_t sm = balanced(m, kSharedRows, kMr);
+  const int64_t sn = balanced(n, kSharedCols, NR);
+  const int64_t super_cols = (n + sn - 1) / sn;
+  const int64_t supers = (m + sm - 1) / sm * super_cols;
+  const int64_t gens = supers * kblocks;
+
+  // Units: the grid of a full super block with the least work for the
+  // busiest thread, counting per unit its register tiles plus the streaming
+  // of its A rows and B columns into the core's caches; nu keeps the unit's
+  // B columns in L2 (Blocks::nc).
+  const int64_t row_tiles = sm / kMr, col_tiles = sn / NR;
+  int64_t mu = sm, nu = sn;
+  double best = -1;
+  for (int64_t ur = 1; ur <= std::min<int64_t>(row_tiles, 64); ++ur) {
+    for (int64_t uc = 1; uc <= std::min<int64_t>(col_tiles, 64); ++uc) {
+      const int64_t mt = (row_tiles + ur - 1) / ur, nt = (col_tiles + uc - 1) / uc;
+      if (nt * NR > blk.nc && nt > 1) continue;
+      const double per_unit = double(mt * kMr) * double(nt * NR) +
+                              4.0 * double(mt * kMr + nt * NR);
+      const double cost = per_unit * double((ur * uc + threads - 1) / threads);
+      if (best < 0 || cost < best * 0.999) {
+        best = cost;
+        mu = mt * kMr;
+        nu = nt * NR;
+      }
+    }
+  }
+  const int64_t max_units = ((sm + mu - 1) / mu) * ((sn + nu - 1) / nu);
+  // Pack chunks: 8 row panels of A, or ~128 KB of B's rows.
+  const int64_t a_chunk = 8 * kMr;
+  const int64_t b_chunk = std::max<int64_t>(1, (128 << 10) / int64_t(sizeof(acc_t)) / sn);
+
+  struct Generation {
+    int64_t super, pc, kc, i0, j0, rows, cols, uc, units, a_chunks, chunks;
+  };
+  auto generation = [&](int64_t g) {
+    Generation x;
+    x.super = g / kblocks;
+    x.pc = g % kblocks * kc_size;
+    x.kc = std::min(kc_size, k - x.pc);
+    x.i0 = x.super / super_cols * sm;
+    x.j0 = x.super % super_cols * sn;
+    x.rows = std::min(sm, m - x.i0);
+    x.cols = std::min(sn, n - x.j0);
+    x.uc = (x.cols + nu - 1) / nu;
+    x.units = (x.rows + mu - 1) / mu * x.uc;
+    x.a_chunks = (x.rows + a_chunk - 1) / a_chunk;
+    x.chunks = x.a_chunks + (x.kc + b_chunk - 1) / b_chunk;
+    return x;
+  };
+
+  struct Counters {
+    std::atomic<int64_t> pack_next{0}, packed{0}, unit_next{0}, units_done{0};
+  };
+  std::unique_ptr<Counters[]> ctr(new Counters[static_cast<size_t>(gens)]);
+  // The last generation each unit of each super block has added to C.
+  const int64_t slots = supers * max_units;
+  std::unique_ptr<std::atomic<int64_t>[]> unit_gen(
+      new std::atomic<int64_t>[static_cast<size_t>(slots)]);
+  for (int64_t i = 0; i < slots; ++i) {
+    unit_gen[i].store(-1, std::memory_order_relaxed);
+  }
+  // Kept by the calling thread from call to call: fresh pages each call
+  // would cost their first-touch faults.
+  const int64_t a_slot = kc_size * sm, b_slot = kc_size * sn;
+  thread_local std::vector<acc_t> buffer;
+  buffer.resize(static_cast<size_t>(2 * (a_slot + b_slot)));
+  acc_t* const packed_base = buffer.data();
+
+  auto worker = [&](int64_t, int64_t) {
+    for (int64_t g = 0; g < gens; ++g) {
+      const Generation x = generation(g);
+      Counters& here = ctr[g];
+      acc_t* const apack = packed_base + (g % 2) * (a_slot + b_slot);
+      acc_t* const bpack = apack + a_slot;
+      if (g >= 2) {
+        // This generation's buffers held generation g - 2.
+        const int64_t units = generation(g - 2).units;
+        Counters& old = ctr[g - 2];
+        wait_until([&] { return old.units_done.load(std::memory_order_acquire) == units; });
+      }
+      for (int64_t ch; (ch = here.pack_next.fetch_add(1, std::memory_order_relaxed)) < x.chunks;) {
+        if (ch < x.a_chunks) {
+          const int64_t r0 = ch * a_chunk;
+          pack_a_acc(Tag{}, a + (x.i0 + r0) * k + x.pc, k, std::min(a_chunk, x.rows - r0),
+                     x.kc, apack + r0 * x.kc);
+        } else {
+          const int64_t p0 = (ch - x.a_chunks) * b_chunk;
+          pack_b_acc(Tag{}, b + (x.pc + p0) * n + x.j0, n, std::min(b_chunk, x.kc - p0),
+                     x.cols, bpack + p0 * NR, x.kc);
+        }
+        here.packed.fetch_add(1, std::memory_order_release);
+      }
+      wait_until([&] { return here.packed.load(std::memory_order_acquire) == x.chunks; });
+      for (int64_t u; (u = here.unit_next.fetch_add(1, std::memory_order_relaxed)) < x.units;) {
+        std::atomic<int64_t>& done = unit_gen[x.super * max_units + u];
+        if (x.pc > 0) {
+          wait_until([&] { return done.load(std::memory_order_acquire) == g - 1; });
+        }
+        const int64_t r0 = u / x.uc * mu, c0 = u % x.uc * nu;
+        macro_acc(Tag{}, std::min(mu, x.rows - r0), std::min(nu, x.cols - c0), x.kc,
+                  apack + r0 * x.kc, bpack + c0 * x.kc, c + (x.i0 + r0) * n + x.j0 + c0, n,
+                  x.pc == 0);
+        done.store(g, std::memory_order_release);
+        here.units_done.fetch_add(1, std::memory_order_release);
+      }
+    }
+  };
+  at::parallel_for(0, threads, 1, worker);
+}
+
 // C = A @ B for row-major, contiguous A (M x K) and B (K x N) in the
 // accumulation type.  Each matrix of C is cut into a grid of gm x gn parts,
 // and every thread computes whole parts on its own, with its own packing
-// buffers: one parallel region per call, no barriers, and each thread's B
-// block in its own core's L2.  Inside a part (Goto's algorithm): per depth
+// buffers: one parallel region per call, no waits, and each thread's B
+// block in its own core's L2 (shared_gemm instead where that would pack A
+// and B several times over).  Inside a part (Goto's algorithm): per depth
 // block pc, A is packed mc rows at a time into kMr-row panels, and per
 // column block jc the B block (kc x nc) into NR-column panels (Blocks).
 template <typename acc_t, int W>
@@ -490,6 +688,24 @@ void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
         gn = pn;
       }
     }
+  }
+  // One large matrix whose grid would pack both A and B several times over
+  // (2 x 2 parts and up): pack each block once, for all threads.  Where only
+  // one of them is repeated (2 threads: 2 x 1) the grid stays ahead: its
+  // blocks are packed by the thread that uses them, into its own L2, where the
+  // shared schedule's come from other cores or L3 (1024^3 on 2 threads, 2-core
+  // development machine: 6.4 against 6.9-7.0 ms).  TORCHOPS_TESTING_MATMUL_SHARED=1 / 0
+  // (read per call) takes / avoids the shared schedule wherever the batch is
+  // one matrix, for the tests.
+  const char* force_shared = std::getenv("TORCHOPS_TESTING_MATMUL_SHARED");
+  const bool shared =
+      s.batch == 1 &&
+      (force_shared && force_shared[0]
+           ? force_shared[0] == '1'
+           : gm > 1 && gn > 1 && double(s.m) * double(s.n) * double(s.k) >= kSharedMinWork);
+  if (shared) {
+    shared_gemm<acc_t, W>(ap, bp, cp, s.m, s.n, s.k, threads);
+    return;
   }
   const int64_t mpart = (row_tiles + gm - 1) / gm * kMr;
   const int64_t npart = (col_tiles + gn - 1) / gn * NR;
