@@ -97,19 +97,20 @@ def test_cpu_gemm_tiny_cache_blocks_match_float64(narrow):
 # C tiles claimed from counters) against float64 and against the per-thread
 # grid, bit for bit: both sum each element over k in order, in the same depth
 # blocks.  Shapes: depth blocks of three generations, super blocks (2048
-# rows or columns) ending mid-tile, fewer units than threads, M = 9, a
-# transposed B.  Threads 1 and 3 too: the workers must not need each other
-# to run at the same time.
+# rows or columns) ending mid-tile, three super blocks of two depth blocks
+# each (the third reuses the first one's per-tile slots), fewer units than
+# threads, M = 9, a transposed B.  Threads 1 and 3 too (the workers must not
+# need each other to run at the same time), and all of the machine's.
 @pytest.mark.parametrize("narrow", ["0", "1"])
 def test_cpu_gemm_shared_schedule(narrow, monkeypatch):
     monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_NARROW", narrow)
     prev = torch.get_num_threads()
     gen = torch.Generator().manual_seed(0)
     try:
-        for threads in (1, 2, 3):
+        for threads in sorted({1, 2, 3, prev}):
             torch.set_num_threads(threads)
             for m, k, n in ((301, 1500, 257), (2100, 40, 70), (50, 30, 2100), (9, 700, 33),
-                            (130, 64, 2049)):
+                            (130, 64, 2049), (4200, 600, 50)):
                 for dt, eps in ((torch.float32, 2.0**-24), (torch.float64, 2.0**-53)):
                     a = torch.randn(m, k, dtype=dt, generator=gen)
                     b = torch.randn(n, k, dtype=dt, generator=gen).t()

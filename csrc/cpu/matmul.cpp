@@ -572,8 +572,11 @@ void shared_gemm(const acc_t* a, const acc_t* b, acc_t* c, int64_t m,
     std::atomic<int64_t> pack_next{0}, packed{0}, unit_next{0}, units_done{0};
   };
   std::unique_ptr<Counters[]> ctr(new Counters[static_cast<size_t>(gens)]);
-  // The last generation each unit of each super block has added to C.
-  const int64_t slots = supers * max_units;
+  // The last generation each unit has added to C, for two super blocks: a
+  // thread computing generation g has passed the packing waits of g and
+  // g - 1, so every generation before g - 1 is done, and with it the super
+  // block before the previous one (whose slots this one reuses).
+  const int64_t slots = 2 * max_units;
   std::unique_ptr<std::atomic<int64_t>[]> unit_gen(
       new std::atomic<int64_t>[static_cast<size_t>(slots)]);
   for (int64_t i = 0; i < slots; ++i) {
@@ -612,7 +615,7 @@ void shared_gemm(const acc_t* a, const acc_t* b, acc_t* c, int64_t m,
       }
       wait_until([&] { return here.packed.load(std::memory_order_acquire) == x.chunks; });
       for (int64_t u; (u = here.unit_next.fetch_add(1, std::memory_order_relaxed)) < x.units;) {
-        std::atomic<int64_t>& done = unit_gen[x.super * max_units + u];
+        std::atomic<int64_t>& done = unit_gen[x.super % 2 * max_units + u];
         if (x.pc > 0) {
           wait_until([&] { return done.load(std::memory_order_acquire) == g - 1; });
         }
