@@ -204,10 +204,10 @@ inline __attribute__((always_inline)) void pack_a(
   }
 }
 
-// b[0 .. kc, 0 .. nc] (leading dim ldb) into panels of NR columns, each
-// row-major with NR-wide rows, `stride` elements apart (the block's depth:
-// a caller may pack a block's rows in several calls); columns past nc are
-// zero.  Row by row, so B is read as whole rows: panel by panel would read
+// b[0 .. kc, 0 .. nc] (leading dim ldb) into panels of NR columns, each a
+// row-major array of NR-wide rows; panel j starts j * stride elements after
+// panel 0 (stride: the whole block's depth, so a block's rows may be packed
+// in several calls); columns past nc are zero.  Row by row, so B is read as whole rows: panel by panel would read
 // NR columns at a stride of ldb, which the hardware prefetcher does not
 // follow across pages.
 template <typename T, int W>
