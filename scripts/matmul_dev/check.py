@@ -39,7 +39,18 @@ class GemmArgs(ctypes.Structure):
                 ("k", ctypes.c_int64), ("dtype", ctypes.c_int), ("allow_tf32", ctypes.c_bool)]
 
 
-def build(names, outdir, arch, ptxas_v=False):
+def load(name, so):
+    lib = ctypes.CDLL(str(so))
+    lib.dev_run.argtypes = [ctypes.POINTER(GemmArgs), ctypes.c_void_p, ctypes.c_void_p]
+    lib.dev_supports.argtypes = [ctypes.POINTER(GemmArgs)]
+    lib.dev_workspace_bytes.argtypes = [ctypes.POINTER(GemmArgs)]
+    lib.dev_workspace_bytes.restype = ctypes.c_longlong
+    return lib
+
+
+def build(names, outdir, arch, ptxas_v=False, prebuilt=None):
+    if prebuilt:  # built earlier (say on a machine without the GPU): <name>.so in that folder
+        return {name: load(name, Path(prebuilt) / f"{name}.so") for name in names}
     nvcc = os.environ.get("NVCC", "nvcc")
 
     def one(name):
@@ -69,12 +80,7 @@ def build(names, outdir, arch, ptxas_v=False):
                 continue
             if ptxas_v:
                 print_ptxas(name, r.stderr)
-            lib = ctypes.CDLL(str(so))
-            lib.dev_run.argtypes = [ctypes.POINTER(GemmArgs), ctypes.c_void_p, ctypes.c_void_p]
-            lib.dev_supports.argtypes = [ctypes.POINTER(GemmArgs)]
-            lib.dev_workspace_bytes.argtypes = [ctypes.POINTER(GemmArgs)]
-            lib.dev_workspace_bytes.restype = ctypes.c_longlong
-            libs[name] = lib
+            libs[name] = load(name, so)
     return libs
 
 
@@ -399,6 +405,10 @@ def main():
     p.add_argument("--no-bench", action="store_true")
     p.add_argument("--out", default=None)
     p.add_argument("--build-only", action="store_true")
+    p.add_argument("--prebuilt", default=None, metavar="DIR",
+                   help="load DIR/<path>.so (from an earlier --build-only --out DIR) instead of "
+                        "building: nvcc links cudart statically, so a build from a machine "
+                        "without the GPU runs on one")
     p.add_argument("--bench-only", action="store_true")
     p.add_argument("--sweep", action="append", default=[], help="PATH:VAR=v1/v2/...")
     p.add_argument("--only", default="", help="comma-separated substrings of bench labels")
@@ -425,7 +435,7 @@ def main():
         names = [cfg_path]
     outdir = args.out or tempfile.mkdtemp()
     os.makedirs(outdir, exist_ok=True)
-    libs = build(names, outdir, args.arch, args.ptxas_v)
+    libs = build(names, outdir, args.arch, args.ptxas_v, args.prebuilt)
     if args.build_only:
         return 0 if len(libs) == len(names) else 1
     torch.cuda.init()

@@ -57,8 +57,11 @@ struct TileCfg {
 // 128x256x64, 3 stages (144 KB): the big-problem tile (warp 64x64: 16 mma
 // per 8 ldmatrix.x4; 64-deep stages halve the barriers per k).  Fastest of
 // nine candidates on an H200 (scripts/matmul_dev --sm80-cfgs: 0.50x of
-// cuBLAS at bf16 4096^3 against 0.41x for 128x256x32 s4).  GPUs with less
-// than 144 KB of shared memory per block (sm_86, sm_89) use the mid tile.
+// cuBLAS at bf16 4096^3 against 0.41x for 128x256x32 s4; 0.57x on an H100
+// since whole tiles are copied without per-chunk tests).  Sixteen warps of
+// 64x32 (four a scheduler, 128 registers) spill ~100 loads a k-tile.  GPUs
+// with less than 144 KB of shared memory per block (sm_86, sm_89) use the
+// mid tile.
 using CfgBig = TileCfg<128, 256, 64, 2, 4, 3, 1>;
 // 128x128x64, 3 stages, 4 warps of 64x64, 96 KB: two blocks per SM on Hopper.
 using CfgMid = TileCfg<128, 128, 64, 2, 2, 3, 2>;
@@ -294,6 +297,28 @@ __device__ __forceinline__ void load_tile(uint32_t s_tile, const char* g,
   }
 }
 
+// The copy of a tile wholly in range (every tile of a big problem but the
+// edges): straight-line cp.async, src at this thread's first chunk, dst at its
+// swizzled place, the same chunks as load_tile's.  load_tile's branch per chunk
+// cost ~0.9 issued instructions per mma (ncu, bf16 4096^3) in warps the mma
+// pipe waits on, and recomputing each stage's source from the operand's base
+// ~0.3 more.  (Measured no faster: 8 threads a row with several chunks each
+// at immediate offsets, fewer address registers; spreading a stage's copies
+// over the k-steps, which pushed the kernel into spilling.)
+template <int ROWS, int CPR, int THREADS>
+struct WholeTile {
+  static constexpr int RPI = THREADS / CPR;  // rows per pass, as in load_tile
+  int r0, c;
+  __device__ __forceinline__ explicit WholeTile(int tid) : r0(tid / CPR), c(tid % CPR) {}
+  __device__ __forceinline__ void copy(uint32_t dst, const char* src, int64_t row_step) const {
+#pragma unroll
+    for (int i = 0; i < ROWS / RPI; ++i) {
+      cp_async16(dst + i * RPI * CPR * 16, src, 16);
+      src += row_step;
+    }
+  }
+};
+
 // Passes of the shared-memory epilogue: the C tile (padded rows) goes through
 // the ring in 1, 2, 4.. slices of each warp's rows, as many as it needs to fit.
 template <class Cfg, int OS>
@@ -377,9 +402,31 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     const char* a_b = p.a + bz * p.a_bs * ES;
     const char* b_b = p.b + bz * p.b_bs * ES;
 
+    // Whole tiles (interior CTAs, k-tiles before the last partial one): each
+    // thread's source advances by a fixed step per k-tile.
+    const bool interior = m0 + BM <= p.m && n0 + BN <= p.n;
+    const int kt_whole = p.k / BKE;
+    const WholeTile<TA::ROWS, TA::CPR, THREADS> wa(tid);
+    const WholeTile<TB::ROWS, TB::CPR, THREADS> wb(tid);
+    constexpr int EPC = 16 / ES;
+    // A K-major: rows m0.., chunks along k; MN-major: rows k, chunks m0..
+    const char* a_thr = a_b + ((A_KMAJOR ? int64_t(m0 + wa.r0) * p.a_os
+                                         : int64_t(wa.r0) * p.a_os + m0) + wa.c * EPC) * ES;
+    const char* b_thr = b_b + ((B_KMAJOR ? int64_t(n0 + wb.r0) * p.b_os
+                                         : int64_t(wb.r0) * p.b_os + n0) + wb.c * EPC) * ES;
+    const int64_t a_kstep = A_KMAJOR ? int64_t(BKE) * ES : int64_t(BKE) * p.a_os * ES;
+    const int64_t b_kstep = B_KMAJOR ? int64_t(BKE) * ES : int64_t(BKE) * p.b_os * ES;
+    const uint32_t a_dst = swz<TA::CPR, TA::PAIR>(wa.r0, wa.c) * 16;
+    const uint32_t b_dst = SM::A_BYTES + swz<TB::CPR, TB::PAIR>(wb.r0, wb.c) * 16;
+
     auto load_stage = [&](int stage, int kt) {
-      const int k0 = kt * BKE;
       const uint32_t s_a = s_base + stage * SM::STAGE_BYTES;
+      if (interior && kt < kt_whole) {
+        wa.copy(s_a + a_dst, a_thr + kt * a_kstep, int64_t(wa.RPI) * p.a_os * ES);
+        wb.copy(s_a + b_dst, b_thr + kt * b_kstep, int64_t(wb.RPI) * p.b_os * ES);
+        return;
+      }
+      const int k0 = kt * BKE;
       const uint32_t s_b = s_a + SM::A_BYTES;
       if constexpr (A_KMAJOR) {
         load_tile<TA::ROWS, TA::CPR, THREADS, ES, TA::PAIR>(
@@ -503,7 +550,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
         load_frags((kk + 1) & 1, rs, (kk + 1) % KK);
         if (kk == 0) {
           // ws == (kt-1)%STAGES: its last reader finished before the barrier
-          // at kk==KK-1 of tile kt-1.
+          // at kk==KK-1 of tile kt-1.  (Refilling at another k-step, or
+          // after this step's mma: the same within the noise.)
           const int nk = kt + STAGES - 1;
           if (nk < KT) load_stage(ws, nk);
           cp_async_commit();
