@@ -39,7 +39,7 @@ class GemmArgs(ctypes.Structure):
                 ("k", ctypes.c_int64), ("dtype", ctypes.c_int), ("allow_tf32", ctypes.c_bool)]
 
 
-def load(name, so):
+def load(so):
     lib = ctypes.CDLL(str(so))
     lib.dev_run.argtypes = [ctypes.POINTER(GemmArgs), ctypes.c_void_p, ctypes.c_void_p]
     lib.dev_supports.argtypes = [ctypes.POINTER(GemmArgs)]
@@ -50,7 +50,7 @@ def load(name, so):
 
 def build(names, outdir, arch, ptxas_v=False, prebuilt=None):
     if prebuilt:  # built earlier (say on a machine without the GPU): <name>.so in that folder
-        return {name: load(name, Path(prebuilt) / f"{name}.so") for name in names}
+        return {name: load(Path(prebuilt) / f"{name}.so") for name in names}
     nvcc = os.environ.get("NVCC", "nvcc")
 
     def one(name):
@@ -80,7 +80,7 @@ def build(names, outdir, arch, ptxas_v=False, prebuilt=None):
                 continue
             if ptxas_v:
                 print_ptxas(name, r.stderr)
-            libs[name] = load(name, so)
+            libs[name] = load(so)
     return libs
 
 
