@@ -259,26 +259,57 @@ struct KParams {
 // tile's first element (always inside the operand: the tile starts in range);
 // rows at or past outer_rem and chunks at or past inner_rem are zero-filled,
 // a chunk straddling inner_rem copies only its in-range elements.
-template <int ROWS, int CPR, int THREADS, int ES, bool PAIR>
-__device__ __forceinline__ void load_tile(uint32_t s_tile, const char* g,
-                                          int64_t outer_stride, int outer_rem,
-                                          int inner_rem, int tid) {
-  constexpr int EPC = 16 / ES;
-  constexpr int RPI = THREADS / CPR;  // rows covered per pass of the block
+// Which 16-byte chunks of a stored ROWS x CPR tile this thread copies: chunk
+// column c of rows r0, r0 + RPI, ...  One mapping for the checked copy
+// (load_tile) and the whole-tile one (copy_whole).
+template <int ROWS, int CPR, int THREADS, bool PAIR>
+struct TileChunks {
+  static constexpr int RPI = THREADS / CPR;  // rows covered per pass of the block
   static_assert(THREADS % CPR == 0 && (ROWS * CPR) % THREADS == 0,
                 "tile chunks must split evenly");
   // RPI is a multiple of the swizzle's period (8 rows, PAIR 4), so every
   // pass of this thread shares one swizzled column and one row step.
   static_assert(RPI % (PAIR ? 4 : 8) == 0, "swizzle period");
-  const int r0 = tid / CPR, c = tid % CPR;
-  const int inner = c * EPC;
+  int r0, c;
+  uint32_t dst;  // byte offset of this thread's first chunk in the tile
+  __device__ __forceinline__ explicit TileChunks(int tid)
+      : r0(tid / CPR), c(tid % CPR), dst(swz<CPR, PAIR>(tid / CPR, tid % CPR) * 16) {}
+
+  // The copy of a tile wholly in range (every tile of a big problem but the
+  // edges): straight-line cp.async, src at this thread's first chunk.
+  // load_tile's test and branch per chunk cost ~0.9 issued instructions per
+  // mma (ncu, bf16 4096^3) in warps the mma pipe waits on, and recomputing
+  // each stage's source from the operand's base ~0.3 more.  (Measured no
+  // faster: 8 threads a row with several chunks each at immediate offsets,
+  // fewer address registers; spreading a stage's copies over the k-steps,
+  // which pushed the kernel into spilling.)
+  __device__ __forceinline__ void copy_whole(uint32_t s_tile, const char* src,
+                                             int64_t row_step) const {
+#pragma unroll
+    for (int i = 0; i < ROWS / RPI; ++i) {
+      cp_async16(s_tile + dst + i * RPI * CPR * 16, src, 16);
+      src += row_step;
+    }
+  }
+};
+
+template <int ROWS, int CPR, int THREADS, int ES, bool PAIR>
+__device__ __forceinline__ void load_tile(uint32_t s_tile, const char* g,
+                                          int64_t outer_stride, int outer_rem,
+                                          int inner_rem, int tid) {
+  constexpr int EPC = 16 / ES;
+  using TC = TileChunks<ROWS, CPR, THREADS, PAIR>;
+  constexpr int RPI = TC::RPI;
+  const TC tc(tid);
+  const int r0 = tc.r0;
+  const int inner = tc.c * EPC;
   const int n_in = inner_rem - inner;
   const int bytes = n_in <= 0 ? 0 : (n_in >= EPC ? EPC : n_in) * ES;
   // One running pointer, not one per row: per-row 64-bit addresses hoisted
   // out of the k loop cost registers the accumulators need.
   const char* src = g + (int64_t(r0) * outer_stride + inner) * ES;
   const int64_t step = int64_t(RPI) * outer_stride * ES;
-  const uint32_t dst0 = s_tile + swz<CPR, PAIR>(r0, c) * 16;
+  const uint32_t dst0 = s_tile + tc.dst;
   const int rows_ok = bytes > 0 ? outer_rem - r0 : 0;  // rows r0 + i*RPI < ..
 #pragma unroll
   for (int i = 0; i < ROWS / RPI; ++i) {
@@ -297,27 +328,6 @@ __device__ __forceinline__ void load_tile(uint32_t s_tile, const char* g,
   }
 }
 
-// The copy of a tile wholly in range (every tile of a big problem but the
-// edges): straight-line cp.async, src at this thread's first chunk, dst at its
-// swizzled place, the same chunks as load_tile's.  load_tile's branch per chunk
-// cost ~0.9 issued instructions per mma (ncu, bf16 4096^3) in warps the mma
-// pipe waits on, and recomputing each stage's source from the operand's base
-// ~0.3 more.  (Measured no faster: 8 threads a row with several chunks each
-// at immediate offsets, fewer address registers; spreading a stage's copies
-// over the k-steps, which pushed the kernel into spilling.)
-template <int ROWS, int CPR, int THREADS>
-struct WholeTile {
-  static constexpr int RPI = THREADS / CPR;  // rows per pass, as in load_tile
-  int r0, c;
-  __device__ __forceinline__ explicit WholeTile(int tid) : r0(tid / CPR), c(tid % CPR) {}
-  __device__ __forceinline__ void copy(uint32_t dst, const char* src, int64_t row_step) const {
-#pragma unroll
-    for (int i = 0; i < ROWS / RPI; ++i) {
-      cp_async16(dst + i * RPI * CPR * 16, src, 16);
-      src += row_step;
-    }
-  }
-};
 
 // Passes of the shared-memory epilogue: the C tile (padded rows) goes through
 // the ring in 1, 2, 4.. slices of each warp's rows, as many as it needs to fit.
@@ -406,8 +416,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     // thread's source advances by a fixed step per k-tile.
     const bool interior = m0 + BM <= p.m && n0 + BN <= p.n;
     const int kt_whole = p.k / BKE;
-    const WholeTile<TA::ROWS, TA::CPR, THREADS> wa(tid);
-    const WholeTile<TB::ROWS, TB::CPR, THREADS> wb(tid);
+    const TileChunks<TA::ROWS, TA::CPR, THREADS, TA::PAIR> wa(tid);
+    const TileChunks<TB::ROWS, TB::CPR, THREADS, TB::PAIR> wb(tid);
     constexpr int EPC = 16 / ES;
     // A K-major: rows m0.., chunks along k; MN-major: rows k, chunks m0..
     const char* a_thr = a_b + ((A_KMAJOR ? int64_t(m0 + wa.r0) * p.a_os
@@ -416,14 +426,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
                                          : int64_t(wb.r0) * p.b_os + n0) + wb.c * EPC) * ES;
     const int64_t a_kstep = A_KMAJOR ? int64_t(BKE) * ES : int64_t(BKE) * p.a_os * ES;
     const int64_t b_kstep = B_KMAJOR ? int64_t(BKE) * ES : int64_t(BKE) * p.b_os * ES;
-    const uint32_t a_dst = swz<TA::CPR, TA::PAIR>(wa.r0, wa.c) * 16;
-    const uint32_t b_dst = SM::A_BYTES + swz<TB::CPR, TB::PAIR>(wb.r0, wb.c) * 16;
 
     auto load_stage = [&](int stage, int kt) {
       const uint32_t s_a = s_base + stage * SM::STAGE_BYTES;
       if (interior && kt < kt_whole) {
-        wa.copy(s_a + a_dst, a_thr + kt * a_kstep, int64_t(wa.RPI) * p.a_os * ES);
-        wb.copy(s_a + b_dst, b_thr + kt * b_kstep, int64_t(wb.RPI) * p.b_os * ES);
+        wa.copy_whole(s_a, a_thr + kt * a_kstep, int64_t(wa.RPI) * p.a_os * ES);
+        wb.copy_whole(s_a + SM::A_BYTES, b_thr + kt * b_kstep, int64_t(wb.RPI) * p.b_os * ES);
         return;
       }
       const int k0 = kt * BKE;
