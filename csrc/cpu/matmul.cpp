@@ -102,8 +102,10 @@ const Blocks& blocks() {
 
 // c[r * ldc + j] (+)= tile for r < mr, j < ncols (a partial tile at the
 // edges); `first` (the first depth block) stores without reading C, so C
-// needs no zeroing and is never read when K fits one block.
-template <typename T, int W>
+// needs no zeroing and is never read when K fits one block.  Only the
+// first R rows of the kMr-row A panel are multiplied (R >= mr): the last
+// panel of a short M skips its padding rows (macro_kernel).
+template <typename T, int W, int64_t R = tile_rows<W>()>
 inline __attribute__((always_inline)) void micro_kernel(
     int64_t kc, const T* __restrict__ ap, const T* __restrict__ bp,
     T* __restrict__ c, int64_t ldc, int64_t mr, int64_t ncols, bool first) {
@@ -118,8 +120,8 @@ inline __attribute__((always_inline)) void micro_kernel(
       __builtin_prefetch(c + r * ldc + 2 * L - 1, 0, 2);
     }
   }
-  Vec acc[kMr][2];
-  for (int64_t r = 0; r < kMr; ++r) {
+  Vec acc[R][2];
+  for (int64_t r = 0; r < R; ++r) {
     acc[r][0] = Vec{};
     acc[r][1] = Vec{};
   }
@@ -128,13 +130,13 @@ inline __attribute__((always_inline)) void micro_kernel(
     __builtin_memcpy(&b0, bp + p * 2 * L, sizeof(Vec));
     __builtin_memcpy(&b1, bp + p * 2 * L + L, sizeof(Vec));
     const T* a = ap + p * kMr;
-    for (int64_t r = 0; r < kMr; ++r) {
+    for (int64_t r = 0; r < R; ++r) {
       acc[r][0] += a[r] * b0;
       acc[r][1] += a[r] * b1;
     }
   }
-  if (mr == kMr && ncols == 2 * L) {
-    for (int64_t r = 0; r < kMr; ++r) {
+  if (mr == R && ncols == 2 * L) {
+    for (int64_t r = 0; r < R; ++r) {
       Vec c0 = acc[r][0], c1 = acc[r][1];
       if (!first) {
         Vec o0, o1;
@@ -148,8 +150,8 @@ inline __attribute__((always_inline)) void micro_kernel(
     }
     return;
   }
-  T tile[kMr][2 * L];
-  for (int64_t r = 0; r < kMr; ++r) {
+  T tile[R][2 * L];
+  for (int64_t r = 0; r < R; ++r) {
     __builtin_memcpy(&tile[r][0], &acc[r][0], sizeof(Vec));
     __builtin_memcpy(&tile[r][L], &acc[r][1], sizeof(Vec));
   }
@@ -169,11 +171,22 @@ inline __attribute__((always_inline)) void macro_kernel(
     const T* __restrict__ bpack, T* __restrict__ c, int64_t ldc, bool first) {
   constexpr int64_t NR = nr<T, W>();
   constexpr int64_t kMr = tile_rows<W>();
+  // A last panel of fewer rows multiplies a third, two thirds or all of
+  // the tile's rows: 16 rows as 12 + 12 spent a third of the FMAs on padding.
+  constexpr int64_t kPart = kMr / 3;
   for (int64_t i = 0; i < mc; i += kMr) {
     const T* ap = apack + i * kc;
+    const int64_t mr = std::min(kMr, mc - i);
     for (int64_t j = 0; j < nc; j += NR) {
-      micro_kernel<T, W>(kc, ap, bpack + j * kc, c + i * ldc + j, ldc,
-                         std::min(kMr, mc - i), std::min(NR, nc - j), first);
+      const int64_t ncols = std::min(NR, nc - j);
+      T* cij = c + i * ldc + j;
+      if (mr > 2 * kPart) {
+        micro_kernel<T, W>(kc, ap, bpack + j * kc, cij, ldc, mr, ncols, first);
+      } else if (mr > kPart) {
+        micro_kernel<T, W, 2 * kPart>(kc, ap, bpack + j * kc, cij, ldc, mr, ncols, first);
+      } else {
+        micro_kernel<T, W, kPart>(kc, ap, bpack + j * kc, cij, ldc, mr, ncols, first);
+      }
     }
   }
 }
