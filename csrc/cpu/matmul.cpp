@@ -104,10 +104,11 @@ const Blocks& blocks() {
 // edges); `first` (the first depth block) stores without reading C, so C
 // needs no zeroing and is never read when K fits one block.  Only the
 // first R rows of the kMr-row A panel are multiplied (R >= mr): the last
-// panel of a short M skips its padding rows (macro_kernel).
-template <typename T, int W, int64_t R = tile_rows<W>()>
+// panel of a short M skips its padding rows (macro_kernel).  kDirectA: ap
+// is A itself (rows lda apart), not a packed panel (see gemm_part).
+template <typename T, int W, int64_t R = tile_rows<W>(), bool kDirectA = false>
 inline __attribute__((always_inline)) void micro_kernel(
-    int64_t kc, const T* __restrict__ ap, const T* __restrict__ bp,
+    int64_t kc, const T* __restrict__ ap, int64_t lda, const T* __restrict__ bp,
     T* __restrict__ c, int64_t ldc, int64_t mr, int64_t ncols, bool first) {
   using Vec = typename Gemm<T, W>::Vec;
   constexpr int64_t L = lanes<T, W>();
@@ -129,10 +130,10 @@ inline __attribute__((always_inline)) void micro_kernel(
     Vec b0, b1;
     __builtin_memcpy(&b0, bp + p * 2 * L, sizeof(Vec));
     __builtin_memcpy(&b1, bp + p * 2 * L + L, sizeof(Vec));
-    const T* a = ap + p * kMr;
     for (int64_t r = 0; r < R; ++r) {
-      acc[r][0] += a[r] * b0;
-      acc[r][1] += a[r] * b1;
+      const T ar = kDirectA ? ap[r * lda + p] : ap[p * kMr + r];
+      acc[r][0] += ar * b0;
+      acc[r][1] += ar * b1;
     }
   }
   if (mr == R && ncols == 2 * L) {
@@ -162,13 +163,16 @@ inline __attribute__((always_inline)) void micro_kernel(
   }
 }
 
-// One packed A block against one packed B block.  Row panels outside,
-// column panels inside: the A micro-panel (kMr x kc) stays in L1 while the B
-// micro-panels stream from L2, and C is walked along its rows.
+// One A block against one packed B block.  Row panels outside, column
+// panels inside: the A micro-panel (kMr x kc) stays in L1 while the B
+// micro-panels stream from L2, and C is walked along its rows.  With
+// a_direct (rows lda apart), whole row panels are read from A itself and
+// only a last partial one from apack (see gemm_part).
 template <typename T, int W>
 inline __attribute__((always_inline)) void macro_kernel(
     int64_t mc, int64_t nc, int64_t kc, const T* __restrict__ apack,
-    const T* __restrict__ bpack, T* __restrict__ c, int64_t ldc, bool first) {
+    const T* __restrict__ bpack, T* __restrict__ c, int64_t ldc, bool first,
+    const T* __restrict__ a_direct = nullptr, int64_t lda = 0) {
   constexpr int64_t NR = nr<T, W>();
   constexpr int64_t kMr = tile_rows<W>();
   // A last panel of fewer rows multiplies a third, two thirds or all of
@@ -179,13 +183,16 @@ inline __attribute__((always_inline)) void macro_kernel(
     const int64_t mr = std::min(kMr, mc - i);
     for (int64_t j = 0; j < nc; j += NR) {
       const int64_t ncols = std::min(NR, nc - j);
+      const T* bp = bpack + j * kc;
       T* cij = c + i * ldc + j;
-      if (mr > 2 * kPart) {
-        micro_kernel<T, W>(kc, ap, bpack + j * kc, cij, ldc, mr, ncols, first);
+      if (mr == kMr && a_direct != nullptr) {
+        micro_kernel<T, W, kMr, true>(kc, a_direct + i * lda, lda, bp, cij, ldc, mr, ncols, first);
+      } else if (mr > 2 * kPart) {
+        micro_kernel<T, W>(kc, ap, 0, bp, cij, ldc, mr, ncols, first);
       } else if (mr > kPart) {
-        micro_kernel<T, W, 2 * kPart>(kc, ap, bpack + j * kc, cij, ldc, mr, ncols, first);
+        micro_kernel<T, W, 2 * kPart>(kc, ap, 0, bp, cij, ldc, mr, ncols, first);
       } else {
-        micro_kernel<T, W, kPart>(kc, ap, bpack + j * kc, cij, ldc, mr, ncols, first);
+        micro_kernel<T, W, kPart>(kc, ap, 0, bp, cij, ldc, mr, ncols, first);
       }
     }
   }
@@ -251,24 +258,43 @@ inline __attribute__((always_inline)) void pack_b(
   }
 }
 
+// Whether the micro-kernel reads A's rows where they are instead of a
+// packed copy: the copy (a transposition) cost 6-17% of the time at 512^3
+// down to 100^3 on one core, while the kMr rows a micro-kernel reads stay
+// in L1 as long as they fall in different cache sets -- which rows a
+// multiple of 4 KB apart do not (all in one set of a 12-way L1d), so those
+// are packed.
+template <typename T>
+inline bool read_a_direct(int64_t lda) {
+  return (lda * static_cast<int64_t>(sizeof(T))) % 4096 != 0;
+}
+
 // One part of C (m x n, leading dim ldc) = A (m x k) @ B (k x n), on one
 // thread (Goto's algorithm): per depth block, A packed mc_size rows at a
-// time, and per column block the B block (kc x nc, in L2).
+// time (or only its last partial row panel, read_a_direct), and per column
+// block the B block (kc x nc, in L2).
 template <typename T, int W>
 inline __attribute__((always_inline)) void gemm_part(
     const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc,
     int64_t m, int64_t n, int64_t k, int64_t kc_size, int64_t mc_size,
     int64_t nc_size, T* apack, T* bpack) {
+  constexpr int64_t kMr = tile_rows<W>();
+  const bool direct = read_a_direct<T>(lda);
   for (int64_t pc = 0; pc < k; pc += kc_size) {
     const int64_t kc = std::min(kc_size, k - pc);
     for (int64_t ic = 0; ic < m; ic += mc_size) {
       const int64_t mc = std::min(mc_size, m - ic);
-      pack_a<T, W>(a + ic * lda + pc, lda, mc, kc, apack);
+      const T* ablock = a + ic * lda + pc;
+      if (!direct) {
+        pack_a<T, W>(ablock, lda, mc, kc, apack);
+      } else if (const int64_t whole = mc / kMr * kMr; whole < mc) {
+        pack_a<T, W>(ablock + whole * lda, lda, mc - whole, kc, apack + whole * kc);
+      }
       for (int64_t jc = 0; jc < n; jc += nc_size) {
         const int64_t nc = std::min(nc_size, n - jc);
         pack_b<T, W>(b + pc * ldb + jc, ldb, kc, nc, bpack, kc);
         macro_kernel<T, W>(mc, nc, kc, apack, bpack, c + ic * ldc + jc, ldc,
-                           pc == 0);
+                           pc == 0, direct ? ablock : nullptr, lda);
       }
     }
   }
