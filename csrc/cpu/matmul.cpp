@@ -103,10 +103,11 @@ const Blocks& blocks() {
 // c[r * ldc + j] (+)= tile for r < mr, j < ncols (a partial tile at the
 // edges); `first` (the first depth block) stores without reading C, so C
 // needs no zeroing and is never read when K fits one block.  Only the
-// first R rows of the kMr-row A panel are multiplied (R >= mr): the last
-// panel of a short M skips its padding rows (macro_kernel).  kDirectA: ap
+// first R rows of the kMr-row A panel and the first NV of the B panel's two
+// vectors are multiplied (R >= mr, NV * L >= ncols): the last tiles of a
+// short M or N skip their padding (micro_tile, macro_kernel).  kDirectA: ap
 // is A itself (rows lda apart), not a packed panel (see gemm_part).
-template <typename T, int W, int64_t R = tile_rows<W>(), bool kDirectA = false>
+template <typename T, int W, int64_t R, bool kDirectA, int64_t NV>
 inline __attribute__((always_inline)) void micro_kernel(
     int64_t kc, const T* __restrict__ ap, int64_t lda, const T* __restrict__ bp,
     T* __restrict__ c, int64_t ldc, int64_t mr, int64_t ncols, bool first) {
@@ -118,48 +119,64 @@ inline __attribute__((always_inline)) void micro_kernel(
     // where the A and B panels live).
     for (int64_t r = 0; r < mr; ++r) {
       __builtin_prefetch(c + r * ldc, 0, 2);
-      __builtin_prefetch(c + r * ldc + 2 * L - 1, 0, 2);
+      __builtin_prefetch(c + r * ldc + NV * L - 1, 0, 2);
     }
   }
-  Vec acc[R][2];
+  Vec acc[R][NV];
   for (int64_t r = 0; r < R; ++r) {
-    acc[r][0] = Vec{};
-    acc[r][1] = Vec{};
+    for (int64_t v = 0; v < NV; ++v) {
+      acc[r][v] = Vec{};
+    }
   }
   for (int64_t p = 0; p < kc; ++p) {
-    Vec b0, b1;
-    __builtin_memcpy(&b0, bp + p * 2 * L, sizeof(Vec));
-    __builtin_memcpy(&b1, bp + p * 2 * L + L, sizeof(Vec));
+    Vec bv[NV];
+    for (int64_t v = 0; v < NV; ++v) {
+      __builtin_memcpy(&bv[v], bp + p * 2 * L + v * L, sizeof(Vec));
+    }
     for (int64_t r = 0; r < R; ++r) {
       const T ar = kDirectA ? ap[r * lda + p] : ap[p * kMr + r];
-      acc[r][0] += ar * b0;
-      acc[r][1] += ar * b1;
+      for (int64_t v = 0; v < NV; ++v) {
+        acc[r][v] += ar * bv[v];
+      }
     }
   }
-  if (mr == R && ncols == 2 * L) {
+  if (mr == R && ncols == NV * L) {
     for (int64_t r = 0; r < R; ++r) {
-      Vec c0 = acc[r][0], c1 = acc[r][1];
-      if (!first) {
-        Vec o0, o1;
-        __builtin_memcpy(&o0, c + r * ldc, sizeof(Vec));
-        __builtin_memcpy(&o1, c + r * ldc + L, sizeof(Vec));
-        c0 += o0;
-        c1 += o1;
+      for (int64_t v = 0; v < NV; ++v) {
+        Vec cv = acc[r][v];
+        if (!first) {
+          Vec old;
+          __builtin_memcpy(&old, c + r * ldc + v * L, sizeof(Vec));
+          cv += old;
+        }
+        __builtin_memcpy(c + r * ldc + v * L, &cv, sizeof(Vec));
       }
-      __builtin_memcpy(c + r * ldc, &c0, sizeof(Vec));
-      __builtin_memcpy(c + r * ldc + L, &c1, sizeof(Vec));
     }
     return;
   }
-  T tile[R][2 * L];
+  T tile[R][NV * L];
   for (int64_t r = 0; r < R; ++r) {
-    __builtin_memcpy(&tile[r][0], &acc[r][0], sizeof(Vec));
-    __builtin_memcpy(&tile[r][L], &acc[r][1], sizeof(Vec));
+    for (int64_t v = 0; v < NV; ++v) {
+      __builtin_memcpy(&tile[r][v * L], &acc[r][v], sizeof(Vec));
+    }
   }
   for (int64_t r = 0; r < mr; ++r) {
     for (int64_t j = 0; j < ncols; ++j) {
       c[r * ldc + j] = first ? tile[r][j] : c[r * ldc + j] + tile[r][j];
     }
+  }
+}
+
+// One register tile: one vector of columns where the tile has at most L
+// (100 columns as 32 + 32 + 32 + 32 spent a fifth of the FMAs on padding).
+template <typename T, int W, int64_t R, bool kDirectA = false>
+inline __attribute__((always_inline)) void micro_tile(
+    int64_t kc, const T* __restrict__ ap, int64_t lda, const T* __restrict__ bp,
+    T* __restrict__ c, int64_t ldc, int64_t mr, int64_t ncols, bool first) {
+  if (ncols > lanes<T, W>()) {
+    micro_kernel<T, W, R, kDirectA, 2>(kc, ap, lda, bp, c, ldc, mr, ncols, first);
+  } else {
+    micro_kernel<T, W, R, kDirectA, 1>(kc, ap, lda, bp, c, ldc, mr, ncols, first);
   }
 }
 
@@ -186,13 +203,13 @@ inline __attribute__((always_inline)) void macro_kernel(
       const T* bp = bpack + j * kc;
       T* cij = c + i * ldc + j;
       if (mr == kMr && a_direct != nullptr) {
-        micro_kernel<T, W, kMr, true>(kc, a_direct + i * lda, lda, bp, cij, ldc, mr, ncols, first);
+        micro_tile<T, W, kMr, true>(kc, a_direct + i * lda, lda, bp, cij, ldc, mr, ncols, first);
       } else if (mr > 2 * kPart) {
-        micro_kernel<T, W>(kc, ap, 0, bp, cij, ldc, mr, ncols, first);
+        micro_tile<T, W, kMr>(kc, ap, 0, bp, cij, ldc, mr, ncols, first);
       } else if (mr > kPart) {
-        micro_kernel<T, W, 2 * kPart>(kc, ap, 0, bp, cij, ldc, mr, ncols, first);
+        micro_tile<T, W, 2 * kPart>(kc, ap, 0, bp, cij, ldc, mr, ncols, first);
       } else {
-        micro_kernel<T, W, kPart>(kc, ap, 0, bp, cij, ldc, mr, ncols, first);
+        micro_tile<T, W, kPart>(kc, ap, 0, bp, cij, ldc, mr, ncols, first);
       }
     }
   }
