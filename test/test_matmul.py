@@ -32,18 +32,32 @@ shapes = [(None, 1, 1, 1), (None, 7, 1, 5), (None, 1, 300, 1), (None, 97, 300, 3
           # A read in place, except rows 4 KB apart (K = 1024 floats, 512
           # doubles), which are packed; last row panels of 2, 4 and 8 rows
           (None, 20, 1024, 40), (2, 10, 512, 33), (None, 22, 1024, 35)]
+def operand(pre, rows, cols, dt, layout):
+    # Row-major, column-major (a transposed view, read in place), an expanded
+    # batch (stride 0), or every other column (copied).
+    if layout == "col":
+        return torch.randn(*pre, cols, rows, dtype=torch.float64).to(dt).transpose(-1, -2)
+    if layout == "expand" and pre:
+        return torch.randn(1, rows, cols, dtype=torch.float64).to(dt).expand(*pre, rows, cols)
+    if layout == "strided":
+        return torch.randn(*pre, rows, 2 * cols, dtype=torch.float64).to(dt)[..., ::2]
+    return torch.randn(*pre, rows, cols, dtype=torch.float64).to(dt)
+
+layouts = [("row", "col"), ("col", "row"), ("row", "row"), ("col", "col"),
+           ("expand", "strided"), ("strided", "expand")]
 for threads in (1, 2):
     torch.set_num_threads(threads)
     for batch, m, k, n in shapes:
         pre = () if batch is None else (batch,)
         for dt, tol in ((torch.float32, 1e-5), (torch.float64, 1e-12),
                         (torch.bfloat16, 1e-2), (torch.float16, 1e-3)):
-            a = torch.randn(*pre, m, k, dtype=torch.float64).to(dt)
-            b = torch.randn(*pre, n, k, dtype=torch.float64).to(dt).transpose(-1, -2)
-            got = torchops.matmul(a, b).double()
-            want = references.matmul(a.double(), b.double())
-            err = ((got - want).abs().max() / want.abs().max().clamp(min=1e-9)).item()
-            assert err < tol, (threads, batch, m, k, n, dt, err)
+            for la, lb in layouts:
+                a = operand(pre, m, k, dt, la)
+                b = operand(pre, k, n, dt, lb)
+                got = torchops.matmul(a, b).double()
+                want = references.matmul(a.double(), b.double())
+                err = ((got - want).abs().max() / want.abs().max().clamp(min=1e-9)).item()
+                assert err < tol, (threads, batch, m, k, n, dt, la, lb, err)
 print("CHECKED")
 """
 
@@ -102,7 +116,8 @@ def test_cpu_gemm_tiny_cache_blocks_match_float64(narrow):
 # blocks.  Shapes: depth blocks of three generations, super blocks (2048
 # rows or columns) ending mid-tile, three super blocks of two depth blocks
 # each (the third reuses the first one's per-tile slots), fewer units than
-# threads, M = 9, a transposed B.  Threads 1 and 3 too (the workers must not
+# threads, M = 9; A and B each row-major or transposed (read in place), by
+# turns.  Threads 1 and 3 too (the workers must not
 # need each other to run at the same time), and all of the machine's.
 @pytest.mark.parametrize("narrow", ["0", "1"])
 def test_cpu_gemm_shared_schedule(narrow, monkeypatch):
@@ -112,11 +127,13 @@ def test_cpu_gemm_shared_schedule(narrow, monkeypatch):
     try:
         for threads in sorted({1, 2, 3, prev}):
             torch.set_num_threads(threads)
-            for m, k, n in ((301, 1500, 257), (2100, 40, 70), (50, 30, 2100), (9, 700, 33),
-                            (130, 64, 2049), (4200, 600, 50)):
+            for i, (m, k, n) in enumerate(((301, 1500, 257), (2100, 40, 70), (50, 30, 2100),
+                                           (9, 700, 33), (130, 64, 2049), (4200, 600, 50))):
                 for dt, eps in ((torch.float32, 2.0**-24), (torch.float64, 2.0**-53)):
-                    a = torch.randn(m, k, dtype=dt, generator=gen)
-                    b = torch.randn(n, k, dtype=dt, generator=gen).t()
+                    a = (torch.randn(k, m, dtype=dt, generator=gen).t() if i % 2 else
+                         torch.randn(m, k, dtype=dt, generator=gen))
+                    b = (torch.randn(k, n, dtype=dt, generator=gen) if i % 3 == 2 else
+                         torch.randn(n, k, dtype=dt, generator=gen).t())
                     monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_SHARED", "1")
                     got = torchops.matmul(a, b)
                     monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_SHARED", "0")

@@ -215,49 +215,79 @@ inline __attribute__((always_inline)) void macro_kernel(
   }
 }
 
-// a[0 .. mc, 0 .. kc] (leading dim lda) into panels of kMr rows, k-major
-// inside a panel; rows past mc are zero.
+// a[0 .. mc, 0 .. kc] (element (r, p) at a[r * rs + p * cs], row-major
+// (cs == 1) or column-major (rs == 1)) into panels of kMr rows, k-major
+// inside a panel; rows past mc are zero.  A column-major A (a transposed
+// view, as autograd's B^T-side products make) is the cheap case: a panel's
+// kMr values of each k are contiguous.
 template <typename T, int W>
 inline __attribute__((always_inline)) void pack_a(
-    const T* __restrict__ a, int64_t lda, int64_t mc, int64_t kc,
+    const T* __restrict__ a, int64_t rs, int64_t cs, int64_t mc, int64_t kc,
     T* __restrict__ out) {
   constexpr int64_t kMr = tile_rows<W>();
   for (int64_t i = 0; i < mc; i += kMr) {
     T* panel = out + i * kc;
-    const T* src = a + i * lda;
+    const T* src = a + i * rs;
     const int64_t rows = std::min(kMr, mc - i);
-    if (rows == kMr) {
+    if (cs != 1) {
       for (int64_t p = 0; p < kc; ++p) {
         for (int64_t r = 0; r < kMr; ++r) {
-          panel[p * kMr + r] = src[r * lda + p];
+          panel[p * kMr + r] = r < rows ? src[p * cs + r] : T(0);
+        }
+      }
+    } else if (rows == kMr) {
+      for (int64_t p = 0; p < kc; ++p) {
+        for (int64_t r = 0; r < kMr; ++r) {
+          panel[p * kMr + r] = src[r * rs + p];
         }
       }
     } else {
       for (int64_t p = 0; p < kc; ++p) {
         for (int64_t r = 0; r < kMr; ++r) {
-          panel[p * kMr + r] = r < rows ? src[r * lda + p] : T(0);
+          panel[p * kMr + r] = r < rows ? src[r * rs + p] : T(0);
         }
       }
     }
   }
 }
 
-// b[0 .. kc, 0 .. nc] (leading dim ldb) into panels of NR columns, each a
+// b[0 .. kc, 0 .. nc] (element (p, j) at b[p * rs + j * cs], row-major
+// (cs == 1) or column-major (rs == 1)) into panels of NR columns, each a
 // row-major array of NR-wide rows; panel j starts j * stride elements after
 // panel 0 (stride: the whole block's depth, so a block's rows may be packed
-// in several calls); columns past nc are zero.  Row by row, so B is read as whole rows: panel by panel would read
-// NR columns at a stride of ldb, which the hardware prefetcher does not
-// follow across pages.
+// in several calls); columns past nc are zero.  A row-major B is read row by
+// row, as whole rows: panel by panel would read NR columns at a stride of
+// ldb, which the hardware prefetcher does not follow across pages.  A
+// column-major B (W^T of a linear layer) is read column by column, kBk of
+// its k at a time, so the kBk x NR piece of the panel being written stays
+// in L1.
 template <typename T, int W>
 inline __attribute__((always_inline)) void pack_b(
-    const T* __restrict__ b, int64_t ldb, int64_t kc, int64_t nc,
+    const T* __restrict__ b, int64_t rs, int64_t cs, int64_t kc, int64_t nc,
     T* __restrict__ out, int64_t stride) {
   using Vec = typename Gemm<T, W>::Vec;
   constexpr int64_t L = lanes<T, W>();
   constexpr int64_t NR = nr<T, W>();
   const int64_t full = nc / NR * NR;
+  if (cs != 1) {
+    constexpr int64_t kBk = 16;
+    for (int64_t j = 0; j < nc; j += NR) {
+      T* panel = out + j * stride;
+      const int64_t cols = std::min(NR, nc - j);
+      for (int64_t p0 = 0; p0 < kc; p0 += kBk) {
+        const int64_t p1 = std::min(kc, p0 + kBk);
+        for (int64_t q = 0; q < NR; ++q) {
+          const T* col = b + (j + q) * cs;
+          for (int64_t p = p0; p < p1; ++p) {
+            panel[p * NR + q] = q < cols ? col[p] : T(0);
+          }
+        }
+      }
+    }
+    return;
+  }
   for (int64_t p = 0; p < kc; ++p) {
-    const T* row = b + p * ldb;
+    const T* row = b + p * rs;
     T* dst = out + p * NR;
     for (int64_t j = 0; j < full; j += NR) {
       Vec v0, v1;
@@ -292,26 +322,26 @@ inline bool read_a_direct(int64_t lda) {
 // block the B block (kc x nc, in L2).
 template <typename T, int W>
 inline __attribute__((always_inline)) void gemm_part(
-    const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc,
-    int64_t m, int64_t n, int64_t k, int64_t kc_size, int64_t mc_size,
-    int64_t nc_size, T* apack, T* bpack) {
+    const T* a, int64_t a_rs, int64_t a_cs, const T* b, int64_t b_rs,
+    int64_t b_cs, T* c, int64_t ldc, int64_t m, int64_t n, int64_t k,
+    int64_t kc_size, int64_t mc_size, int64_t nc_size, T* apack, T* bpack) {
   constexpr int64_t kMr = tile_rows<W>();
-  const bool direct = read_a_direct<T>(lda);
+  const bool direct = a_cs == 1 && read_a_direct<T>(a_rs);
   for (int64_t pc = 0; pc < k; pc += kc_size) {
     const int64_t kc = std::min(kc_size, k - pc);
     for (int64_t ic = 0; ic < m; ic += mc_size) {
       const int64_t mc = std::min(mc_size, m - ic);
-      const T* ablock = a + ic * lda + pc;
+      const T* ablock = a + ic * a_rs + pc * a_cs;
       if (!direct) {
-        pack_a<T, W>(ablock, lda, mc, kc, apack);
+        pack_a<T, W>(ablock, a_rs, a_cs, mc, kc, apack);
       } else if (const int64_t whole = mc / kMr * kMr; whole < mc) {
-        pack_a<T, W>(ablock + whole * lda, lda, mc - whole, kc, apack + whole * kc);
+        pack_a<T, W>(ablock + whole * a_rs, a_rs, a_cs, mc - whole, kc, apack + whole * kc);
       }
       for (int64_t jc = 0; jc < n; jc += nc_size) {
         const int64_t nc = std::min(nc_size, n - jc);
-        pack_b<T, W>(b + pc * ldb + jc, ldb, kc, nc, bpack, kc);
+        pack_b<T, W>(b + pc * b_rs + jc * b_cs, b_rs, b_cs, kc, nc, bpack, kc);
         macro_kernel<T, W>(mc, nc, kc, apack, bpack, c + ic * ldc + jc, ldc,
-                           pc == 0, direct ? ablock : nullptr, lda);
+                           pc == 0, direct ? ablock : nullptr, a_rs);
       }
     }
   }
@@ -430,6 +460,82 @@ inline __attribute__((always_inline)) void stream_rows(
   }
 }
 
+// c[r, q] = a[r, 0 .. k) . b[q] for r < MR, q < NC: dot products with B's
+// columns, each contiguous over k (B column-major: W^T of a linear layer,
+// column q at b + q * ldb).  Vector partial sums over k, added up at the end.
+template <typename T, int W, int MR, int NC>
+inline __attribute__((always_inline)) void rows_dot_columns(
+    const T* __restrict__ a, int64_t lda, const T* __restrict__ b, int64_t ldb,
+    T* __restrict__ c, int64_t ldc, int64_t k) {
+  using Vec = typename Gemm<T, W>::Vec;
+  constexpr int64_t L = lanes<T, W>();
+  Vec acc[MR][NC];
+  for (int r = 0; r < MR; ++r) {
+    for (int q = 0; q < NC; ++q) {
+      acc[r][q] = Vec{};
+    }
+  }
+  int64_t p = 0;
+  for (; p + L <= k; p += L) {
+    Vec av[MR];
+    for (int r = 0; r < MR; ++r) {
+      __builtin_memcpy(&av[r], a + r * lda + p, sizeof(Vec));
+    }
+    for (int q = 0; q < NC; ++q) {
+      Vec bv;
+      __builtin_memcpy(&bv, b + q * ldb + p, sizeof(Vec));
+      for (int r = 0; r < MR; ++r) {
+        acc[r][q] += av[r] * bv;
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int q = 0; q < NC; ++q) {
+      T sum = T(0);
+      for (int64_t l = 0; l < L; ++l) {
+        sum += acc[r][q][l];
+      }
+      for (int64_t t = p; t < k; ++t) {
+        sum += a[r * lda + t] * b[q * ldb + t];
+      }
+      c[r * ldc + q] = sum;
+    }
+  }
+}
+
+// All m <= kStreamRows rows against a column-major B (k x n): kStreamPass
+// rows and kDotCols columns at a time, B read once per pass from memory and
+// the rows of A from L1/L2.
+template <typename T, int W, int MR>
+inline __attribute__((always_inline)) void rows_dot_matrix(
+    const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc,
+    int64_t k, int64_t n) {
+  constexpr int kDotCols = W == 64 ? 4 : 2;  // MR x kDotCols sums in registers
+  int64_t j = 0;
+  for (; j + kDotCols <= n; j += kDotCols) {
+    rows_dot_columns<T, W, MR, kDotCols>(a, lda, b + j * ldb, ldb, c + j, ldc, k);
+  }
+  for (; j < n; ++j) {
+    rows_dot_columns<T, W, MR, 1>(a, lda, b + j * ldb, ldb, c + j, ldc, k);
+  }
+}
+
+template <typename T, int W>
+inline __attribute__((always_inline)) void stream_dots(
+    const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc, int64_t m,
+    int64_t k, int64_t n) {
+  for (int64_t r0 = 0; r0 < m; r0 += kStreamPass) {
+    const T* ar = a + r0 * lda;
+    T* cr = c + r0 * ldc;
+    switch (std::min(kStreamPass, m - r0)) {
+      case 1: rows_dot_matrix<T, W, 1>(ar, lda, b, ldb, cr, ldc, k, n); break;
+      case 2: rows_dot_matrix<T, W, 2>(ar, lda, b, ldb, cr, ldc, k, n); break;
+      case 3: rows_dot_matrix<T, W, 3>(ar, lda, b, ldb, cr, ldc, k, n); break;
+      default: rows_dot_matrix<T, W, 4>(ar, lda, b, ldb, cr, ldc, k, n); break;
+    }
+  }
+}
+
 // The compiled entry points (target attributes do not apply to templates):
 // per accumulation type, 32-byte vectors multi-versioned, 64-byte vectors
 // for AVX-512.
@@ -444,55 +550,64 @@ inline __attribute__((always_inline)) void stream_rows(
 // Per (type, width): the whole-part GEMM of one thread, and the pieces the
 // shared schedule (shared_gemm) hands out one at a time.
 #define TORCHOPS_GEMM_ENTRIES(SUFFIX, T, W, ATTR)                              \
-  ATTR void gemm_part_##SUFFIX(const T* a, int64_t lda, const T* b,            \
-                               int64_t ldb, T* c, int64_t ldc, int64_t m,      \
-                               int64_t n, int64_t k, int64_t kc, int64_t mc,   \
-                               int64_t nc, T* ap, T* bp) {                     \
-    gemm_part<T, W>(a, lda, b, ldb, c, ldc, m, n, k, kc, mc, nc, ap, bp);      \
+  ATTR void gemm_part_##SUFFIX(const T* a, int64_t a_rs, int64_t a_cs,        \
+                               const T* b, int64_t b_rs, int64_t b_cs, T* c,   \
+                               int64_t ldc, int64_t m, int64_t n, int64_t k,   \
+                               int64_t kc, int64_t mc, int64_t nc, T* ap,      \
+                               T* bp) {                                        \
+    gemm_part<T, W>(a, a_rs, a_cs, b, b_rs, b_cs, c, ldc, m, n, k, kc, mc, nc, \
+                    ap, bp);                                                   \
   }                                                                            \
-  ATTR void pack_a_##SUFFIX(const T* a, int64_t lda, int64_t mc, int64_t kc,   \
-                            T* out) {                                          \
-    pack_a<T, W>(a, lda, mc, kc, out);                                         \
+  ATTR void pack_a_##SUFFIX(const T* a, int64_t rs, int64_t cs, int64_t mc,    \
+                            int64_t kc, T* out) {                              \
+    pack_a<T, W>(a, rs, cs, mc, kc, out);                                      \
   }                                                                            \
-  ATTR void pack_b_##SUFFIX(const T* b, int64_t ldb, int64_t kc, int64_t nc,   \
-                            T* out, int64_t stride) {                          \
-    pack_b<T, W>(b, ldb, kc, nc, out, stride);                                 \
+  ATTR void pack_b_##SUFFIX(const T* b, int64_t rs, int64_t cs, int64_t kc,    \
+                            int64_t nc, T* out, int64_t stride) {              \
+    pack_b<T, W>(b, rs, cs, kc, nc, out, stride);                              \
   }                                                                            \
   ATTR void macro_##SUFFIX(int64_t mc, int64_t nc, int64_t kc, const T* ap,    \
                            const T* bp, T* c, int64_t ldc, bool first) {       \
     macro_kernel<T, W>(mc, nc, kc, ap, bp, c, ldc, first);                     \
   }                                                                            \
   inline void gemm_part_acc(std::integral_constant<int, W>, const T* a,        \
-                            int64_t lda, const T* b, int64_t ldb, T* c,        \
-                            int64_t ldc, int64_t m, int64_t n, int64_t k,      \
-                            int64_t kc, int64_t mc, int64_t nc, T* ap,         \
-                            T* bp) {                                           \
-    gemm_part_##SUFFIX(a, lda, b, ldb, c, ldc, m, n, k, kc, mc, nc, ap, bp);   \
+                            int64_t a_rs, int64_t a_cs, const T* b,            \
+                            int64_t b_rs, int64_t b_cs, T* c, int64_t ldc,     \
+                            int64_t m, int64_t n, int64_t k, int64_t kc,       \
+                            int64_t mc, int64_t nc, T* ap, T* bp) {            \
+    gemm_part_##SUFFIX(a, a_rs, a_cs, b, b_rs, b_cs, c, ldc, m, n, k, kc, mc,  \
+                       nc, ap, bp);                                            \
   }                                                                            \
   inline void pack_a_acc(std::integral_constant<int, W>, const T* a,           \
-                         int64_t lda, int64_t mc, int64_t kc, T* out) {        \
-    pack_a_##SUFFIX(a, lda, mc, kc, out);                                      \
+                         int64_t rs, int64_t cs, int64_t mc, int64_t kc,       \
+                         T* out) {                                             \
+    pack_a_##SUFFIX(a, rs, cs, mc, kc, out);                                   \
   }                                                                            \
   inline void pack_b_acc(std::integral_constant<int, W>, const T* b,           \
-                         int64_t ldb, int64_t kc, int64_t nc, T* out,          \
-                         int64_t stride) {                                     \
-    pack_b_##SUFFIX(b, ldb, kc, nc, out, stride);                              \
+                         int64_t rs, int64_t cs, int64_t kc, int64_t nc,       \
+                         T* out, int64_t stride) {                             \
+    pack_b_##SUFFIX(b, rs, cs, kc, nc, out, stride);                           \
   }                                                                            \
   inline void macro_acc(std::integral_constant<int, W>, int64_t mc,            \
                         int64_t nc, int64_t kc, const T* ap, const T* bp,      \
                         T* c, int64_t ldc, bool first) {                       \
     macro_##SUFFIX(mc, nc, kc, ap, bp, c, ldc, first);                         \
   }
+// b_cm: B column-major (column j at b + j * ldb), else row-major.
 #define TORCHOPS_ROW_TIMES(NAME, T, W, ATTR)                                 \
-  ATTR void NAME(const T* a, int64_t lda, const T* b, int64_t ldb, T* c,     \
-                 int64_t ldc, int64_t m, int64_t k, int64_t n) {             \
-    stream_rows<T, W>(a, lda, b, ldb, c, ldc, m, k, n);                      \
+  ATTR void NAME(const T* a, int64_t lda, const T* b, int64_t ldb, bool b_cm, \
+                 T* c, int64_t ldc, int64_t m, int64_t k, int64_t n) {       \
+    if (b_cm) {                                                              \
+      stream_dots<T, W>(a, lda, b, ldb, c, ldc, m, k, n);                    \
+    } else {                                                                 \
+      stream_rows<T, W>(a, lda, b, ldb, c, ldc, m, k, n);                    \
+    }                                                                        \
   }                                                                          \
   inline void stream_rows_acc(std::integral_constant<int, W>, const T* a,    \
-                              int64_t lda, const T* b, int64_t ldb, T* c,    \
-                              int64_t ldc, int64_t m, int64_t k,             \
-                              int64_t n) {                                   \
-    NAME(a, lda, b, ldb, c, ldc, m, k, n);                                   \
+                              int64_t lda, const T* b, int64_t ldb,          \
+                              bool b_cm, T* c, int64_t ldc, int64_t m,       \
+                              int64_t k, int64_t n) {                        \
+    NAME(a, lda, b, ldb, b_cm, c, ldc, m, k, n);                             \
   }
 TORCHOPS_ROW_TIMES(stream_rows_f32, float, 32, TORCHOPS_CPU_MULTIVERSION)
 TORCHOPS_ROW_TIMES(stream_rows_f64, double, 32, TORCHOPS_CPU_MULTIVERSION)
@@ -537,6 +652,15 @@ T* line_aligned(std::vector<T>& buf, int64_t elems) {
   const uintptr_t p = reinterpret_cast<uintptr_t>(buf.data());
   return reinterpret_cast<T*>((p + kLineBytes - 1) & ~uintptr_t(kLineBytes - 1));
 }
+
+// One operand in the accumulation type: element (i, j) of matrix bi at
+// p[bi * bs + i * rs + j * cs], row-major (cs == 1) or column-major (rs == 1).
+template <typename T>
+struct Mat {
+  const T* p;
+  int64_t bs, rs, cs;
+  const T* at(int64_t bi, int64_t i, int64_t j) const { return p + bi * bs + i * rs + j * cs; }
+};
 
 // Sizes of `blocks` balanced blocks covering n, each a multiple of q.
 inline int64_t balanced(int64_t n, int64_t limit, int64_t q) {
@@ -588,7 +712,7 @@ constexpr double kSharedMinWork = double(1 << 28);
 // generations' buffers alternate: a thread that runs out of units packs the
 // next generation while the others finish theirs.
 template <typename acc_t, int W>
-void shared_gemm(const acc_t* a, const acc_t* b, acc_t* c, int64_t m,
+void shared_gemm(const Mat<acc_t>& a, const Mat<acc_t>& b, acc_t* c, int64_t m,
                  int64_t n, int64_t k, int64_t threads) {
   using Tag = std::integral_constant<int, W>;
   constexpr int64_t NR = nr<acc_t, W>();
@@ -681,12 +805,12 @@ void shared_gemm(const acc_t* a, const acc_t* b, acc_t* c, int64_t m,
       for (int64_t ch; (ch = here.pack_next.fetch_add(1, std::memory_order_relaxed)) < x.chunks;) {
         if (ch < x.a_chunks) {
           const int64_t r0 = ch * a_chunk;
-          pack_a_acc(Tag{}, a + (x.i0 + r0) * k + x.pc, k, std::min(a_chunk, x.rows - r0),
-                     x.kc, apack + r0 * x.kc);
+          pack_a_acc(Tag{}, a.at(0, x.i0 + r0, x.pc), a.rs, a.cs,
+                     std::min(a_chunk, x.rows - r0), x.kc, apack + r0 * x.kc);
         } else {
           const int64_t p0 = (ch - x.a_chunks) * b_chunk;
-          pack_b_acc(Tag{}, b + (x.pc + p0) * n + x.j0, n, std::min(b_chunk, x.kc - p0),
-                     x.cols, bpack + p0 * NR, x.kc);
+          pack_b_acc(Tag{}, b.at(0, x.pc + p0, x.j0), b.rs, b.cs,
+                     std::min(b_chunk, x.kc - p0), x.cols, bpack + p0 * NR, x.kc);
         }
         here.packed.fetch_add(1, std::memory_order_release);
       }
@@ -708,22 +832,33 @@ void shared_gemm(const acc_t* a, const acc_t* b, acc_t* c, int64_t m,
   at::parallel_for(0, threads, 1, worker);
 }
 
-// C = A @ B for row-major, contiguous A (M x K) and B (K x N) in the
-// accumulation type.  Each matrix of C is cut into a grid of gm x gn parts,
+// C = A @ B for A (M x K) and B (K x N) in the accumulation type, each
+// row-major or column-major (gemm_operand).  Each matrix of C is cut into a grid of gm x gn parts,
 // and every thread computes whole parts on its own, with its own packing
 // buffers: one parallel region per call, no waits, and each thread's B
 // block in its own core's L2 (shared_gemm instead where that would pack A
 // and B several times over).  Inside a part (Goto's algorithm): per depth
 // block pc, A is packed mc rows at a time into kMr-row panels, and per
 // column block jc the B block (kc x nc) into NR-column panels (Blocks).
+// The operand view of a gemm_operand tensor: row-major where it can be read
+// so (one row, or unit column stride), else column-major.
+template <typename T>
+Mat<T> mat_of(const at::Tensor& t, bool batched) {
+  const int64_t rows = t.size(-2), cols = t.size(-1);
+  const int64_t bs = batched ? t.stride(0) : 0;
+  if ((t.stride(-1) == 1 || cols == 1) && (t.stride(-2) >= cols || rows == 1)) {
+    return {t.const_data_ptr<T>(), bs, rows == 1 ? cols : t.stride(-2), 1};
+  }
+  return {t.const_data_ptr<T>(), bs, 1, cols == 1 ? rows : t.stride(-1)};
+}
+
 template <typename acc_t, int W>
 void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
                   const MatmulShape& s) {
   constexpr int64_t NR = nr<acc_t, W>();
   constexpr int64_t kMr = tile_rows<W>();
   const Blocks& blk = blocks<acc_t, W>();
-  const acc_t* ap = a.const_data_ptr<acc_t>();
-  const acc_t* bp = b.const_data_ptr<acc_t>();
+  const Mat<acc_t> am = mat_of<acc_t>(a, s.batched), bm = mat_of<acc_t>(b, s.batched);
   acc_t* cp = c.mutable_data_ptr<acc_t>();
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   if (s.m <= kStreamRows) {
@@ -736,9 +871,11 @@ void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
     at::parallel_for(0, s.batch * slices, 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const int64_t bi = i / slices, j0 = i % slices * per;
-        stream_rows_acc(std::integral_constant<int, W>{}, ap + bi * s.m * s.k, s.k,
-                        bp + bi * s.k * s.n + j0, s.n, cp + bi * s.m * s.n + j0, s.n, s.m,
-                        s.k, std::min(per, s.n - j0));
+        // A is row-major here (matmul), B either way.
+        const bool b_cm = bm.cs != 1;
+        stream_rows_acc(std::integral_constant<int, W>{}, am.at(bi, 0, 0), am.rs,
+                        bm.at(bi, 0, j0), b_cm ? bm.cs : bm.rs, b_cm,
+                        cp + bi * s.m * s.n + j0, s.n, s.m, s.k, std::min(per, s.n - j0));
       }
     });
     return;
@@ -784,7 +921,7 @@ void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
            ? force_shared[0] == '1'
            : gm > 1 && gn > 1 && double(s.m) * double(s.n) * double(s.k) >= kSharedMinWork);
   if (shared) {
-    shared_gemm<acc_t, W>(ap, bp, cp, s.m, s.n, s.k, threads);
+    shared_gemm<acc_t, W>(am, bm, cp, s.m, s.n, s.k, threads);
     return;
   }
   const int64_t mpart = (row_tiles + gm - 1) / gm * kMr;
@@ -799,17 +936,31 @@ void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
       const int64_t m = std::min(mpart, s.m - i0);
       const int64_t n = std::min(npart, s.n - j0);
       if (m <= 0 || n <= 0) continue;
-      const acc_t* ab = ap + bi * s.m * s.k + i0 * s.k;
-      const acc_t* bb = bp + bi * s.k * s.n + j0;
       acc_t* cb = cp + bi * s.m * s.n + i0 * s.n + j0;
       const int64_t mc_size = balanced(m, blk.mc, kMr);
       const int64_t nc_size = balanced(n, blk.nc, NR);
-      gemm_part_acc(std::integral_constant<int, W>{}, ab, s.k, bb, s.n, cb,
-                    s.n, m, n, s.k, kc_size, mc_size, nc_size,
+      gemm_part_acc(std::integral_constant<int, W>{}, am.at(bi, i0, 0), am.rs, am.cs,
+                    bm.at(bi, 0, j0), bm.rs, bm.cs, cb, s.n, m, n, s.k, kc_size,
+                    mc_size, nc_size,
                     line_aligned(apack, mc_size * kc_size),
                     line_aligned(bpack, nc_size * kc_size));
     }
   });
+}
+
+// `t` itself where each of its matrices is row-major or column-major (a
+// transposed view: x @ w.t() of a linear layer, or autograd's products),
+// which the kernels read as they are, else a contiguous copy.  Tensor.to
+// keeps a transposed layout, so a half-precision operand is converted
+// without a second, transposing copy.
+at::Tensor gemm_operand(const at::Tensor& t, bool row_major_only) {
+  const int64_t rows = t.size(-2), cols = t.size(-1);
+  const bool row_major = (t.stride(-1) == 1 || cols == 1) && (t.stride(-2) >= cols || rows == 1);
+  const bool col_major = (t.stride(-2) == 1 || rows == 1) && (t.stride(-1) >= rows || cols == 1);
+  if (row_major || (col_major && !row_major_only)) {
+    return t;
+  }
+  return t.contiguous();
 }
 
 at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
@@ -822,8 +973,10 @@ at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
   if (c.numel() == 0 || s.k == 0) {
     return c.zero_().to(dtype);
   }
-  const at::Tensor a = a_in.to(acc).contiguous();
-  const at::Tensor b = b_in.to(acc).contiguous();
+  // The rows of A are read as vectors by the few-row kernels (stream_rows,
+  // stream_dots): a column-major A of at most kStreamRows rows is copied.
+  const at::Tensor a = gemm_operand(a_in.to(acc), /*row_major_only=*/s.m <= kStreamRows);
+  const at::Tensor b = gemm_operand(b_in.to(acc), /*row_major_only=*/false);
   // TORCHOPS_TESTING_MATMUL_NARROW=1 takes the 32-byte path on an AVX-512
   // CPU too, so the tests cover both paths on one machine (read per call: a
   // getenv is noise beside a matmul).  TORCHOPS_TESTING_CPU_CACHES="L1,L2,L3"
