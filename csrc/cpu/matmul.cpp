@@ -351,15 +351,29 @@ inline __attribute__((always_inline)) void gemm_part(
 // matrix): packing would copy all of B to use each element M times, and pad
 // A to a kMr-row tile, so B is streamed instead, row by row (each row's
 // slice contiguous, which the hardware prefetcher follows), into running
-// sums that stay in L1: up to kStreamPass rows of C per pass over B (a pass
-// per four rows).  The packed kernel read B three times over (pack, store,
+// sums that stay in L1: up to kStreamPass rows of C per pass over B (8 x
+// 1024 x 1024 0.59x -> 0.90x of torch.mm at one pass of 8 rows instead of two
+// of 4, 8 x 4096 x 4096 0.75x -> 1.06x; development machine, one thread).
+// The packed kernel read B three times over (pack, store,
 // read back): 0.36x of torch.mm's gemv at 1 x 4096 x 4096 on one thread of
 // the 2-core development machine, 0.40x of MKL at 4 x 1024 x 1024 on the
 // H200's host (docs/design.md has the streaming kernel's numbers).
 // Same order of products as the packed kernel: each sum over k in turn.
 constexpr int64_t kStreamRows = 8;
-constexpr int64_t kStreamPass = 4;
+constexpr int64_t kStreamPass = 8;
 constexpr int64_t kStreamSums = 2048;  // running sums per pass (8 KB of floats, 16 of doubles)
+// A column-major B (W^T) is multiplied as dot products with its columns up
+// to this many rows (stream_dots), where packing would transpose it: 9-16 x
+// 1024 x 1024 1.2-1.6x of torch.mm against 0.68-0.94x packed.
+constexpr int64_t kDotRows = 16;
+
+// Whether the few-row kernels (stream_rows, stream_dots) take the call,
+// given B as gemm_operand left it.
+inline bool few_rows(const MatmulShape& s, const at::Tensor& b) {
+  const bool b_row_major = (b.stride(-1) == 1 || b.size(-1) == 1) &&
+                           (b.stride(-2) >= b.size(-1) || b.size(-2) == 1);
+  return s.m <= (b_row_major ? kStreamRows : kDotRows);
+}
 
 // c[r, 0 .. n) = a[r, 0 .. k) @ B for r < MR (a, c leading dims lda, ldc;
 // B k x n, leading dim ldb).
@@ -455,7 +469,11 @@ inline __attribute__((always_inline)) void stream_rows(
       case 1: rows_times_matrix<T, W, 1>(ar, lda, b, ldb, cr, ldc, k, n); break;
       case 2: rows_times_matrix<T, W, 2>(ar, lda, b, ldb, cr, ldc, k, n); break;
       case 3: rows_times_matrix<T, W, 3>(ar, lda, b, ldb, cr, ldc, k, n); break;
-      default: rows_times_matrix<T, W, 4>(ar, lda, b, ldb, cr, ldc, k, n); break;
+      case 4: rows_times_matrix<T, W, 4>(ar, lda, b, ldb, cr, ldc, k, n); break;
+      case 5: rows_times_matrix<T, W, 5>(ar, lda, b, ldb, cr, ldc, k, n); break;
+      case 6: rows_times_matrix<T, W, 6>(ar, lda, b, ldb, cr, ldc, k, n); break;
+      case 7: rows_times_matrix<T, W, 7>(ar, lda, b, ldb, cr, ldc, k, n); break;
+      default: rows_times_matrix<T, W, 8>(ar, lda, b, ldb, cr, ldc, k, n); break;
     }
   }
 }
@@ -503,14 +521,13 @@ inline __attribute__((always_inline)) void rows_dot_columns(
   }
 }
 
-// All m <= kStreamRows rows against a column-major B (k x n): kStreamPass
-// rows and kDotCols columns at a time, B read once per pass from memory and
-// the rows of A from L1/L2.
+// MR rows of A against a column-major B (k x n), kDotCols columns at a
+// time: B read once, the MR rows of A (from L1/L2) once per column group.
 template <typename T, int W, int MR>
 inline __attribute__((always_inline)) void rows_dot_matrix(
     const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc,
     int64_t k, int64_t n) {
-  constexpr int kDotCols = W == 64 ? 4 : 2;  // MR x kDotCols sums in registers
+  constexpr int kDotCols = 2;  // MR x kDotCols sums, MR rows of A, a column: registers
   int64_t j = 0;
   for (; j + kDotCols <= n; j += kDotCols) {
     rows_dot_columns<T, W, MR, kDotCols>(a, lda, b + j * ldb, ldb, c + j, ldc, k);
@@ -520,18 +537,29 @@ inline __attribute__((always_inline)) void rows_dot_matrix(
   }
 }
 
+// All m <= kDotRows rows against a column-major B, kPass rows a pass.
 template <typename T, int W>
 inline __attribute__((always_inline)) void stream_dots(
     const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc, int64_t m,
     int64_t k, int64_t n) {
-  for (int64_t r0 = 0; r0 < m; r0 += kStreamPass) {
+  // Rows a pass: 8 x 2 sums + 8 rows + a column of 32 vector registers
+  // (4 x 2 + 4 + 1 of 16).  More rows a pass read B fewer times; more columns
+  // a group read A fewer times.  8 x 2 against 6 x 4 (development machine,
+  // one thread, B = W^T): 8 x 1024 x 1024 2.2x against 1.4x of torch.mm,
+  // 16 x 1024 x 1024 1.2x against 0.94x, 16 x 4096 x 4096 0.84x against 0.99x.
+  constexpr int64_t kPass = W == 64 ? 8 : 4;
+  for (int64_t r0 = 0; r0 < m; r0 += kPass) {
     const T* ar = a + r0 * lda;
     T* cr = c + r0 * ldc;
-    switch (std::min(kStreamPass, m - r0)) {
+    switch (std::min(kPass, m - r0)) {
       case 1: rows_dot_matrix<T, W, 1>(ar, lda, b, ldb, cr, ldc, k, n); break;
       case 2: rows_dot_matrix<T, W, 2>(ar, lda, b, ldb, cr, ldc, k, n); break;
       case 3: rows_dot_matrix<T, W, 3>(ar, lda, b, ldb, cr, ldc, k, n); break;
-      default: rows_dot_matrix<T, W, 4>(ar, lda, b, ldb, cr, ldc, k, n); break;
+      case 4: rows_dot_matrix<T, W, 4>(ar, lda, b, ldb, cr, ldc, k, n); break;
+      case 5: rows_dot_matrix<T, W, W == 64 ? 5 : 4>(ar, lda, b, ldb, cr, ldc, k, n); break;
+      case 6: rows_dot_matrix<T, W, W == 64 ? 6 : 4>(ar, lda, b, ldb, cr, ldc, k, n); break;
+      case 7: rows_dot_matrix<T, W, W == 64 ? 7 : 4>(ar, lda, b, ldb, cr, ldc, k, n); break;
+      default: rows_dot_matrix<T, W, W == 64 ? 8 : 4>(ar, lda, b, ldb, cr, ldc, k, n); break;
     }
   }
 }
@@ -861,7 +889,7 @@ void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
   const Mat<acc_t> am = mat_of<acc_t>(a, s.batched), bm = mat_of<acc_t>(b, s.batched);
   acc_t* cp = c.mutable_data_ptr<acc_t>();
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  if (s.m <= kStreamRows) {
+  if (few_rows(s, b)) {
     // Column slices of whole vectors, at most a pass's block wide, shared
     // out over the threads (and the batch).
     constexpr int64_t L = lanes<acc_t, W>();
@@ -975,8 +1003,8 @@ at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
   }
   // The rows of A are read as vectors by the few-row kernels (stream_rows,
   // stream_dots): a column-major A of at most kStreamRows rows is copied.
-  const at::Tensor a = gemm_operand(a_in.to(acc), /*row_major_only=*/s.m <= kStreamRows);
   const at::Tensor b = gemm_operand(b_in.to(acc), /*row_major_only=*/false);
+  const at::Tensor a = gemm_operand(a_in.to(acc), /*row_major_only=*/few_rows(s, b));
   // TORCHOPS_TESTING_MATMUL_NARROW=1 takes the 32-byte path on an AVX-512
   // CPU too, so the tests cover both paths on one machine (read per call: a
   // getenv is noise beside a matmul).  TORCHOPS_TESTING_CPU_CACHES="L1,L2,L3"
