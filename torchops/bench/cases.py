@@ -97,12 +97,15 @@ def _nbytes(*ts) -> int:
     return sum(t.numel() * t.element_size() for t in ts if isinstance(t, torch.Tensor))
 
 
-def _mm(n, dtype=torch.float32, b=None, quick=False, m=None, k=None, tag="", **extra):
-    """(B x) m x k @ k x n, square by default; tag: a word for the label."""
+def _mm(n, dtype=torch.float32, b=None, quick=False, m=None, k=None, tag="", wt=False,
+        **extra):
+    """(B x) m x k @ k x n, square by default; tag: a word for the label; wt: B
+    is w.t() of an (n, k) weight (a linear layer's layout)."""
     m, k = m or n, k or n
     label = f"{m}x{k}x{n}" if b is None else f"{b} x {m}x{k}x{n}"
-    return Size(label + (f" {tag}" if tag else ""), {"m": m, "k": k, "n": n, "b": b}, dtype,
-                quick, **extra)
+    tag = " ".join(t for t in (tag, "B=W^T" if wt else "") if t)
+    return Size(label + (f" {tag}" if tag else ""), {"m": m, "k": k, "n": n, "b": b, "wt": wt},
+                dtype, quick, **extra)
 
 
 def _elements(n, dtype=torch.float32, quick=False):
@@ -179,7 +182,10 @@ CASES: list[Case] = [
                  _mm(4096, bf16, tag="Ampere path", env={"TORCHOPS_TESTING_MATMUL_PATH": "sm80"}),
                  _mm(64, f16, b=512), _mm(512, bf16, b=32), _mm(1024, torch.float64)],
         "cpu": [_mm(256, quick=True, threads=(1, 2)), _mm(1024, threads=SCALING),
-                _mm(256, b=16)]},
+                _mm(256, b=16),
+                # A linear layer's layouts: a few rows against a transposed weight.
+                _mm(1024, m=16, wt=True, threads=(1, "all")),
+                _mm(4096, m=1, wt=True, threads=(1,))]},
          reference=torch.matmul, reference_name="torch.matmul (cuBLAS / CPU BLAS)",
          flops=lambda a: 2.0 * a[0].numel() * a[1].shape[-1],
          note="The eager reference is the vendor BLAS (torch.mm/bmm), i.e. the peer. "

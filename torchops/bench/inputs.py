@@ -17,8 +17,12 @@ P = Mapping[str, Any]
 
 
 def matrices(p: P) -> tuple:
-    """``(B?, M, K) @ (B?, K, N)``: params m, k, n and optional b."""
+    """``(B?, M, K) @ (B?, K, N)``: params m, k, n and optional b; with
+    ``wt`` B is a transposed (N, K) weight, as ``x @ w.t()`` of a linear layer."""
     pre = (p["b"],) if p.get("b") else ()
+    if p.get("wt"):
+        return (torch.randn(*pre, p["m"], p["k"]),
+                torch.randn(*pre, p["n"], p["k"]).transpose(-1, -2))
     return torch.randn(*pre, p["m"], p["k"]), torch.randn(*pre, p["k"], p["n"])
 
 
