@@ -417,11 +417,11 @@ constexpr int64_t kStreamRows = 8;
 constexpr int64_t kStreamPass = 8;
 constexpr int64_t kStreamSums = 2048;  // running sums per pass (8 KB of floats, 16 of doubles)
 // A column-major B (W^T) is multiplied as dot products with its columns up
-// to this many rows (stream_dots), where packing would transpose it: 9-16 x
+// to this many rows (RowsDotMatrix), where packing would transpose it: 9-16 x
 // 1024 x 1024 1.2-1.6x of torch.mm against 0.68-0.94x packed.
 constexpr int64_t kDotRows = 16;
 
-// Whether the few-row kernels (stream_rows, stream_dots) take the call,
+// Whether the few-row kernels (RowsTimesMatrix, RowsDotMatrix) take the call,
 // given B as gemm_operand left it.
 inline bool few_rows(const MatmulShape& s, const at::Tensor& b) {
   const bool b_row_major = (b.stride(-1) == 1 || b.size(-1) == 1) &&
@@ -432,103 +432,111 @@ inline bool few_rows(const MatmulShape& s, const at::Tensor& b) {
 // c[r, 0 .. n) = a[r, 0 .. k) @ B for r < MR (a, c leading dims lda, ldc;
 // B k x n, leading dim ldb).
 template <typename T, int W, int MR>
-inline __attribute__((always_inline)) void rows_times_matrix(
-    const T* __restrict__ a, int64_t lda, const T* __restrict__ b, int64_t ldb,
-    T* __restrict__ c, int64_t ldc, int64_t k, int64_t n) {
-  using Vec = typename Gemm<T, W>::Vec;
-  constexpr int64_t L = lanes<T, W>();
-  constexpr int64_t kBlock = kStreamSums / MR / L * L;
-  alignas(64) T acc[MR][kBlock];
-  for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
-    const int64_t len = std::min(kBlock, n - j0), full = len / L * L;
-    for (int r = 0; r < MR; ++r) {
-      for (int64_t j = 0; j < len; ++j) {
-        acc[r][j] = T(0);
-      }
-    }
-    int64_t p = 0;
-    // Four rows of B a pass: each sum is loaded and stored once per four
-    // products (added in row order, as one row at a time would).
-    for (; p + 4 <= k; p += 4) {
-      T av[MR][4];
+struct RowsTimesMatrix {
+  static inline __attribute__((always_inline)) void run(
+      const T* __restrict__ a, int64_t lda, const T* __restrict__ b, int64_t ldb,
+      T* __restrict__ c, int64_t ldc, int64_t k, int64_t n) {
+    using Vec = typename Gemm<T, W>::Vec;
+    constexpr int64_t L = lanes<T, W>();
+    constexpr int64_t kBlock = kStreamSums / MR / L * L;
+    alignas(64) T acc[MR][kBlock];
+    for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+      const int64_t len = std::min(kBlock, n - j0), full = len / L * L;
       for (int r = 0; r < MR; ++r) {
-        for (int q = 0; q < 4; ++q) {
-          av[r][q] = a[r * lda + p + q];
+        for (int64_t j = 0; j < len; ++j) {
+          acc[r][j] = T(0);
         }
       }
-      const T* r0 = b + p * ldb + j0;
-      const T* r1 = r0 + ldb;
-      const T* r2 = r1 + ldb;
-      const T* r3 = r2 + ldb;
-      for (int64_t j = 0; j < full; j += L) {
-        Vec b0, b1, b2, b3;
-        __builtin_memcpy(&b0, r0 + j, sizeof(Vec));
-        __builtin_memcpy(&b1, r1 + j, sizeof(Vec));
-        __builtin_memcpy(&b2, r2 + j, sizeof(Vec));
-        __builtin_memcpy(&b3, r3 + j, sizeof(Vec));
+      int64_t p = 0;
+      // Four rows of B a pass: each sum is loaded and stored once per four
+      // products (added in row order, as one row at a time would).
+      for (; p + 4 <= k; p += 4) {
+        T av[MR][4];
         for (int r = 0; r < MR; ++r) {
-          Vec v;
-          __builtin_memcpy(&v, &acc[r][j], sizeof(Vec));
-          v += av[r][0] * b0;
-          v += av[r][1] * b1;
-          v += av[r][2] * b2;
-          v += av[r][3] * b3;
-          __builtin_memcpy(&acc[r][j], &v, sizeof(Vec));
+          for (int q = 0; q < 4; ++q) {
+            av[r][q] = a[r * lda + p + q];
+          }
         }
-      }
-      for (int64_t j = full; j < len; ++j) {
-        for (int r = 0; r < MR; ++r) {
-          T v = acc[r][j];
-          v += av[r][0] * r0[j];
-          v += av[r][1] * r1[j];
-          v += av[r][2] * r2[j];
-          v += av[r][3] * r3[j];
-          acc[r][j] = v;
-        }
-      }
-    }
-    for (; p < k; ++p) {
-      const T* row = b + p * ldb + j0;
-      for (int r = 0; r < MR; ++r) {
-        const T ap = a[r * lda + p];
+        const T* r0 = b + p * ldb + j0;
+        const T* r1 = r0 + ldb;
+        const T* r2 = r1 + ldb;
+        const T* r3 = r2 + ldb;
         for (int64_t j = 0; j < full; j += L) {
-          Vec bv, v;
-          __builtin_memcpy(&bv, row + j, sizeof(Vec));
-          __builtin_memcpy(&v, &acc[r][j], sizeof(Vec));
-          v += ap * bv;
-          __builtin_memcpy(&acc[r][j], &v, sizeof(Vec));
+          Vec b0, b1, b2, b3;
+          __builtin_memcpy(&b0, r0 + j, sizeof(Vec));
+          __builtin_memcpy(&b1, r1 + j, sizeof(Vec));
+          __builtin_memcpy(&b2, r2 + j, sizeof(Vec));
+          __builtin_memcpy(&b3, r3 + j, sizeof(Vec));
+          for (int r = 0; r < MR; ++r) {
+            Vec v;
+            __builtin_memcpy(&v, &acc[r][j], sizeof(Vec));
+            v += av[r][0] * b0;
+            v += av[r][1] * b1;
+            v += av[r][2] * b2;
+            v += av[r][3] * b3;
+            __builtin_memcpy(&acc[r][j], &v, sizeof(Vec));
+          }
         }
         for (int64_t j = full; j < len; ++j) {
-          acc[r][j] += ap * row[j];
+          for (int r = 0; r < MR; ++r) {
+            T v = acc[r][j];
+            v += av[r][0] * r0[j];
+            v += av[r][1] * r1[j];
+            v += av[r][2] * r2[j];
+            v += av[r][3] * r3[j];
+            acc[r][j] = v;
+          }
         }
       }
-    }
-    for (int r = 0; r < MR; ++r) {
-      for (int64_t j = 0; j < len; ++j) {
-        c[r * ldc + j0 + j] = acc[r][j];
+      for (; p < k; ++p) {
+        const T* row = b + p * ldb + j0;
+        for (int r = 0; r < MR; ++r) {
+          const T ap = a[r * lda + p];
+          for (int64_t j = 0; j < full; j += L) {
+            Vec bv, v;
+            __builtin_memcpy(&bv, row + j, sizeof(Vec));
+            __builtin_memcpy(&v, &acc[r][j], sizeof(Vec));
+            v += ap * bv;
+            __builtin_memcpy(&acc[r][j], &v, sizeof(Vec));
+          }
+          for (int64_t j = full; j < len; ++j) {
+            acc[r][j] += ap * row[j];
+          }
+        }
+      }
+      for (int r = 0; r < MR; ++r) {
+        for (int64_t j = 0; j < len; ++j) {
+          c[r * ldc + j0 + j] = acc[r][j];
+        }
       }
     }
   }
+};
+
+// Kernel<T, W, R>::run on `rows` rows, 1 <= rows <= R: R is the first
+// template count from R down that is not above `rows` (each a kernel of its
+// own, its sums in registers).
+template <template <typename, int, int> class Kernel, typename T, int W, int R>
+inline __attribute__((always_inline)) void run_rows(
+    int64_t rows, const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc,
+    int64_t k, int64_t n) {
+  if constexpr (R > 1) {
+    if (rows < R) {
+      run_rows<Kernel, T, W, R - 1>(rows, a, lda, b, ldb, c, ldc, k, n);
+      return;
+    }
+  }
+  Kernel<T, W, R>::run(a, lda, b, ldb, c, ldc, k, n);
 }
 
-// All m <= kStreamRows rows, kStreamPass at a time.
-template <typename T, int W>
-inline __attribute__((always_inline)) void stream_rows(
+// All m rows of A, P a pass.
+template <template <typename, int, int> class Kernel, typename T, int W, int P>
+inline __attribute__((always_inline)) void in_passes(
     const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc, int64_t m,
     int64_t k, int64_t n) {
-  for (int64_t r0 = 0; r0 < m; r0 += kStreamPass) {
-    const T* ar = a + r0 * lda;
-    T* cr = c + r0 * ldc;
-    switch (std::min(kStreamPass, m - r0)) {
-      case 1: rows_times_matrix<T, W, 1>(ar, lda, b, ldb, cr, ldc, k, n); break;
-      case 2: rows_times_matrix<T, W, 2>(ar, lda, b, ldb, cr, ldc, k, n); break;
-      case 3: rows_times_matrix<T, W, 3>(ar, lda, b, ldb, cr, ldc, k, n); break;
-      case 4: rows_times_matrix<T, W, 4>(ar, lda, b, ldb, cr, ldc, k, n); break;
-      case 5: rows_times_matrix<T, W, 5>(ar, lda, b, ldb, cr, ldc, k, n); break;
-      case 6: rows_times_matrix<T, W, 6>(ar, lda, b, ldb, cr, ldc, k, n); break;
-      case 7: rows_times_matrix<T, W, 7>(ar, lda, b, ldb, cr, ldc, k, n); break;
-      default: rows_times_matrix<T, W, 8>(ar, lda, b, ldb, cr, ldc, k, n); break;
-    }
+  for (int64_t r0 = 0; r0 < m; r0 += P) {
+    run_rows<Kernel, T, W, P>(std::min<int64_t>(P, m - r0), a + r0 * lda, lda, b, ldb,
+                              c + r0 * ldc, ldc, k, n);
   }
 }
 
@@ -586,45 +594,29 @@ inline __attribute__((always_inline)) void rows_dot_columns(
 // MR rows of A against a column-major B (k x n), kDotCols columns at a
 // time: B read once, the MR rows of A (from L1/L2) once per column group.
 template <typename T, int W, int MR>
-inline __attribute__((always_inline)) void rows_dot_matrix(
-    const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc,
-    int64_t k, int64_t n) {
-  constexpr int kDotCols = 2;  // MR x kDotCols sums, MR rows of A, a column: registers
-  int64_t j = 0;
-  for (; j + kDotCols <= n; j += kDotCols) {
-    rows_dot_columns<T, W, MR, kDotCols>(a, lda, b + j * ldb, ldb, c + j, ldc, k);
-  }
-  for (; j < n; ++j) {
-    rows_dot_columns<T, W, MR, 1>(a, lda, b + j * ldb, ldb, c + j, ldc, k);
-  }
-}
-
-// All m <= kDotRows rows against a column-major B, kPass rows a pass.
-template <typename T, int W>
-inline __attribute__((always_inline)) void stream_dots(
-    const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc, int64_t m,
-    int64_t k, int64_t n) {
-  // Rows a pass: 8 x 2 sums + 8 rows + a column of 32 vector registers
-  // (4 x 2 + 4 + 1 of 16).  More rows a pass read B fewer times; more columns
-  // a group read A fewer times.  8 x 2 against 6 x 4 (development machine,
-  // one thread, B = W^T): 8 x 1024 x 1024 2.2x against 1.4x of torch.mm,
-  // 16 x 1024 x 1024 1.2x against 0.94x, 16 x 4096 x 4096 0.84x against 0.99x.
-  constexpr int64_t kPass = W == 64 ? 8 : 4;
-  for (int64_t r0 = 0; r0 < m; r0 += kPass) {
-    const T* ar = a + r0 * lda;
-    T* cr = c + r0 * ldc;
-    switch (std::min(kPass, m - r0)) {
-      case 1: rows_dot_matrix<T, W, 1>(ar, lda, b, ldb, cr, ldc, k, n); break;
-      case 2: rows_dot_matrix<T, W, 2>(ar, lda, b, ldb, cr, ldc, k, n); break;
-      case 3: rows_dot_matrix<T, W, 3>(ar, lda, b, ldb, cr, ldc, k, n); break;
-      case 4: rows_dot_matrix<T, W, 4>(ar, lda, b, ldb, cr, ldc, k, n); break;
-      case 5: rows_dot_matrix<T, W, W == 64 ? 5 : 4>(ar, lda, b, ldb, cr, ldc, k, n); break;
-      case 6: rows_dot_matrix<T, W, W == 64 ? 6 : 4>(ar, lda, b, ldb, cr, ldc, k, n); break;
-      case 7: rows_dot_matrix<T, W, W == 64 ? 7 : 4>(ar, lda, b, ldb, cr, ldc, k, n); break;
-      default: rows_dot_matrix<T, W, W == 64 ? 8 : 4>(ar, lda, b, ldb, cr, ldc, k, n); break;
+struct RowsDotMatrix {
+  static inline __attribute__((always_inline)) void run(
+      const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc,
+      int64_t k, int64_t n) {
+    constexpr int kDotCols = 2;  // MR x kDotCols sums, MR rows of A, a column: registers
+    int64_t j = 0;
+    for (; j + kDotCols <= n; j += kDotCols) {
+      rows_dot_columns<T, W, MR, kDotCols>(a, lda, b + j * ldb, ldb, c + j, ldc, k);
+    }
+    for (; j < n; ++j) {
+      rows_dot_columns<T, W, MR, 1>(a, lda, b + j * ldb, ldb, c + j, ldc, k);
     }
   }
-}
+};
+
+// Rows a pass of the dot products (RowsDotMatrix): 8 x 2 sums + 8 rows + a
+// column of 32 vector registers (4 x 2 + 4 + 1 of 16).  More rows a pass
+// read B fewer times; more columns a group read A fewer times.  8 x 2
+// against 6 x 4 (development machine, one thread, B = W^T): 8 x 1024 x 1024
+// 2.2x against 1.4x of torch.mm, 16 x 1024 x 1024 1.2x against 0.94x, 16 x
+// 4096 x 4096 0.84x against 0.99x.
+template <int W>
+constexpr int kDotPass = W == 64 ? 8 : 4;
 
 // The compiled entry points (target attributes do not apply to templates):
 // per accumulation type, 32-byte vectors multi-versioned, 64-byte vectors
@@ -688,9 +680,11 @@ inline __attribute__((always_inline)) void stream_dots(
   ATTR void NAME(const T* a, int64_t lda, const T* b, int64_t ldb, bool b_cm, \
                  T* c, int64_t ldc, int64_t m, int64_t k, int64_t n) {       \
     if (b_cm) {                                                              \
-      stream_dots<T, W>(a, lda, b, ldb, c, ldc, m, k, n);                    \
+      in_passes<RowsDotMatrix, T, W, kDotPass<W>>(a, lda, b, ldb, c, ldc, m, \
+                                                   k, n);                    \
     } else {                                                                 \
-      stream_rows<T, W>(a, lda, b, ldb, c, ldc, m, k, n);                    \
+      in_passes<RowsTimesMatrix, T, W, kStreamPass>(a, lda, b, ldb, c, ldc,  \
+                                                    m, k, n);                \
     }                                                                        \
   }                                                                          \
   inline void stream_rows_acc(std::integral_constant<int, W>, const T* a,    \
@@ -1063,8 +1057,8 @@ at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
   if (c.numel() == 0 || s.k == 0) {
     return c.zero_().to(dtype);
   }
-  // The rows of A are read as vectors by the few-row kernels (stream_rows,
-  // stream_dots): a column-major A of at most kStreamRows rows is copied.
+  // The rows of A are read as vectors by the few-row kernels (RowsTimesMatrix,
+  // RowsDotMatrix): a column-major A of their few rows is copied.
   const at::Tensor b = gemm_operand(b_in.to(acc), /*row_major_only=*/false);
   const at::Tensor a = gemm_operand(a_in.to(acc), /*row_major_only=*/few_rows(s, b));
   // TORCHOPS_TESTING_MATMUL_NARROW=1 takes the 32-byte path on an AVX-512
