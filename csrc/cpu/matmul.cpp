@@ -925,14 +925,6 @@ void shared_gemm(const Mat<acc_t>& a, const Mat<acc_t>& b, acc_t* c, int64_t m,
   at::parallel_for(0, threads, 1, worker);
 }
 
-// C = A @ B for A (M x K) and B (K x N) in the accumulation type, each
-// row-major or column-major (gemm_operand).  Each matrix of C is cut into a grid of gm x gn parts,
-// and every thread computes whole parts on its own, with its own packing
-// buffers: one parallel region per call, no waits, and each thread's B
-// block in its own core's L2 (shared_gemm instead where that would pack A
-// and B several times over).  Inside a part (Goto's algorithm): per depth
-// block pc, A is packed mc rows at a time into kMr-row panels, and per
-// column block jc the B block (kc x nc) into NR-column panels (Blocks).
 // The operand view of a gemm_operand tensor: row-major where it can be read
 // so (one row, or unit column stride), else column-major.
 template <typename T>
@@ -945,6 +937,16 @@ Mat<T> mat_of(const at::Tensor& t, bool batched) {
   return {t.const_data_ptr<T>(), bs, 1, cols == 1 ? rows : t.stride(-1)};
 }
 
+// C = A @ B for A (M x K) and B (K x N) in the accumulation type, each
+// row-major or column-major (gemm_operand).  Up to a few rows of A take the
+// few-row kernels (few_rows).  Otherwise each matrix of C is cut into a grid
+// of gm x gn parts, and every thread computes whole parts on its own, with
+// its own packing buffers: one parallel region per call, no waits, and each
+// thread's B block in its own core's L2 (shared_gemm instead where that
+// would pack A and B several times over).  Inside a part (Goto's
+// algorithm): per depth block pc, A is packed mc rows at a time into
+// kMr-row panels (or read in place, read_a_direct), and per column block jc
+// the B block (kc x nc) into NR-column panels (Blocks).
 template <typename acc_t, int W>
 void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
                   const MatmulShape& s) {
