@@ -2,10 +2,13 @@
 // parallel over parts of the output, one per thread, or for one large
 // matrix on many threads over C tiles with every block packed once.
 //
-// Inputs are first made contiguous in the accumulation type (float for
-// float/half/bfloat16, double for double), so one micro-kernel per
-// accumulation type serves every input dtype and stride pattern; the output
-// is rounded to the input dtype once, at the end.
+// Inputs are first converted to the accumulation type (float for
+// float/half/bfloat16, double for double), keeping a row- or column-major
+// layout (a transposed view is read in place; other strides are made
+// contiguous), so one micro-kernel per accumulation type serves every input
+// dtype and stride pattern; the output is rounded to the input dtype once,
+// at the end.  Up to 8 rows of A (16 against a column-major B) skip the
+// packing: few-row kernels stream B instead.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
