@@ -110,6 +110,42 @@ def test_cpu_gemm_tiny_cache_blocks_match_float64(narrow):
     assert proc.returncode != 0 and "TORCHOPS_TESTING_CPU_CACHES" in proc.stderr, proc.stderr
 
 
+# A row-major B read in place by the micro-kernel (parts of up to 48 rows,
+# read_b_direct) against the packed copy of B, bit for bit (the same sums in
+# the same order), and against float64: whole and partial column panels, a
+# last panel narrower than a vector, several depth blocks (K > 512), rows
+# 13-16 as two blocks of 8, a B whose rows are longer than N (a column
+# slice), and TORCHOPS_TESTING_MATMUL_DIRECT_B=1 past 48 rows.
+@pytest.mark.parametrize("narrow", ["0", "1"])
+def test_cpu_gemm_direct_b_matches_packed(narrow, monkeypatch):
+    monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_NARROW", narrow)
+    prev = torch.get_num_threads()
+    gen = torch.Generator().manual_seed(0)
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for m, k, n, sliced in ((9, 1029, 100, False), (16, 600, 64, True), (13, 70, 31, False),
+                                    (24, 1030, 97, True), (48, 200, 65, False), (12, 513, 7, False),
+                                    (100, 300, 70, False)):
+                for dt, eps in ((torch.float32, 2.0**-24), (torch.float64, 2.0**-53)):
+                    a = torch.randn(m, k, dtype=dt, generator=gen)
+                    b = torch.randn(k, n + 5 if sliced else n, dtype=dt, generator=gen)[:, :n]
+                    monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_DIRECT_B", "1")
+                    got = torchops.matmul(a, b)
+                    monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_DIRECT_B", "0")
+                    packed = torchops.matmul(a, b)
+                    monkeypatch.delenv("TORCHOPS_TESTING_MATMUL_DIRECT_B")
+                    auto = torchops.matmul(a, b)
+                    assert torch.equal(got, packed) and torch.equal(got, auto), (threads, m, k, n, dt)
+                    want = references.matmul(a.double(), b.double())
+                    bound = references.matmul(a.double().abs(), b.double().abs())
+                    tol = 2 * eps * (want.abs() + 4 * math.sqrt(k) * bound)
+                    excess = ((got.double() - want).abs() - tol).max().item()
+                    assert excess <= 0, (threads, m, k, n, dt, excess)
+    finally:
+        torch.set_num_threads(prev)
+
+
 # The shared schedule (one matrix, every block packed once for all threads,
 # C tiles claimed from counters) against float64 and against the per-thread
 # grid, bit for bit: both sum each element over k in order, in the same depth

@@ -8,7 +8,8 @@
 // contiguous), so one micro-kernel per accumulation type serves every input
 // dtype and stride pattern; the output is rounded to the input dtype once,
 // at the end.  Up to 8 rows of A (16 against a column-major B) skip the
-// packing: few-row kernels stream B instead.
+// packing: few-row kernels stream B instead; up to 48 rows read a row-major
+// B in place (read_b_direct).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -109,10 +110,15 @@ const Blocks& blocks() {
 // first R rows of the kMr-row A panel and the first NV of the B panel's two
 // vectors are multiplied (R >= mr, NV * L >= ncols): the last tiles of a
 // short M or N skip their padding (micro_tile, macro_kernel).  kDirectA: ap
-// is A itself (rows lda apart), not a packed panel (see gemm_part).
-template <typename T, int W, int64_t R, bool kDirectA, int64_t NV>
+// is A itself (rows lda apart), not a packed panel (see gemm_part).  B's
+// rows are bs apart: 2 * L in a packed panel; kDirectB: B itself (ldb), whose
+// rows, a page or more apart, the hardware prefetcher does not follow, so
+// they are prefetched kPrefetchK rows ahead.
+constexpr int64_t kPrefetchK = 24;
+
+template <typename T, int W, int64_t R, bool kDirectA, int64_t NV, bool kDirectB = false>
 inline __attribute__((always_inline)) void micro_kernel(
-    int64_t kc, const T* __restrict__ ap, int64_t lda, const T* __restrict__ bp,
+    int64_t kc, const T* __restrict__ ap, int64_t lda, const T* __restrict__ bp, int64_t bs,
     T* __restrict__ c, int64_t ldc, int64_t mr, int64_t ncols, bool first) {
   using Vec = typename Gemm<T, W>::Vec;
   constexpr int64_t L = lanes<T, W>();
@@ -132,9 +138,14 @@ inline __attribute__((always_inline)) void micro_kernel(
     }
   }
   for (int64_t p = 0; p < kc; ++p) {
+    if constexpr (kDirectB) {
+      // Past B's last row near the end: prefetches never fault.
+      __builtin_prefetch(bp + (p + kPrefetchK) * bs, 0, 3);
+      __builtin_prefetch(bp + (p + kPrefetchK) * bs + NV * L - 1, 0, 3);
+    }
     Vec bv[NV];
     for (int64_t v = 0; v < NV; ++v) {
-      __builtin_memcpy(&bv[v], bp + p * 2 * L + v * L, sizeof(Vec));
+      __builtin_memcpy(&bv[v], bp + p * bs + v * L, sizeof(Vec));
     }
     for (int64_t r = 0; r < R; ++r) {
       const T ar = kDirectA ? ap[r * lda + p] : ap[p * kMr + r];
@@ -176,10 +187,25 @@ template <typename T, int W, int64_t R, bool kDirectA = false>
 inline __attribute__((always_inline)) void micro_tile(
     int64_t kc, const T* __restrict__ ap, int64_t lda, const T* __restrict__ bp,
     T* __restrict__ c, int64_t ldc, int64_t mr, int64_t ncols, bool first) {
+  constexpr int64_t bs = nr<T, W>();  // a packed panel
   if (ncols > lanes<T, W>()) {
-    micro_kernel<T, W, R, kDirectA, 2>(kc, ap, lda, bp, c, ldc, mr, ncols, first);
+    micro_kernel<T, W, R, kDirectA, 2>(kc, ap, lda, bp, bs, c, ldc, mr, ncols, first);
   } else {
-    micro_kernel<T, W, R, kDirectA, 1>(kc, ap, lda, bp, c, ldc, mr, ncols, first);
+    micro_kernel<T, W, R, kDirectA, 1>(kc, ap, lda, bp, bs, c, ldc, mr, ncols, first);
+  }
+}
+
+// micro_tile, or for a whole column panel of a B read in place (bd: its
+// panel, rows ldb apart) the direct-B kernel.
+template <typename T, int W, int64_t R, bool kDirectA = false>
+inline __attribute__((always_inline)) void macro_tile(
+    int64_t kc, const T* __restrict__ ap, int64_t lda, const T* __restrict__ bp,
+    const T* __restrict__ bd, int64_t ldb, T* __restrict__ c, int64_t ldc, int64_t mr,
+    int64_t ncols, bool first) {
+  if (bd != nullptr && ncols == nr<T, W>()) {
+    micro_kernel<T, W, R, kDirectA, 2, true>(kc, ap, lda, bd, ldb, c, ldc, mr, ncols, first);
+  } else {
+    micro_tile<T, W, R, kDirectA>(kc, ap, lda, bp, c, ldc, mr, ncols, first);
   }
 }
 
@@ -187,12 +213,15 @@ inline __attribute__((always_inline)) void micro_tile(
 // panels inside: the A micro-panel (kMr x kc) stays in L1 while the B
 // micro-panels stream from L2, and C is walked along its rows.  With
 // a_direct (rows lda apart), whole row panels are read from A itself and
-// only a last partial one from apack (see gemm_part).
+// only a last partial one from apack (see gemm_part); with b_direct (a
+// row-major B, rows ldb apart), whole column panels are read from B itself
+// and only a last partial one from bpack.
 template <typename T, int W>
 inline __attribute__((always_inline)) void macro_kernel(
     int64_t mc, int64_t nc, int64_t kc, const T* __restrict__ apack,
     const T* __restrict__ bpack, T* __restrict__ c, int64_t ldc, bool first,
-    const T* __restrict__ a_direct = nullptr, int64_t lda = 0) {
+    const T* __restrict__ a_direct = nullptr, int64_t lda = 0,
+    const T* __restrict__ b_direct = nullptr, int64_t ldb = 0) {
   constexpr int64_t NR = nr<T, W>();
   constexpr int64_t kMr = tile_rows<W>();
   // A last panel of fewer rows multiplies a third, two thirds or all of
@@ -204,15 +233,17 @@ inline __attribute__((always_inline)) void macro_kernel(
     for (int64_t j = 0; j < nc; j += NR) {
       const int64_t ncols = std::min(NR, nc - j);
       const T* bp = bpack + j * kc;
+      const T* bd = b_direct != nullptr ? b_direct + j : nullptr;
       T* cij = c + i * ldc + j;
       if (mr == kMr && a_direct != nullptr) {
-        micro_tile<T, W, kMr, true>(kc, a_direct + i * lda, lda, bp, cij, ldc, mr, ncols, first);
+        macro_tile<T, W, kMr, true>(kc, a_direct + i * lda, lda, bp, bd, ldb, cij, ldc, mr,
+                                    ncols, first);
       } else if (mr > 2 * kPart) {
-        micro_tile<T, W, kMr>(kc, ap, 0, bp, cij, ldc, mr, ncols, first);
+        macro_tile<T, W, kMr>(kc, ap, 0, bp, bd, ldb, cij, ldc, mr, ncols, first);
       } else if (mr > kPart) {
-        micro_tile<T, W, 2 * kPart>(kc, ap, 0, bp, cij, ldc, mr, ncols, first);
+        macro_tile<T, W, 2 * kPart>(kc, ap, 0, bp, bd, ldb, cij, ldc, mr, ncols, first);
       } else {
-        micro_tile<T, W, kPart>(kc, ap, 0, bp, cij, ldc, mr, ncols, first);
+        macro_tile<T, W, kPart>(kc, ap, 0, bp, bd, ldb, cij, ldc, mr, ncols, first);
       }
     }
   }
@@ -372,6 +403,28 @@ inline bool read_a_direct(int64_t lda) {
   return (lda * static_cast<int64_t>(sizeof(T))) % 4096 != 0;
 }
 
+// Whether the micro-kernel reads a row-major B's rows where they are
+// instead of a packed copy, for a part of m rows: with few row panels to
+// share it, the copy (B read from memory, written, read back) is not paid
+// back.  TORCHOPS_TESTING_MATMUL_DIRECT_B=1 / 0 (read per call) forces it on
+// (any row-major B) / off, for the tests.
+constexpr int64_t kDirectBRows = 48;
+// Development machine, one thread, against torch.mm: 9 / 12 / 16 / 24 / 32
+// x 1024 x 1024 1.14x / 1.27x / 0.89x / 1.04x / 0.97x read in place against
+// 0.63x / 0.66x / 0.69x / 0.79x / 0.86x packed; 48 rows the same either way.
+// ... and only where a depth block's rows span at most kDirectBSpan bytes:
+// past it the scattered reads lose to the packed copy's row-by-row stream
+// (32 x 4096 x 4096, rows 16 KB apart: 1.20x against 1.56x packed).
+constexpr int64_t kDirectBSpan = 4 << 20;
+
+template <typename T>
+inline bool read_b_direct(int64_t m, int64_t b_rs, int64_t b_cs, int64_t kc) {
+  if (b_cs != 1) return false;
+  const char* force = std::getenv("TORCHOPS_TESTING_MATMUL_DIRECT_B");
+  if (force && force[0]) return force[0] == '1';
+  return m <= kDirectBRows && kc * b_rs * static_cast<int64_t>(sizeof(T)) <= kDirectBSpan;
+}
+
 // One part of C (m x n, leading dim ldc) = A (m x k) @ B (k x n), on one
 // thread (Goto's algorithm): per depth block, A packed mc_size rows at a
 // time (or only its last partial row panel, read_a_direct), and per column
@@ -382,7 +435,14 @@ inline __attribute__((always_inline)) void gemm_part(
     int64_t b_cs, T* c, int64_t ldc, int64_t m, int64_t n, int64_t k,
     int64_t kc_size, int64_t mc_size, int64_t nc_size, T* apack, T* bpack) {
   constexpr int64_t kMr = tile_rows<W>();
+  constexpr int64_t NR = nr<T, W>();
   const bool direct = a_cs == 1 && read_a_direct<T>(a_rs);
+  const bool b_direct = read_b_direct<T>(m, b_rs, b_cs, kc_size);
+  // B read in place: rows just past one tile (13-16 of 12) as two blocks of
+  // two thirds of a tile, so each pass over B does as many multiply-adds
+  // (16 x 1024 x 1024: 0.35 ms against 0.39 as 12 + 4).
+  constexpr int64_t kTwoThirds = 2 * (kMr / 3);
+  if (b_direct && m > kMr && m <= 2 * kTwoThirds) mc_size = kTwoThirds;
   for (int64_t pc = 0; pc < k; pc += kc_size) {
     const int64_t kc = std::min(kc_size, k - pc);
     for (int64_t ic = 0; ic < m; ic += mc_size) {
@@ -395,9 +455,15 @@ inline __attribute__((always_inline)) void gemm_part(
       }
       for (int64_t jc = 0; jc < n; jc += nc_size) {
         const int64_t nc = std::min(nc_size, n - jc);
-        pack_b<T, W>(b + pc * b_rs + jc * b_cs, b_rs, b_cs, kc, nc, bpack, kc);
+        const T* bblock = b + pc * b_rs + jc * b_cs;
+        if (!b_direct) {
+          pack_b<T, W>(bblock, b_rs, b_cs, kc, nc, bpack, kc);
+        } else if (const int64_t whole = nc / NR * NR; whole < nc) {
+          pack_b<T, W>(bblock + whole, b_rs, b_cs, kc, nc - whole, bpack + whole * kc, kc);
+        }
         macro_kernel<T, W>(mc, nc, kc, apack, bpack, c + ic * ldc + jc, ldc,
-                           pc == 0, direct ? ablock : nullptr, a_rs);
+                           pc == 0, direct ? ablock : nullptr, a_rs,
+                           b_direct ? bblock : nullptr, b_rs);
       }
     }
   }

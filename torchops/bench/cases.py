@@ -183,7 +183,9 @@ CASES: list[Case] = [
                  _mm(64, f16, b=512), _mm(512, bf16, b=32), _mm(1024, torch.float64)],
         "cpu": [_mm(256, quick=True, threads=(1, 2)), _mm(1024, threads=SCALING),
                 _mm(256, b=16),
-                # A linear layer's layouts: a few rows against a transposed weight.
+                # A few rows against a row-major B (read in place), and a linear
+                # layer's layout: against a transposed weight.
+                _mm(1024, m=16, threads=(1, "all")),
                 _mm(1024, m=16, wt=True, threads=(1, "all")),
                 _mm(4096, m=1, wt=True, threads=(1,))]},
          reference=torch.matmul, reference_name="torch.matmul (cuBLAS / CPU BLAS)",
