@@ -6,6 +6,7 @@ precision rule, CUDA graphs, and small shapes for compute-sanitizer."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import subprocess
@@ -110,6 +111,24 @@ def test_cpu_gemm_tiny_cache_blocks_match_float64(narrow):
     assert proc.returncode != 0 and "TORCHOPS_TESTING_CPU_CACHES" in proc.stderr, proc.stderr
 
 
+@pytest.fixture
+def restore_threads():
+    """torch's thread count before the test (put back after it)."""
+    prev = torch.get_num_threads()
+    yield prev
+    torch.set_num_threads(prev)
+
+
+def _assert_near_float64(got, a, b, eps, ctx):
+    """got within float64 A @ B's rounding bound: output rounding plus sqrt(K)
+    growth of each product's magnitude."""
+    want = references.matmul(a.double(), b.double())
+    bound = references.matmul(a.double().abs(), b.double().abs())
+    tol = 2 * eps * (want.abs() + 4 * math.sqrt(a.shape[-1]) * bound)
+    excess = ((got.double() - want).abs() - tol).max().item()
+    assert excess <= 0, (*ctx, excess)
+
+
 # A row-major B read in place by the micro-kernel (parts of up to 48 rows,
 # read_b_direct) against the packed copy of B, bit for bit (the same sums in
 # the same order), and against float64: whole and partial column panels, a
@@ -117,33 +136,24 @@ def test_cpu_gemm_tiny_cache_blocks_match_float64(narrow):
 # 13-16 as two blocks of 8, a B whose rows are longer than N (a column
 # slice), and TORCHOPS_TESTING_MATMUL_DIRECT_B=1 past 48 rows.
 @pytest.mark.parametrize("narrow", ["0", "1"])
-def test_cpu_gemm_direct_b_matches_packed(narrow, monkeypatch):
+def test_cpu_gemm_direct_b_matches_packed(narrow, monkeypatch, restore_threads):
     monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_NARROW", narrow)
-    prev = torch.get_num_threads()
     gen = torch.Generator().manual_seed(0)
-    try:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            for m, k, n, sliced in ((9, 1029, 100, False), (16, 600, 64, True), (13, 70, 31, False),
-                                    (24, 1030, 97, True), (48, 200, 65, False), (12, 513, 7, False),
-                                    (100, 300, 70, False)):
-                for dt, eps in ((torch.float32, 2.0**-24), (torch.float64, 2.0**-53)):
-                    a = torch.randn(m, k, dtype=dt, generator=gen)
-                    b = torch.randn(k, n + 5 if sliced else n, dtype=dt, generator=gen)[:, :n]
-                    monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_DIRECT_B", "1")
-                    got = torchops.matmul(a, b)
-                    monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_DIRECT_B", "0")
-                    packed = torchops.matmul(a, b)
-                    monkeypatch.delenv("TORCHOPS_TESTING_MATMUL_DIRECT_B")
-                    auto = torchops.matmul(a, b)
-                    assert torch.equal(got, packed) and torch.equal(got, auto), (threads, m, k, n, dt)
-                    want = references.matmul(a.double(), b.double())
-                    bound = references.matmul(a.double().abs(), b.double().abs())
-                    tol = 2 * eps * (want.abs() + 4 * math.sqrt(k) * bound)
-                    excess = ((got.double() - want).abs() - tol).max().item()
-                    assert excess <= 0, (threads, m, k, n, dt, excess)
-    finally:
-        torch.set_num_threads(prev)
+    shapes = ((9, 1029, 100, False), (16, 600, 64, True), (13, 70, 31, False), (24, 1030, 97, True),
+              (48, 200, 65, False), (12, 513, 7, False), (100, 300, 70, False))
+    for threads, (m, k, n, sliced) in itertools.product((1, 2), shapes):
+        torch.set_num_threads(threads)
+        for dt, eps in ((torch.float32, 2.0**-24), (torch.float64, 2.0**-53)):
+            a = torch.randn(m, k, dtype=dt, generator=gen)
+            b = torch.randn(k, n + 5 if sliced else n, dtype=dt, generator=gen)[:, :n]
+            monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_DIRECT_B", "1")
+            got = torchops.matmul(a, b)
+            monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_DIRECT_B", "0")
+            packed = torchops.matmul(a, b)
+            monkeypatch.delenv("TORCHOPS_TESTING_MATMUL_DIRECT_B")
+            auto = torchops.matmul(a, b)
+            assert torch.equal(got, packed) and torch.equal(got, auto), (threads, m, k, n, dt)
+            _assert_near_float64(got, a, b, eps, (threads, m, k, n, dt))
 
 
 # The shared schedule (one matrix, every block packed once for all threads,
@@ -156,32 +166,24 @@ def test_cpu_gemm_direct_b_matches_packed(narrow, monkeypatch):
 # turns.  Threads 1 and 3 too (the workers must not
 # need each other to run at the same time), and all of the machine's.
 @pytest.mark.parametrize("narrow", ["0", "1"])
-def test_cpu_gemm_shared_schedule(narrow, monkeypatch):
+def test_cpu_gemm_shared_schedule(narrow, monkeypatch, restore_threads):
     monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_NARROW", narrow)
-    prev = torch.get_num_threads()
     gen = torch.Generator().manual_seed(0)
-    try:
-        for threads in sorted({1, 2, 3, prev}):
-            torch.set_num_threads(threads)
-            for i, (m, k, n) in enumerate(((301, 1500, 257), (2100, 40, 70), (50, 30, 2100),
-                                           (9, 700, 33), (130, 64, 2049), (4200, 600, 50))):
-                for dt, eps in ((torch.float32, 2.0**-24), (torch.float64, 2.0**-53)):
-                    a = (torch.randn(k, m, dtype=dt, generator=gen).t() if i % 2 else
-                         torch.randn(m, k, dtype=dt, generator=gen))
-                    b = (torch.randn(k, n, dtype=dt, generator=gen) if i % 3 == 2 else
-                         torch.randn(n, k, dtype=dt, generator=gen).t())
-                    monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_SHARED", "1")
-                    got = torchops.matmul(a, b)
-                    monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_SHARED", "0")
-                    grid = torchops.matmul(a, b)
-                    assert torch.equal(got, grid), (threads, m, k, n, dt)
-                    want = references.matmul(a.double(), b.double())
-                    bound = references.matmul(a.double().abs(), b.double().abs())
-                    tol = 2 * eps * (want.abs() + 4 * math.sqrt(k) * bound)
-                    excess = ((got.double() - want).abs() - tol).max().item()
-                    assert excess <= 0, (threads, m, k, n, dt, excess)
-    finally:
-        torch.set_num_threads(prev)
+    for threads in sorted({1, 2, 3, restore_threads}):
+        torch.set_num_threads(threads)
+        for i, (m, k, n) in enumerate(((301, 1500, 257), (2100, 40, 70), (50, 30, 2100),
+                                       (9, 700, 33), (130, 64, 2049), (4200, 600, 50))):
+            for dt, eps in ((torch.float32, 2.0**-24), (torch.float64, 2.0**-53)):
+                a = (torch.randn(k, m, dtype=dt, generator=gen).t() if i % 2 else
+                     torch.randn(m, k, dtype=dt, generator=gen))
+                b = (torch.randn(k, n, dtype=dt, generator=gen) if i % 3 == 2 else
+                     torch.randn(n, k, dtype=dt, generator=gen).t())
+                monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_SHARED", "1")
+                got = torchops.matmul(a, b)
+                monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_SHARED", "0")
+                grid = torchops.matmul(a, b)
+                assert torch.equal(got, grid), (threads, m, k, n, dt)
+                _assert_near_float64(got, a, b, eps, (threads, m, k, n, dt))
 
 
 # --- CUDA: every path, forced through TORCHOPS_TESTING_MATMUL_PATH -------------------------
