@@ -129,12 +129,12 @@ def _assert_near_float64(got, a, b, eps, ctx):
     assert excess <= 0, (*ctx, excess)
 
 
-# A row-major B read in place by the micro-kernel (parts of up to 48 rows,
+# A row-major B read in place by the micro-kernel (parts of up to 24 rows,
 # read_b_direct) against the packed copy of B, bit for bit (the same sums in
 # the same order), and against float64: whole and partial column panels, a
 # last panel narrower than a vector, several depth blocks (K > 512), rows
 # 13-16 as two blocks of 8, a B whose rows are longer than N (a column
-# slice), and TORCHOPS_TESTING_MATMUL_DIRECT_B=1 past 48 rows.
+# slice), and TORCHOPS_TESTING_MATMUL_DIRECT_B=1 past 24 rows.
 @pytest.mark.parametrize("narrow", ["0", "1"])
 def test_cpu_gemm_direct_b_matches_packed(narrow, monkeypatch, restore_threads):
     monkeypatch.setenv("TORCHOPS_TESTING_MATMUL_NARROW", narrow)

@@ -8,7 +8,7 @@
 // contiguous), so one micro-kernel per accumulation type serves every input
 // dtype and stride pattern; the output is rounded to the input dtype once,
 // at the end.  Up to 8 rows of A (16 against a column-major B) skip the
-// packing: few-row kernels stream B instead; up to 48 rows read a row-major
+// packing: few-row kernels stream B instead; up to 24 rows read a row-major
 // B in place (read_b_direct).
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -404,14 +404,16 @@ inline bool read_a_direct(int64_t lda) {
 }
 
 // Whether the micro-kernel reads a row-major B's rows where they are
-// instead of a packed copy, for a part of m rows: with few row panels to
-// share it, the copy (B read from memory, written, read back) is not paid
+// instead of a packed copy, for a part of m rows: with one or two row panels
+// to share it, the copy (B read from memory, written, read back) is not paid
 // back.  TORCHOPS_TESTING_MATMUL_DIRECT_B=1 / 0 (read per call) forces it on
 // (any row-major B) / off, for the tests.
-constexpr int64_t kDirectBRows = 48;
-// Development machine, one thread, against torch.mm: 9 / 12 / 16 / 24 / 32
-// x 1024 x 1024 1.14x / 1.27x / 0.89x / 1.04x / 0.97x read in place against
-// 0.63x / 0.66x / 0.69x / 0.79x / 0.86x packed; 48 rows the same either way.
+constexpr int64_t kDirectBRows = 24;
+// Development machine, one thread, against torch.mm: 9 / 12 / 16 / 24 x
+// 1024 x 1024 1.14x / 1.27x / 0.89x / 1.04x read in place against 0.63x /
+// 0.66x / 0.69x / 0.79x packed.  32 rows (three row panels) won at one and
+// two threads (0.97x against 0.86x) but lost at 16 on the H100 machine's
+// host (0.76x against 0.97x), and 48 rows tied: those stay packed.
 // ... and only where a depth block's rows span at most kDirectBSpan bytes:
 // past it the scattered reads lose to the packed copy's row-by-row stream
 // (32 x 4096 x 4096, rows 16 KB apart: 1.20x against 1.56x packed).
