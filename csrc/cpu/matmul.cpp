@@ -406,8 +406,9 @@ inline bool read_a_direct(int64_t lda) {
 // Whether the micro-kernel reads a row-major B's rows where they are
 // instead of a packed copy, for a part of m rows: with one or two row panels
 // to share it, the copy (B read from memory, written, read back) is not paid
-// back.  TORCHOPS_TESTING_MATMUL_DIRECT_B=1 / 0 (read per call) forces it on
-// (any row-major B) / off, for the tests.
+// back.  force: TORCHOPS_TESTING_MATMUL_DIRECT_B as read once per call
+// (direct_b_switch): 1 / 0 forces it on (any row-major B) / off, for the
+// tests; -1 (unset) decides.
 constexpr int64_t kDirectBRows = 24;
 // Development machine, one thread, against torch.mm: 9 / 12 / 16 / 24 x
 // 1024 x 1024 1.14x / 1.27x / 0.89x / 1.04x read in place against 0.63x /
@@ -420,11 +421,15 @@ constexpr int64_t kDirectBRows = 24;
 constexpr int64_t kDirectBSpan = 4 << 20;
 
 template <typename T>
-inline bool read_b_direct(int64_t m, int64_t b_rs, int64_t b_cs, int64_t kc) {
+inline bool read_b_direct(int64_t m, int64_t b_rs, int64_t b_cs, int64_t kc, int force) {
   if (b_cs != 1) return false;
-  const char* force = std::getenv("TORCHOPS_TESTING_MATMUL_DIRECT_B");
-  if (force && force[0]) return force[0] == '1';
+  if (force >= 0) return force == 1;
   return m <= kDirectBRows && kc * b_rs * static_cast<int64_t>(sizeof(T)) <= kDirectBSpan;
+}
+
+inline int direct_b_switch() {
+  const char* v = std::getenv("TORCHOPS_TESTING_MATMUL_DIRECT_B");
+  return v && v[0] ? (v[0] == '1' ? 1 : 0) : -1;
 }
 
 // One part of C (m x n, leading dim ldc) = A (m x k) @ B (k x n), on one
@@ -435,14 +440,15 @@ template <typename T, int W>
 inline __attribute__((always_inline)) void gemm_part(
     const T* a, int64_t a_rs, int64_t a_cs, const T* b, int64_t b_rs,
     int64_t b_cs, T* c, int64_t ldc, int64_t m, int64_t n, int64_t k,
-    int64_t kc_size, int64_t mc_size, int64_t nc_size, T* apack, T* bpack) {
+    int64_t kc_size, int64_t mc_size, int64_t nc_size, T* apack, T* bpack, int force_direct_b) {
   constexpr int64_t kMr = tile_rows<W>();
   constexpr int64_t NR = nr<T, W>();
   const bool direct = a_cs == 1 && read_a_direct<T>(a_rs);
-  const bool b_direct = read_b_direct<T>(m, b_rs, b_cs, kc_size);
-  // B read in place: rows just past one tile (13-16 of 12) as two blocks of
-  // two thirds of a tile, so each pass over B does as many multiply-adds
-  // (16 x 1024 x 1024: 0.35 ms against 0.39 as 12 + 4).
+  const bool b_direct = read_b_direct<T>(m, b_rs, b_cs, kc_size, force_direct_b);
+  // B read in place: rows just past one tile (13-16 of 12 with 64-byte
+  // vectors, 7-8 of 6 with 32) as two blocks of two thirds of a tile, so
+  // each pass over B does as many multiply-adds (16 x 1024 x 1024: 0.35 ms
+  // against 0.39 as 12 + 4).
   constexpr int64_t kTwoThirds = 2 * (kMr / 3);
   if (b_direct && m > kMr && m <= 2 * kTwoThirds) mc_size = kTwoThirds;
   for (int64_t pc = 0; pc < k; pc += kc_size) {
@@ -716,9 +722,9 @@ constexpr int kDotPass = W == 64 ? 8 : 4;
                                const T* b, int64_t b_rs, int64_t b_cs, T* c,   \
                                int64_t ldc, int64_t m, int64_t n, int64_t k,   \
                                int64_t kc, int64_t mc, int64_t nc, T* ap,      \
-                               T* bp) {                                        \
+                               T* bp, int direct_b) {                          \
     gemm_part<T, W>(a, a_rs, a_cs, b, b_rs, b_cs, c, ldc, m, n, k, kc, mc, nc, \
-                    ap, bp);                                                   \
+                    ap, bp, direct_b);                                         \
   }                                                                            \
   ATTR void pack_a_##SUFFIX(const T* a, int64_t rs, int64_t cs, int64_t mc,    \
                             int64_t kc, T* out) {                              \
@@ -736,9 +742,10 @@ constexpr int kDotPass = W == 64 ? 8 : 4;
                             int64_t a_rs, int64_t a_cs, const T* b,            \
                             int64_t b_rs, int64_t b_cs, T* c, int64_t ldc,     \
                             int64_t m, int64_t n, int64_t k, int64_t kc,       \
-                            int64_t mc, int64_t nc, T* ap, T* bp) {            \
+                            int64_t mc, int64_t nc, T* ap, T* bp,              \
+                            int direct_b) {                                    \
     gemm_part_##SUFFIX(a, a_rs, a_cs, b, b_rs, b_cs, c, ldc, m, n, k, kc, mc,  \
-                       nc, ap, bp);                                            \
+                       nc, ap, bp, direct_b);                                  \
   }                                                                            \
   inline void pack_a_acc(std::integral_constant<int, W>, const T* a,           \
                          int64_t rs, int64_t cs, int64_t mc, int64_t kc,       \
@@ -1093,6 +1100,7 @@ void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
   const int64_t mpart = (row_tiles + gm - 1) / gm * kMr;
   const int64_t npart = (col_tiles + gn - 1) / gn * NR;
   const int64_t kc_size = balanced(s.k, blk.kc, 1);
+  const int direct_b = direct_b_switch();
   at::parallel_for(0, s.batch * gm * gn, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<acc_t> apack, bpack;
     for (int64_t part = begin; part < end; ++part) {
@@ -1109,7 +1117,7 @@ void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
                     bm.at(bi, 0, j0), bm.rs, bm.cs, cb, s.n, m, n, s.k, kc_size,
                     mc_size, nc_size,
                     line_aligned(apack, mc_size * kc_size),
-                    line_aligned(bpack, nc_size * kc_size));
+                    line_aligned(bpack, nc_size * kc_size), direct_b);
     }
   });
 }
