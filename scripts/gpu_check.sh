@@ -264,7 +264,12 @@ note() {  # the line of a step's log that says how it went
     memcheck|racecheck) grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$TMP/$1.log" | tail -n 1 | sed 's/^=* *//' ;;
     bench) grep -E '^bench: [0-9]+ rows' "$TMP/$1.log" | tail -n 1 ;;
     precompile) grep -E '^bench: compiled' "$TMP/$1.log" | tail -n 1 ;;
-    build-aot|jit-build) grep -E 'smoke ok|SMOKE FAILED|error:|Error' "$TMP/$1.log" | tail -n 1 | cut -c1-150 ;;
+    build-aot) grep -E 'smoke ok|SMOKE FAILED|error:|Error' "$TMP/$1.log" | tail -n 1 | cut -c1-150 ;;
+    # The CUDA library's own build time too: the step also builds the CPU
+    # library, with 8 jobs, beside the tests and sanitizers.
+    jit-build) { grep -E 'smoke ok|SMOKE FAILED|error:|Error' "$TMP/$1.log" | tail -n 1 | cut -c1-150
+                 grep -oE 'built torchops_cuda in [0-9]+ s' "$TMP/$1.log" | tail -n 1
+               } | paste -sd';' - | sed 's/;/; /' ;;
   esac | grep . || grep . "$TMP/$1.log" | tail -n 1 | cut -c1-150
 }
 {

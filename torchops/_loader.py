@@ -424,6 +424,7 @@ def _build_entry(lib: Library, csrc: Path, arch_list: str | None, final: Path,
         _say(f"building the {lib.description} for torch {torch.__version__} "
              f"(first use; this takes a minute or two) in {final}. "
              "To build ahead of time: `python -m torchops build`.")
+    t0 = time.monotonic()
     try:
         # cpp_extension.load also loads the library (from tmp).
         built = lib.build_jit(csrc, tmp, arch_list, verbose=verbose)
@@ -437,7 +438,8 @@ def _build_entry(lib: Library, csrc: Path, arch_list: str | None, final: Path,
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise LoadError(f"JIT build of {lib.name} failed: {e}") from e
-    _say(f"built {lib.name}.")
+    # The GPU check reports this time (the limit is on the CUDA library's build).
+    _say(f"built {lib.name} in {time.monotonic() - t0:.0f} s.")
 
 
 def _load_one(lib: Library, verbose: bool, build: bool) -> LoadRecord:
