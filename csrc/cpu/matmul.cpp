@@ -182,30 +182,21 @@ inline __attribute__((always_inline)) void micro_kernel(
 }
 
 // One register tile: one vector of columns where the tile has at most L
-// (100 columns as 32 + 32 + 32 + 32 spent a fifth of the FMAs on padding).
+// (100 columns as 32 + 32 + 32 + 32 spent a fifth of the FMAs on padding),
+// and a whole column panel of a B read in place (bd: its panel, rows ldb
+// apart) by the direct-B kernel; bp: the packed panel otherwise.
 template <typename T, int W, int64_t R, bool kDirectA = false>
 inline __attribute__((always_inline)) void micro_tile(
     int64_t kc, const T* __restrict__ ap, int64_t lda, const T* __restrict__ bp,
-    T* __restrict__ c, int64_t ldc, int64_t mr, int64_t ncols, bool first) {
-  constexpr int64_t bs = nr<T, W>();  // a packed panel
-  if (ncols > lanes<T, W>()) {
-    micro_kernel<T, W, R, kDirectA, 2>(kc, ap, lda, bp, bs, c, ldc, mr, ncols, first);
-  } else {
-    micro_kernel<T, W, R, kDirectA, 1>(kc, ap, lda, bp, bs, c, ldc, mr, ncols, first);
-  }
-}
-
-// micro_tile, or for a whole column panel of a B read in place (bd: its
-// panel, rows ldb apart) the direct-B kernel.
-template <typename T, int W, int64_t R, bool kDirectA = false>
-inline __attribute__((always_inline)) void macro_tile(
-    int64_t kc, const T* __restrict__ ap, int64_t lda, const T* __restrict__ bp,
     const T* __restrict__ bd, int64_t ldb, T* __restrict__ c, int64_t ldc, int64_t mr,
     int64_t ncols, bool first) {
-  if (bd != nullptr && ncols == nr<T, W>()) {
+  constexpr int64_t NR = nr<T, W>();  // a packed panel's row
+  if (bd != nullptr && ncols == NR) {
     micro_kernel<T, W, R, kDirectA, 2, true>(kc, ap, lda, bd, ldb, c, ldc, mr, ncols, first);
+  } else if (ncols > lanes<T, W>()) {
+    micro_kernel<T, W, R, kDirectA, 2>(kc, ap, lda, bp, NR, c, ldc, mr, ncols, first);
   } else {
-    micro_tile<T, W, R, kDirectA>(kc, ap, lda, bp, c, ldc, mr, ncols, first);
+    micro_kernel<T, W, R, kDirectA, 1>(kc, ap, lda, bp, NR, c, ldc, mr, ncols, first);
   }
 }
 
@@ -236,14 +227,14 @@ inline __attribute__((always_inline)) void macro_kernel(
       const T* bd = b_direct != nullptr ? b_direct + j : nullptr;
       T* cij = c + i * ldc + j;
       if (mr == kMr && a_direct != nullptr) {
-        macro_tile<T, W, kMr, true>(kc, a_direct + i * lda, lda, bp, bd, ldb, cij, ldc, mr,
+        micro_tile<T, W, kMr, true>(kc, a_direct + i * lda, lda, bp, bd, ldb, cij, ldc, mr,
                                     ncols, first);
       } else if (mr > 2 * kPart) {
-        macro_tile<T, W, kMr>(kc, ap, 0, bp, bd, ldb, cij, ldc, mr, ncols, first);
+        micro_tile<T, W, kMr>(kc, ap, 0, bp, bd, ldb, cij, ldc, mr, ncols, first);
       } else if (mr > kPart) {
-        macro_tile<T, W, 2 * kPart>(kc, ap, 0, bp, bd, ldb, cij, ldc, mr, ncols, first);
+        micro_tile<T, W, 2 * kPart>(kc, ap, 0, bp, bd, ldb, cij, ldc, mr, ncols, first);
       } else {
-        macro_tile<T, W, kPart>(kc, ap, 0, bp, bd, ldb, cij, ldc, mr, ncols, first);
+        micro_tile<T, W, kPart>(kc, ap, 0, bp, bd, ldb, cij, ldc, mr, ncols, first);
       }
     }
   }
