@@ -383,6 +383,34 @@ def test_cuda_exact_float32_big_tiles(m, k, n):
 
 
 @cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch,m,k,n", [(None, 64, 8192, 64), (3, 50, 3001, 60),
+                                         (None, 20, 70001, 3), (None, 512, 512, 512)])
+def test_cuda_simt_split_k(batch, m, k, n, dtype):
+    """Few output tiles and a long K: the CUDA-core path splits K and sums
+    the splits' partials in split order (a second kernel), so the result is
+    within the float64 bound and the same bits from call to call; NaN and
+    Inf still propagate."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    shape_a, shape_b = ((batch, m, k), (batch, k, n)) if batch else ((m, k), (k, n))
+    a = torch.randn(shape_a, generator=gen, device="cuda", dtype=dtype)
+    b = torch.randn(shape_b, generator=gen, device="cuda", dtype=dtype)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        got = torchops.matmul(a, b)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    assert any("simt_kernel" in name for name in names), sorted(set(names))
+    assert any("sum_splits" in name for name in names), sorted(set(names))
+    _assert_close_to_float64(got, a, b, EPS[dtype] * 2)
+    assert torch.equal(got, torch.ops.torchops.matmul(a, b))
+    a[..., 1, 3] = float("nan")
+    b[..., k - 1, 0] = float("inf")
+    got, want = torch.ops.torchops.matmul(a, b), torch.matmul(a, b)
+    for pred in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert torch.equal(pred(got), pred(want)), pred
+
+
+@cuda
 @pytest.mark.parametrize("m,k,n", [(1290, 164, 1300), (1290, 4, 1300)])
 def test_cuda_big_tile_f32_sanitizer_shapes(m, k, n):
     """For compute-sanitizer (the name has "sanitizer_shapes"): the TMA

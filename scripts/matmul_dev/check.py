@@ -157,6 +157,8 @@ CORRECTNESS = [  # (batch or None, m, n, k)
     (4, 100, 72, 40), (512, 64, 64, 64), (3, 129, 255, 200), (2, 16, 512, 1024),
     # odd numbers of 128-row tiles (3 and 5), k not a multiple of a 64-deep stage
     (None, 300, 520, 136), (3, 520, 264, 72),
+    # split-K of the CUDA-core path: few output tiles, long k with a partial last split
+    (3, 50, 60, 3001), (None, 2, 3, 70001),
 ]
 
 
@@ -234,6 +236,12 @@ BENCH = [  # (label, batch, m, n, k, dtype key, layout)
     ("f32 2048^3", None, 2048, 2048, 2048, "f32", "nn"),
     ("f32 8192^3", None, 8192, 8192, 8192, "f32", "nn"),
     ("f32 1000x3000x768", None, 1000, 3000, 768, "f32", "nn"),
+    # few output tiles, long K (the CUDA-core path's split-K)
+    ("f32 512^3", None, 512, 512, 512, "f32", "nn"),
+    ("f32 1024^3", None, 1024, 1024, 1024, "f32", "nn"),
+    ("f32 768x768x8192", None, 768, 768, 8192, "f32", "nn"),
+    ("f32 256x256x16384", None, 256, 256, 16384, "f32", "nn"),
+    ("f64 512^3", None, 512, 512, 512, "f64", "nn"),
     ("f32tf32 4096^3", None, 4096, 4096, 4096, "f32tf32", "nn"),
     ("f32tf32 4096^3 B^T", None, 4096, 4096, 4096, "f32tf32", "nt"),
     ("f64 1024^3", None, 1024, 1024, 1024, "f64", "nn"),
@@ -302,6 +310,12 @@ CFG_BENCH = {  # path -> [(label, batch, m, n, k, dtype key, layout)] for --cfgs
         ("f32 4096^3", None, 4096, 4096, 4096, "f32", "nn"),
         ("f32 2048^3", None, 2048, 2048, 2048, "f32", "nn"),
         ("f32 1000x3000x768", None, 1000, 3000, 768, "f32", "nn"),
+    # few output tiles, long K (the CUDA-core path's split-K)
+    ("f32 512^3", None, 512, 512, 512, "f32", "nn"),
+    ("f32 1024^3", None, 1024, 1024, 1024, "f32", "nn"),
+    ("f32 768x768x8192", None, 768, 768, 8192, "f32", "nn"),
+    ("f32 256x256x16384", None, 256, 256, 16384, "f32", "nn"),
+    ("f64 512^3", None, 512, 512, 512, "f64", "nn"),
         ("f64 1024^3", None, 1024, 1024, 1024, "f64", "nn"),
     ],
     "decode": [

@@ -42,6 +42,7 @@
 #endif
 
 #include "gemm_args.cuh"
+#include "split_k.cuh"
 
 namespace torchops::cuda::gemm {
 namespace decode_detail {
@@ -240,13 +241,6 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-template <typename T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
 template <typename T> struct IsBf16 { static constexpr bool value = false; };
 template <> struct IsBf16<__nv_bfloat16> { static constexpr bool value = true; };
 
@@ -297,7 +291,7 @@ template <typename T>
 __device__ __forceinline__ void put(const Params& p, int64_t bi, int row, int col, float v) {
   const int64_t idx = (bi * p.m + row) * p.n + col;
   if (p.splits == 1) {
-    static_cast<T*>(p.c)[idx] = from_float<T>(v);
+    static_cast<T*>(p.c)[idx] = to_out<T, float>(v);
   } else if (p.cluster) {
     cluster_part()[row * kPartCols + col % kPartCols] = v;
   } else {
@@ -317,14 +311,14 @@ __device__ __forceinline__ void fence_acq_rel_gpu() {
 
 // One-kernel split-K: after this CTA's partials of columns n0..n0+ncols-1
 // are in the workspace, the last CTA of the slice (over blockIdx.y) sums the
-// splits in order 0..S-1 from 0.f, as decode_reduce does (same bits).  All
+// splits in order 0..S-1 from 0.f, as sum_splits does (same bits).  All
 // threads call it; grid.z == batch here (one batch entry per CTA).
 template <typename T>
 __device__ __forceinline__ void split_finish(const Params& p, int64_t bi, int n0, int ncols) {
   if (p.cluster) {
     // The cluster is the slice's splits, rank = blockIdx.y.  Each CTA sums
     // its share of the outputs over the splits' partials, in split order
-    // from 0.f (decode_reduce's bits), reading the others' shared memory;
+    // from 0.f (sum_splits' bits), reading the others' shared memory;
     // the second barrier keeps that memory alive (and unchanged by the next
     // batch entry) until every CTA has read it.
     cluster_sync_all();
@@ -335,7 +329,7 @@ __device__ __forceinline__ void split_finish(const Params& p, int64_t bi, int n0
       const float* at = part + row * kPartCols + col % kPartCols;
       float s = 0.f;
       for (int j = 0; j < p.splits; ++j) s += ld_peer(at, j);
-      static_cast<T*>(p.c)[(bi * p.m + row) * p.n + col] = from_float<T>(s);
+      static_cast<T*>(p.c)[(bi * p.m + row) * p.n + col] = to_out<T, float>(s);
     }
     cluster_sync_all();
     return;
@@ -363,7 +357,7 @@ __device__ __forceinline__ void split_finish(const Params& p, int64_t bi, int n0
       const int64_t idx = (bi * p.m + row) * p.n + col;
       float s = 0.f;
       for (int j = 0; j < p.splits; ++j) s += __ldcg(p.ws + j * total + idx);  // L2, not L1
-      static_cast<T*>(p.c)[idx] = from_float<T>(s);
+      static_cast<T*>(p.c)[idx] = to_out<T, float>(s);
     }
   }
   __syncthreads();  // s_last and shared memory are reused by the next batch entry
@@ -660,18 +654,6 @@ __global__ void __launch_bounds__(kF32BnWarps * 32) decode_f32_bn(const Params p
   }
 }
 
-// C = sum over splits 0..S-1 of the partials, in that order.
-template <typename T>
-__global__ void __launch_bounds__(256) decode_reduce(const float* __restrict__ ws, T* __restrict__ c,
-                                                     int splits, int64_t total) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    float s = 0.f;
-    for (int j = 0; j < splits; ++j) s += ws[j * total + i];
-    c[i] = from_float<T>(s);
-  }
-}
-
 enum class Kind { none, mma_bk, mma_bn, f32_bk, f32_bn };
 
 struct Plan {
@@ -684,13 +666,6 @@ struct Plan {
 };
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-inline int device_sms() {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
-  return sms;
-}
 
 inline int device_cc_major() {
   int dev = 0, major = 0;
@@ -920,15 +895,11 @@ inline cudaError_t decode_run(const GemmArgs& g, void* workspace, cudaStream_t s
   const cudaError_t err = launch_kc(g.dtype, pl, p, stream);
   if (err != cudaSuccess || pl.splits == 1 || pl.one_kernel || pl.cluster) return err;
   const int64_t total = g.batch * g.m * g.n;
-  int64_t blocks = (total + 255) / 256;
-  if (blocks > 4096) blocks = 4096;
-  const unsigned nb = static_cast<unsigned>(blocks);
   switch (g.dtype) {
-    case DType::bf16: decode_reduce<__nv_bfloat16><<<nb, 256, 0, stream>>>(p.ws, static_cast<__nv_bfloat16*>(g.c), pl.splits, total); break;
-    case DType::f16: decode_reduce<__half><<<nb, 256, 0, stream>>>(p.ws, static_cast<__half*>(g.c), pl.splits, total); break;
-    default: decode_reduce<float><<<nb, 256, 0, stream>>>(p.ws, static_cast<float*>(g.c), pl.splits, total); break;
+    case DType::bf16: return launch_sum_splits<__nv_bfloat16>(p.ws, g.c, pl.splits, total, stream);
+    case DType::f16: return launch_sum_splits<__half>(p.ws, g.c, pl.splits, total, stream);
+    default: return launch_sum_splits<float>(p.ws, g.c, pl.splits, total, stream);
   }
-  return cudaGetLastError();
 }
 
 }  // namespace torchops::cuda::gemm

@@ -45,6 +45,7 @@
 
 #include "gemm_args.cuh"
 #include "simt90.cuh"
+#include "split_k.cuh"
 
 namespace torchops::cuda::gemm {
 namespace simt_detail {
@@ -102,12 +103,6 @@ __device__ __forceinline__ double to_acc(double x) { return x; }
 __device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-template <typename T> __device__ __forceinline__ T from_acc(float x);
-template <> __device__ __forceinline__ float from_acc<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_acc<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
 
 // 4 consecutive elements at p (aligned to 4 elements) -> accumulation type.
 __device__ __forceinline__ void ldg4(const float* p, float* o) {
@@ -172,9 +167,7 @@ __device__ __forceinline__ void stg4(__nv_bfloat16* p, const float* v) {
   *reinterpret_cast<uint2*>(p) = u;
 }
 template <typename T, typename Acc>
-__device__ __forceinline__ void stg1(T* p, Acc v) { *p = from_acc<T>(v); }
-template <>
-__device__ __forceinline__ void stg1<double, double>(double* p, double v) { *p = v; }
+__device__ __forceinline__ void stg1(T* p, Acc v) { *p = to_out<T, Acc>(v); }
 
 template <typename T>
 struct Params {
@@ -188,10 +181,26 @@ struct Params {
   bool a_vec, b_vec, c_vec;
 };
 
+// A split-K launch's (blockIdx.y is the split): split j sums k in
+// [j * kps, +kps) and stores its partial at ws + j * batch * m * n, laid out
+// like C (sum_splits adds them in split order).  Apart from Params, whose
+// layout alone moved ptxas's register allocation of the unsplit big float
+// tile (2-5% slower with these fields in it).
+template <typename T>
+struct SplitParams : Params<T> {
+  int64_t kps;
+  typename AccOf<T>::type* ws;
+  bool ws_vec;
+};
+
+template <typename T, bool kSplit>
+using ParamsOf = std::conditional_t<kSplit, SplitParams<T>, Params<T>>;
+
 // A_K: a thread's 4 A elements run along k (else along m).
 // B_N: a thread's 4 B elements run along n (else along k).
-template <typename T, typename C, bool A_K, bool B_N>
-__global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) simt_kernel(const Params<T> p) {
+// kSplit: a split-K launch (SplitParams).
+template <typename T, typename C, bool A_K, bool B_N, bool kSplit>
+__global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) simt_kernel(const ParamsOf<T, kSplit> p) {
   using Acc = typename AccOf<T>::type;
   constexpr int BM = C::BM, BN = C::BN, BK = C::BK;
   constexpr int TM = C::TM, TN = C::TN;
@@ -218,7 +227,14 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) simt_kernel(const P
   int64_t tm, tn;
   grouped_tile(blockIdx.x, p.tiles_m, p.tiles_n, kGroupM, tm, tn);
   // Sizes fit in int (simt_supports); only element offsets need 64 bits.
-  const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+  // k: this split's depth; the operands' pointers start at its first k.
+  const int m = static_cast<int>(p.m), n = static_cast<int>(p.n);
+  int64_t kbeg = 0;
+  int k = static_cast<int>(p.k);
+  if constexpr (kSplit) {
+    kbeg = int64_t(blockIdx.y) * p.kps;
+    k = static_cast<int>(p.k - kbeg < p.kps ? p.k - kbeg : p.kps);
+  }
   const int row0 = static_cast<int>(tm) * BM, col0 = static_cast<int>(tn) * BN;
   const int ntiles = (k + BK - 1) / BK;
 
@@ -243,10 +259,10 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) simt_kernel(const P
     const T* pb[BG];
 #pragma unroll
     for (int g = 0; g < AG; ++g)
-      pa[g] = p.a + bi * p.a_bs + int64_t(row0 + a_r[g]) * p.a_rs + int64_t(a_kk[g]) * p.a_cs;
+      pa[g] = p.a + bi * p.a_bs + int64_t(row0 + a_r[g]) * p.a_rs + (kbeg + a_kk[g]) * p.a_cs;
 #pragma unroll
     for (int g = 0; g < BG; ++g)
-      pb[g] = p.b + bi * p.b_bs + int64_t(b_kk[g]) * p.b_rs + int64_t(col0 + b_c[g]) * p.b_cs;
+      pb[g] = p.b + bi * p.b_bs + (kbeg + b_kk[g]) * p.b_rs + int64_t(col0 + b_c[g]) * p.b_cs;
 
     Acc ra[AG][4], rb[BG][4];
     // full: the k tile at k0 is inside A and B and so is this block's tile,
@@ -382,26 +398,36 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) simt_kernel(const P
       }
     }
 
-    // Epilogue addresses from one per-thread base: fewer live values for
-    // ptxas to hoist above the main loop.
+    // C, or this split's partial.  Addresses from one per-thread base: fewer
+    // live values for ptxas to hoist above the main loop.
     const int rb0 = row0 + ty * 4, cb0 = col0 + tx * 4;
-    T* const cthr = p.c + bi * p.m * p.n + int64_t(rb0) * n + cb0;
+    using O = std::conditional_t<kSplit, Acc, T>;
+    O* out;
+    bool vec;
+    if constexpr (kSplit) {
+      out = p.ws + int64_t(blockIdx.y) * p.batch * p.m * p.n;
+      vec = p.ws_vec;
+    } else {
+      out = p.c;
+      vec = p.c_vec;
+    }
+    O* const cthr = out + bi * p.m * p.n + int64_t(rb0) * n + cb0;
 #pragma unroll
     for (int i = 0; i < TM / 4; ++i) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         if (rb0 + i * MS + r >= m) continue;
-        T* const crow = cthr + int64_t(i * MS + r) * n;
+        O* const crow = cthr + int64_t(i * MS + r) * n;
 #pragma unroll
         for (int j = 0; j < TN / 4; ++j) {
           const int left = n - (cb0 + j * NS);  // columns left from this group
           const Acc* v = &acc[i * 4 + r][j * 4];
-          if (p.c_vec && left >= 4) {
+          if (vec && left >= 4) {
             stg4(crow + j * NS, v);
           } else {
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-              if (e < left) stg1<T, Acc>(crow + j * NS + e, v[e]);
+              if (e < left) stg1<O, Acc>(crow + j * NS + e, v[e]);
           }
         }
       }
@@ -425,8 +451,41 @@ inline bool vec_ok(const void* ptr, int elt, int64_t s1, int64_t s2, int64_t n2,
          reinterpret_cast<uintptr_t>(ptr) % (4 * static_cast<uintptr_t>(elt)) == 0;
 }
 
-template <typename T, typename C>
-cudaError_t launch(const GemmArgs& g, cudaStream_t stream) {
+// Split-K where the output's blocks fill at most half of the GPU's block
+// slots (C::MIN_BLOCKS per SM) and K is long: as many splits as fill the
+// slots, each at least 64 k (128 for double), at most kMaxSplits.  Returns k
+// per split (a multiple of BK; g.k: no split).  H100, harness, ratio to
+// cuBLAS without -> with: float32 512^3 0.37x -> 0.94x (8 splits; 4: 0.84x),
+// 1024^3 0.71x -> 0.94x (3), 768x768x8192 0.31x -> 0.78x, 256x256x16384
+// 0.05x -> 0.56x; double 512^3 0.19x -> 0.43x (4 splits; 8: 0.39x).
+constexpr int64_t kMaxSplits = 16;
+
+template <typename C>
+int64_t split_kps(const GemmArgs& g, int64_t min_k) {
+  const int64_t blocks = g.batch * ((g.m + C::BM - 1) / C::BM) * ((g.n + C::BN - 1) / C::BN);
+  const int64_t slots = int64_t(device_sms()) * C::MIN_BLOCKS;
+  const int64_t kt = (g.k + C::BK - 1) / C::BK;
+  const int64_t min_tiles = (min_k + C::BK - 1) / C::BK;
+  int64_t s = slots / (blocks > 0 ? blocks : 1);
+  s = s < kt / min_tiles ? s : kt / min_tiles;
+  s = s < kMaxSplits ? s : kMaxSplits;
+#ifdef TORCHOPS_MATMUL_DEV
+  if (const char* v = std::getenv("TORCHOPS_DEV_SIMT_SPLITS"); v && *v) {
+    s = std::atoi(v) < kt ? std::atoi(v) : kt;
+  }
+#endif
+  return s < 2 ? g.k : (kt + s - 1) / s * C::BK;
+}
+
+inline int splits_of(const GemmArgs& g, int64_t kps) {
+  return kps >= g.k ? 1 : static_cast<int>((g.k + kps - 1) / kps);
+}
+
+// kps: k per split (split_kps); splits > 1 need a workspace of splits x C
+// in the accumulator type, and kCanSplit (the split kernels are compiled
+// only for the tiles that may split).
+template <typename T, typename C, bool kCanSplit = true>
+cudaError_t launch(const GemmArgs& g, int64_t kps, void* ws, cudaStream_t stream) {
   using Acc = typename AccOf<T>::type;
   Params<T> p;
   p.a = static_cast<const T*>(g.a.ptr);
@@ -446,18 +505,36 @@ cudaError_t launch(const GemmArgs& g, cudaStream_t stream) {
   p.b_vec = b_n ? vec_ok(p.b, elt, g.b.col_stride, g.b.row_stride, g.k, g.b.batch_stride, g.batch)
                 : vec_ok(p.b, elt, g.b.row_stride, g.b.col_stride, g.n, g.b.batch_stride, g.batch);
   p.c_vec = g.n % 4 == 0 && reinterpret_cast<uintptr_t>(p.c) % (4 * static_cast<uintptr_t>(elt)) == 0;
-  const dim3 grid(static_cast<unsigned>(p.tiles_m * p.tiles_n), 1,
+  const int splits = splits_of(g, kps);
+  if (splits > 1 && (ws == nullptr || !kCanSplit)) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(p.tiles_m * p.tiles_n), static_cast<unsigned>(splits),
                   static_cast<unsigned>(g.batch < kMaxGridZ ? g.batch : kMaxGridZ));
   constexpr int smem = C::template smem_bytes<Acc>();
-  auto kernel = a_k ? (b_n ? simt_kernel<T, C, true, true> : simt_kernel<T, C, true, false>)
-                    : (b_n ? simt_kernel<T, C, false, true> : simt_kernel<T, C, false, false>);
-  if constexpr (smem > 48 * 1024) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return e;
+  auto run = [&](const auto& params, auto split) {
+    constexpr bool s = decltype(split)::value;
+    auto kernel = a_k ? (b_n ? simt_kernel<T, C, true, true, s> : simt_kernel<T, C, true, false, s>)
+                      : (b_n ? simt_kernel<T, C, false, true, s> : simt_kernel<T, C, false, false, s>);
+    if constexpr (smem > 48 * 1024) {
+      const cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (e != cudaSuccess) return e;
+    }
+    kernel<<<grid, C::THREADS, smem, stream>>>(params);
+    return cudaGetLastError();
+  };
+  if constexpr (kCanSplit) {
+    if (splits > 1) {
+      SplitParams<T> sp;
+      static_cast<Params<T>&>(sp) = p;
+      sp.kps = kps;
+      sp.ws = static_cast<Acc*>(ws);
+      sp.ws_vec = g.n % 4 == 0 && reinterpret_cast<uintptr_t>(ws) % (4 * sizeof(Acc)) == 0;
+      const cudaError_t e = run(sp, std::true_type{});
+      if (e != cudaSuccess) return e;
+      return launch_sum_splits<T, Acc>(sp.ws, g.c, splits, g.batch * g.m * g.n, stream);
+    }
   }
-  kernel<<<grid, C::THREADS, smem, stream>>>(p);
-  return cudaGetLastError();
+  return run(p, std::false_type{});
 }
 
 #ifdef TORCHOPS_MATMUL_DEV
@@ -506,7 +583,7 @@ cudaError_t dev_launch(int cfg, const GemmArgs& g, cudaStream_t stream) {
   switch (cfg) {
 #define TORCHOPS_SIMT_X_CASE(i, t, cfg, dt, name)                                 \
   case i:                                                                          \
-    if constexpr (std::is_same_v<T, t>) return launch<T, TORCHOPS_SIMT_CFG_T(cfg)>(g, stream); \
+    if constexpr (std::is_same_v<T, t>) return launch<T, TORCHOPS_SIMT_CFG_T(cfg), false>(g, g.k, nullptr, stream); \
     else return cudaErrorInvalidValue;
     TORCHOPS_SIMT_DEV_CFGS(TORCHOPS_SIMT_X_CASE)
 #undef TORCHOPS_SIMT_X_CASE
@@ -537,8 +614,6 @@ inline bool simt_supports(const GemmArgs& g) {
   const int64_t tiles = ((g.m + bm - 1) / bm) * ((g.n + bm - 1) / bm);
   return tiles <= 0x7fffffff;
 }
-
-inline size_t simt_workspace_bytes(const GemmArgs&) { return 0; }
 
 #ifdef TORCHOPS_MATMUL_DEV
 #define TORCHOPS_SIMT_DEV_TABLE 1
@@ -577,7 +652,56 @@ inline int simt90_mode() {
   return 1;
 }
 
-inline cudaError_t simt_run(const GemmArgs& g, void* /*workspace*/, cudaStream_t stream) {
+namespace simt_detail {
+
+// The kernel a problem takes (without a harness config override).
+enum class Tile { f32_tma, f32_big, f32_small, f64, half };
+
+inline Tile pick_tile(const GemmArgs& g) {
+  switch (g.dtype) {
+    case DType::f32: {
+      const int sms = device_sms();
+      const int64_t rows = g.batch * ((g.m + CfgF32::BM - 1) / CfgF32::BM);
+      const int64_t big = rows * ((g.n + CfgF32::BN - 1) / CfgF32::BN);
+      const int64_t small = rows * ((g.n + CfgF32Small::BN - 1) / CfgF32Small::BN);
+      const bool small_tiles = use_small_f32_tiles(big, small, sms);
+      const int mode = simt90_mode();
+      if ((mode == 2 || (mode == 1 && !small_tiles)) && simt90_supports(g)) return Tile::f32_tma;
+      return small_tiles ? Tile::f32_small : Tile::f32_big;
+    }
+    case DType::f64: return Tile::f64;
+    default: return Tile::half;
+  }
+}
+
+// k per split of that kernel (g.k: not split).  The big float tile is taken
+// only where its tiles nearly fill a wave (use_small_f32_tiles), and the
+// half-precision fallback, rare, is not split either: neither compiles
+// split kernels.
+inline int64_t plan_kps(const GemmArgs& g, Tile t) {
+  switch (t) {
+    case Tile::f32_small: return split_kps<CfgF32Small>(g, 64);
+    case Tile::f64: return split_kps<CfgF64>(g, 128);
+    default: return g.k;
+  }
+}
+
+}  // namespace simt_detail
+
+// The split-K partials' workspace, in the accumulator type.
+inline size_t simt_workspace_bytes(const GemmArgs& g) {
+  using namespace simt_detail;
+  if (g.batch == 0 || g.m == 0 || g.n == 0) return 0;
+#ifdef TORCHOPS_MATMUL_DEV
+  if (dev_cfg_from_env() != -1) return 0;  // harness configs run unsplit
+#endif
+  const Tile t = pick_tile(g);
+  const int splits = splits_of(g, plan_kps(g, t));
+  if (splits == 1) return 0;
+  return static_cast<size_t>(splits) * g.batch * g.m * g.n * (t == Tile::f64 ? 8 : 4);
+}
+
+inline cudaError_t simt_run(const GemmArgs& g, void* workspace, cudaStream_t stream) {
   using namespace simt_detail;
   if (g.batch == 0 || g.m == 0 || g.n == 0) return cudaSuccess;
 #ifdef TORCHOPS_MATMUL_DEV
@@ -591,27 +715,22 @@ inline cudaError_t simt_run(const GemmArgs& g, void* /*workspace*/, cudaStream_t
     }
   }
 #endif
-  switch (g.dtype) {
-    case DType::f32: {
-      int dev = 0, sms = 0;
-      cudaGetDevice(&dev);
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-      const int64_t rows = g.batch * ((g.m + CfgF32::BM - 1) / CfgF32::BM);
-      const int64_t big = rows * ((g.n + CfgF32::BN - 1) / CfgF32::BN);
-      const int64_t small = rows * ((g.n + CfgF32Small::BN - 1) / CfgF32Small::BN);
-      const bool small_tiles = use_small_f32_tiles(big, small, sms);
-      const int mode = simt90_mode();
-      if ((mode == 2 || (mode == 1 && !small_tiles)) && simt90_supports(g)) {
-        const cudaError_t e = simt90_run(g, stream);
-        if (e != cudaErrorNotSupported || mode == 2) return e;  // forced: no silent fallback
-      }
-      return small_tiles ? launch<float, CfgF32Small>(g, stream) : launch<float, CfgF32>(g, stream);
+  const Tile t = pick_tile(g);
+  const int64_t kps = plan_kps(g, t);
+  switch (t) {
+    case Tile::f32_tma: {
+      const cudaError_t e = simt90_run(g, stream);
+      // forced (harness): no silent fallback
+      if (e != cudaErrorNotSupported || simt90_mode() == 2) return e;
+      return launch<float, CfgF32, false>(g, g.k, nullptr, stream);
     }
-    case DType::f64: return launch<double, CfgF64>(g, stream);
-    case DType::f16: return launch<__half, CfgF32>(g, stream);
-    case DType::bf16: return launch<__nv_bfloat16, CfgF32>(g, stream);
+    case Tile::f32_big: return launch<float, CfgF32, false>(g, kps, workspace, stream);
+    case Tile::f32_small: return launch<float, CfgF32Small>(g, kps, workspace, stream);
+    case Tile::f64: return launch<double, CfgF64>(g, kps, workspace, stream);
+    default:
+      return g.dtype == DType::f16 ? launch<__half, CfgF32, false>(g, kps, workspace, stream)
+                                   : launch<__nv_bfloat16, CfgF32, false>(g, kps, workspace, stream);
   }
-  return cudaErrorInvalidValue;
 }
 
 }  // namespace torchops::cuda::gemm

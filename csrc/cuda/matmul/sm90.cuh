@@ -52,6 +52,7 @@
 
 #include "cuda/common/tf32_parts.cuh"
 #include "cuda/matmul/gemm_args.cuh"
+#include "cuda/matmul/split_k.cuh"
 #include "cuda/matmul/tma.cuh"
 #include "cuda/matmul/wgmma.cuh"
 
@@ -259,11 +260,12 @@ __device__ __forceinline__ void tile_coords(const Problem& p, int64_t t, int& bi
 
 #endif  // sm_90a
 
-// Element tags: the kernel only moves bits; kBytes sets k per stage.
-struct Bf16Tag { static constexpr bool kIsBf16 = true, kIsTf32 = false; static constexpr int kBytes = 2; };
-struct F16Tag { static constexpr bool kIsBf16 = false, kIsTf32 = false; static constexpr int kBytes = 2; };
+// Element tags: the kernel only moves bits; kBytes sets k per stage, Elem is C's
+// element (what the split-K sum writes).
+struct Bf16Tag { static constexpr bool kIsBf16 = true, kIsTf32 = false; static constexpr int kBytes = 2; using Elem = __nv_bfloat16; };
+struct F16Tag { static constexpr bool kIsBf16 = false, kIsTf32 = false; static constexpr int kBytes = 2; using Elem = __half; };
 // float32 inputs on TF32 tensor cores (the hardware reads 19 of 32 bits).
-struct Tf32Tag { static constexpr bool kIsBf16 = false, kIsTf32 = true; static constexpr int kBytes = 4; };
+struct Tf32Tag { static constexpr bool kIsBf16 = false, kIsTf32 = true; static constexpr int kBytes = 4; using Elem = float; };
 
 __device__ __forceinline__ uint32_t pack2(float lo, float hi, bool bf16) {
   uint32_t r;
@@ -532,25 +534,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
 #endif
 }
 
-// C = the splits' partials summed in split order (bitwise reproducible).
-template <typename T>
-__global__ void __launch_bounds__(256) sum_splits(const float* __restrict__ ws, void* __restrict__ c,
-                                                  int splits, int64_t total) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    float s = 0.f;
-    for (int j = 0; j < splits; ++j) s += ws[j * total + i];
-    if constexpr (T::kIsTf32) {
-      static_cast<float*>(c)[i] = s;
-    } else {
-      static_cast<uint16_t*>(c)[i] = pack1(s, T::kIsBf16);
-    }
-#else
-    __trap();
-#endif
-  }
-}
 
 // A 3-D (inner, outer, batch) map of an operand of 2- or 4-byte elements.
 inline bool encode(CUtensorMap* map, const void* ptr, int bytes, uint64_t inner, uint64_t outer,
@@ -612,13 +595,6 @@ inline Layout layout_of(const GemmArgs& g) {
   return l;
 }
 
-inline int sm_count() {
-  int dev = 0, sms = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  return sms;
-}
-
 // The kernel's problem: C (batch, m, n) in tiles of kBM x tile_n outputs,
 // k in blocks of kbk.
 inline Problem problem_of(int64_t batch, int64_t m, int64_t n, int64_t k, int tile_n, int kbk,
@@ -664,14 +640,11 @@ cudaError_t launch(const GemmArgs& g, const Layout& l, bool store_t, int splits,
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Cfg::kSmemBytes);
   if (e != cudaSuccess) return e;
-  const int grid = static_cast<int>(std::min<int64_t>(p.tiles * splits, sm_count()));
+  const int grid = static_cast<int>(std::min<int64_t>(p.tiles * splits, device_sms()));
   kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(
       ma, mb, mc, g.c, p);
   if (splits == 1) return cudaGetLastError();
-  const int64_t total = g.batch * g.m * g.n;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 4096));
-  sum_splits<T><<<blocks, 256, 0, stream>>>(p.ws, g.c, splits, total);
-  return cudaGetLastError();
+  return launch_sum_splits<typename T::Elem>(p.ws, g.c, splits, g.batch * g.m * g.n, stream);
 }
 
 // A 128x192 tile's speed relative to 128x256 (a full wave of each).
@@ -682,7 +655,7 @@ constexpr double kSpeed192 = 0.96;
 // only) fills one wave where 256 leaves SMs idle and 128 needs two
 // (1000x3000x768: 128 tiles of 128x192 on 132 SMs).
 inline int pick_bn(const GemmArgs& g) {
-  const int sms = sm_count();
+  const int sms = device_sms();
   auto cost = [&](int bn, double speed) {
     const int64_t tiles = g.batch * ((g.m + kBM - 1) / kBM) * ((g.n + bn - 1) / bn);
     const int64_t waves = (tiles + sms - 1) / sms;
@@ -717,7 +690,7 @@ struct Choice {
 constexpr int kMinSplitKb = 8, kMaxSplits = 16;
 
 inline void pick_splits(const GemmArgs& g, Choice& c) {
-  const int sms = sm_count();
+  const int sms = device_sms();
   const int64_t tiles = g.batch * ((g.m + kBM - 1) / kBM) * ((g.n + c.bn - 1) / c.bn);
   const int64_t kb = (g.k + kRowBytes / dtype_bytes(g.dtype) - 1) / (kRowBytes / dtype_bytes(g.dtype));
   int64_t s = std::min<int64_t>({sms / tiles, kb / kMinSplitKb, kMaxSplits});
@@ -971,13 +944,10 @@ inline cudaError_t sm90_3xtf32_run(const GemmArgs& g, void* ws, cudaStream_t str
   auto kernel = gemm_kernel<Tf32Tag, BN, 1, 0, false, true>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (e != cudaSuccess) return e;
-  const int grid = static_cast<int>(std::min<int64_t>(p.tiles * c.splits, sm_count()));
+  const int grid = static_cast<int>(std::min<int64_t>(p.tiles * c.splits, device_sms()));
   kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(ma, mb, ma, g.c, p);
   if (c.splits == 1) return cudaGetLastError();
-  const int64_t out = g.batch * g.m * g.n;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((out + 255) / 256, 4096));
-  sum_splits<Tf32Tag><<<blocks, 256, 0, stream>>>(p.ws, g.c, c.splits, out);
-  return cudaGetLastError();
+  return launch_sum_splits<float>(p.ws, g.c, c.splits, g.batch * g.m * g.n, stream);
 }
 
 }  // namespace torchops::cuda::gemm
