@@ -681,19 +681,38 @@ struct Choice {
   int splits = 1, split_kb = 0;  // split-K: splits x split_kb k blocks
 };
 
-// Split K where the tiles leave more than half of the SMs idle (small M x N
-// with a long K: weight gradients, masked_conv2d's GEMM): about one wave
-// of (tile, split) units, each at least kMinSplitKb k blocks so the
-// pipeline's fill stays small beside it, at most kMaxSplits (the fp32
-// partials' memory).  The partials are summed in split order by a second
-// kernel: deterministic.
+// Split K where the tiles leave SMs idle (small M x N with a long K: weight
+// gradients, masked_conv2d's GEMM, a few dozen rows against a weight) and
+// the time a split saves outweighs what its fp32 partials cost.  At most
+// one wave of (tile, split) units, each at least kMinSplitKb k blocks, at
+// most kMaxSplits.  Cost model (H100, bf16, do_bench's dirty L2; profiler
+// kernel times): a 128 x BN tile's k block takes ~0.45 us x BN / 128 (TF32's
+// 32 k the same), and each MB of partials ~2 us (written by the GEMM, read by
+// sum_splits): 1024^3 in two splits took 14.7 + 5.1 us against 9.2 unsplit.
+// So s maximises kb t_kb (1 - 1/s) - 2 s MB, if positive.  Before (as many
+// splits as filled a wave): bf16 1024^3 0.40x of cuBLAS (0.80x unsplit),
+// 512^3 0.43x (0.83x), 256x4096x4096 B^T 0.75x (0.84x); kept: 64x4096x4096
+// B^T 0.77x in four splits (0.67x unsplit).  The partials are summed in
+// split order by a second kernel: deterministic.
 constexpr int kMinSplitKb = 8, kMaxSplits = 16;
+constexpr double kUsPerKb128 = 0.45, kUsPerPartialMb = 2.0;
 
 inline void pick_splits(const GemmArgs& g, Choice& c) {
   const int sms = device_sms();
   const int64_t tiles = g.batch * ((g.m + kBM - 1) / kBM) * ((g.n + c.bn - 1) / c.bn);
   const int64_t kb = (g.k + kRowBytes / dtype_bytes(g.dtype) - 1) / (kRowBytes / dtype_bytes(g.dtype));
-  int64_t s = std::min<int64_t>({sms / tiles, kb / kMinSplitKb, kMaxSplits});
+  const int64_t most = std::min<int64_t>({tiles > 0 ? sms / tiles : 0, kb / kMinSplitKb, kMaxSplits});
+  const double unsplit_us = double(kb) * kUsPerKb128 * c.bn / 128;
+  const double partial_mb = double(g.batch) * g.m * g.n * 4 / 1e6;
+  int64_t s = 1;
+  double best = 0;
+  for (int64_t t = 2; t <= most; ++t) {
+    const double net = unsplit_us * (1 - 1.0 / t) - kUsPerPartialMb * t * partial_mb;
+    if (net > best) {
+      best = net;
+      s = t;
+    }
+  }
 #ifdef TORCHOPS_MATMUL_DEV
   if (const char* v = std::getenv("TORCHOPS_DEV_SM90_SPLITS")) s = std::min<int64_t>(std::atoi(v), kb);
 #endif
