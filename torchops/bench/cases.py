@@ -180,7 +180,10 @@ CASES: list[Case] = [
                  _mm(4093, bf16, m=4095, k=4097), _mm(3000, bf16, m=1000, k=768),
                  _mm(1024, bf16, m=8192, k=8192), _mm(1024, bf16, m=1024, k=16384),
                  _mm(4096, bf16, tag="Ampere path", env={"TORCHOPS_TESTING_MATMUL_PATH": "sm80"}),
-                 _mm(64, f16, b=512), _mm(512, bf16, b=32), _mm(1024, torch.float64)],
+                 _mm(64, f16, b=512), _mm(512, bf16, b=32), _mm(1024, torch.float64),
+                 # Beyond the targets: few output tiles (split-K's rule), a batch of
+                 # tokens against a linear layer's weight.
+                 _mm(1024, tag="exact"), _mm(1024, bf16), _mm(4096, bf16, m=128, wt=True)],
         "cpu": [_mm(256, quick=True, threads=(1, 2)), _mm(1024, threads=SCALING),
                 _mm(256, b=16),
                 # A few rows against a row-major B (read in place), and a linear
