@@ -103,7 +103,6 @@ __device__ __forceinline__ double to_acc(double x) { return x; }
 __device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-
 // 4 consecutive elements at p (aligned to 4 elements) -> accumulation type.
 __device__ __forceinline__ void ldg4(const float* p, float* o) {
   const float4 v = __ldg(reinterpret_cast<const float4*>(p));

@@ -534,7 +534,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
 #endif
 }
 
-
 // A 3-D (inner, outer, batch) map of an operand of 2- or 4-byte elements.
 inline bool encode(CUtensorMap* map, const void* ptr, int bytes, uint64_t inner, uint64_t outer,
                    uint64_t batch, uint64_t outer_stride, uint64_t batch_stride,
