@@ -30,9 +30,10 @@ shapes = [(None, 1, 1, 1), (None, 7, 1, 5), (None, 1, 300, 1), (None, 97, 300, 3
           # vector tails, K % 4, one and two passes
           (None, 1, 701, 4101), (3, 1, 333, 37), (2, 1, 4, 70), (2, 3, 41, 70),
           (None, 8, 129, 2051), (None, 9, 130, 45),
-          # A read in place, except rows 4 KB apart (K = 1024 floats, 512
-          # doubles), which are packed; last row panels of 2, 4 and 8 rows
-          (None, 20, 1024, 40), (2, 10, 512, 33), (None, 22, 1024, 35)]
+          # A read in place; rows 4 KB apart (K = 1024 floats, 512 doubles)
+          # too where C has at most 512 columns, else packed; last row panels
+          # of 2, 4 and 8 rows
+          (None, 20, 1024, 40), (2, 10, 512, 33), (None, 22, 1024, 35), (None, 26, 1024, 520)]
 def operand(pre, rows, cols, dt, layout):
     # Row-major, column-major (a transposed view, read in place), an expanded
     # batch (stride 0), or every other column (copied).
