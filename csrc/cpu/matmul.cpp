@@ -391,11 +391,11 @@ inline __attribute__((always_inline)) void pack_b(
 // are packed, unless C has at most kDirectAMaxCols columns (few_cols): then
 // few column panels share each packed A panel and the copy is not paid
 // back.  Development machine, rows 4 KB apart, packed -> in place, ratio to
-// torch.mm at 1 / 2 threads: 4096 x 4096 x 64 0.79x -> 1.06-1.13x / 0.84x ->
-// 1.21x, 4096 x 4096 x 256 0.92-0.96x -> 1.00-1.12x / 0.93-0.98x -> 0.99-1.00x,
-// 1024 x 1024 x 256 0.94x -> 1.02x / 0.93-0.97x -> 1.01-1.03x, 256^3 0.86-0.88x
-// -> 0.94-0.96x / 0.86-0.92x -> 0.94-0.98x, 512^3 the same (0.96-0.98x); wider
-// C (1024^3, 2048^3, 4096 x 4096 x 512) within the rounds' spread either way.
+// torch.mm at 1 / 2 threads: 4096 x 4096 x 64 0.79x -> 1.20-1.25x / 0.84x ->
+// 1.18-1.22x, 1024 x 1024 x 256 0.94x -> 0.99-1.03x / 0.93-0.97x ->
+// 1.05-1.06x, 256^3 0.87x -> 0.97-1.00x / 0.86-0.92x -> 0.96-0.99x (the AVX2
+// tile: 0.55x -> 0.59x at 256^3, 0.55x -> 0.68-0.76x at 4096 x 4096 x 64);
+// wider C (1024^3, 2048^3) within the rounds' spread either way (docs/design.md).
 constexpr int64_t kDirectAMaxCols = 512;
 
 template <typename T>
