@@ -401,7 +401,9 @@ def test_cuda_simt_split_k(batch, m, k, n, dtype):
         torch.cuda.synchronize()
     names = [e.name for e in prof.events()]
     assert any("simt_kernel" in name for name in names), sorted(set(names))
-    assert any("sum_splits" in name for name in names), sorted(set(names))
+    if torch.cuda.get_device_properties(0).multi_processor_count >= 64:
+        # These shapes' blocks fill at most half of such a GPU: split.
+        assert any("sum_splits" in name for name in names), sorted(set(names))
     _assert_close_to_float64(got, a, b, EPS[dtype] * 2)
     assert torch.equal(got, torch.ops.torchops.matmul(a, b))
     a[..., 1, 3] = float("nan")
