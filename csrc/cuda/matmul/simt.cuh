@@ -457,20 +457,16 @@ inline bool vec_ok(const void* ptr, int elt, int64_t s1, int64_t s2, int64_t n2,
 // cuBLAS without -> with: float32 512^3 0.37x -> 0.94x (8 splits; 4: 0.84x),
 // 1024^3 0.71x -> 0.94x (3), 768x768x8192 0.31x -> 0.78x, 256x256x16384
 // 0.05x -> 0.56x; double 512^3 0.19x -> 0.43x (4 splits; 8: 0.39x).
-constexpr int64_t kMaxSplits = 16;
-
 template <typename C>
 int64_t split_kps(const GemmArgs& g, int64_t min_k) {
   const int64_t blocks = g.batch * ((g.m + C::BM - 1) / C::BM) * ((g.n + C::BN - 1) / C::BN);
   const int64_t slots = int64_t(device_sms()) * C::MIN_BLOCKS;
   const int64_t kt = (g.k + C::BK - 1) / C::BK;
   const int64_t min_tiles = (min_k + C::BK - 1) / C::BK;
-  int64_t s = slots / (blocks > 0 ? blocks : 1);
-  s = s < kt / min_tiles ? s : kt / min_tiles;
-  s = s < kMaxSplits ? s : kMaxSplits;
+  int64_t s = std::min<int64_t>({slots / std::max<int64_t>(blocks, 1), kt / min_tiles, kMaxSplits});
 #ifdef TORCHOPS_MATMUL_DEV
   if (const char* v = std::getenv("TORCHOPS_DEV_SIMT_SPLITS"); v && *v) {
-    s = std::atoi(v) < kt ? std::atoi(v) : kt;
+    s = std::min<int64_t>(std::atoi(v), kt);
   }
 #endif
   return s < 2 ? g.k : (kt + s - 1) / s * C::BK;

@@ -693,7 +693,7 @@ struct Choice {
 // 512^3 0.43x (0.83x), 256x4096x4096 B^T 0.75x (0.84x); kept: 64x4096x4096
 // B^T 0.77x in four splits (0.67x unsplit).  The partials are summed in
 // split order by a second kernel: deterministic.
-constexpr int kMinSplitKb = 8, kMaxSplits = 16;
+constexpr int kMinSplitKb = 8;
 constexpr double kUsPerKb128 = 0.45, kUsPerPartialMb = 2.0;
 
 inline void pick_splits(const GemmArgs& g, Choice& c) {

@@ -11,9 +11,14 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace torchops::cuda::gemm {
+
+// At most this many splits: the workspace holds splits x C in float
+// (double for double).
+constexpr int64_t kMaxSplits = 16;
 
 // SMs of the current device; 1 where the runtime cannot say (the split and
 // tile rules divide by it; a failing runtime then fails the launch itself).
