@@ -2,15 +2,16 @@
 // cores fed by TMA through a ring of shared-memory stages synchronised with
 // mbarriers.
 //
-// One persistent CTA per SM walks output tiles (BM x BN, BM = 128) in a
+// One persistent CTA per SM walks output tiles (BM x BN, BM = 128, or 64
+// for 16-bit problems whose 128-row tiles would leave SMs idle) in a
 // grouped order, so neighbouring CTAs share A rows and B columns in L2.
 // Three warpgroups, specialised:
 //   warpgroup 0 (producer) gives its registers away (setmaxnreg) and one of
 //     its threads issues the TMA loads of A and B into the stage ring, as far
 //     ahead as free stages allow, across tile boundaries;
-//   warpgroups 1 and 2 (consumers) each own 64 rows of the tile, run wgmma
-//     m64nBNk16 on the stage, release it, and store their fp32 accumulators
-//     (converted) straight to C.
+//   warpgroups 1 and 2 (consumers) each own 64 rows of the tile (64-row
+//     tiles: half of its columns), run wgmma m64nNk16 on the stage, release
+//     it, and store their fp32 accumulators (converted) straight to C.
 // Where the tiles would leave most SMs idle and K is long, K is split:
 // each (tile, split) unit stores an fp32 partial into a workspace and a
 // second kernel sums them in split order (deterministic).
@@ -66,16 +67,22 @@ constexpr int kRowBytes = 128;
 constexpr int kThreads = 384;   // producer + 2 consumers
 constexpr int kGroupM = 16;     // tile rows per raster group (L2 reuse)
 
-template <int BN, bool kTmaStore>
+// kTM: tile rows.  128: the two consumers take 64 rows each; 64: they share
+// the 64 rows of A and take BN / 2 columns each (twice the tiles of a
+// problem, for those whose 128-row tiles leave SMs idle).
+template <int BN, bool kTmaStore, int kTM = kBM>
 struct Config {
-  static constexpr int kABytes = kBM * kRowBytes;
+  static constexpr int kABytes = kTM * kRowBytes;
   static constexpr int kBBytes = BN * kRowBytes;
   static constexpr int kStageBytes = kABytes + kBBytes;
-  // The TMA-store epilogue stages each consumer's 64 x BN output in shared
-  // memory, at the price of a stage of the ring.
-  static constexpr int kCBytes = kTmaStore ? 2 * 64 * BN * 2 : 0;
+  static constexpr int kConsumerCols = kTM == kBM ? BN : BN / 2;  // a consumer's outputs: 64 x this
+  // The TMA-store epilogue stages each consumer's 64 x kConsumerCols output
+  // in shared memory, at the price of a stage of the ring.
+  static constexpr int kCBytes = kTmaStore ? 2 * 64 * kConsumerCols * 2 : 0;
+  static constexpr int kFit = (227 * 1024 - kCBytes - 1024 - 128) / kStageBytes;
   static constexpr int kStages =
-      kTmaStore ? (BN == 256 ? 3 : BN == 192 ? 4 : 5) : (BN == 256 ? 4 : BN == 192 ? 5 : 6);
+      kTM != kBM ? (kFit < 6 ? kFit : 6)
+      : kTmaStore ? (BN == 256 ? 3 : BN == 192 ? 4 : 5) : (BN == 256 ? 4 : BN == 192 ? 5 : 6);
   // 1024-byte alignment of every stage (128-byte swizzle atoms), barriers after.
   static constexpr int kSmemBytes = kStages * kStageBytes + kCBytes + 1024 + 2 * kStages * 8;
 };
@@ -241,9 +248,13 @@ __device__ __forceinline__ void wgmma_step(float (&d)[BN / 2], uint64_t da, uint
   } else if constexpr (BN == 192) {
     if constexpr (T::kIsBf16) wgmma_m64n192k16_bf16<kTransA, kTransB>(d, da, db, scale_d);
     else wgmma_m64n192k16_f16<kTransA, kTransB>(d, da, db, scale_d);
-  } else {
+  } else if constexpr (BN == 128) {
     if constexpr (T::kIsBf16) wgmma_m64n128k16_bf16<kTransA, kTransB>(d, da, db, scale_d);
     else wgmma_m64n128k16_f16<kTransA, kTransB>(d, da, db, scale_d);
+  } else {
+    static_assert(BN == 64, "wgmma N: 64, 128, 192 or 256");
+    if constexpr (T::kIsBf16) wgmma_m64n64k16_bf16<kTransA, kTransB>(d, da, db, scale_d);
+    else wgmma_m64n64k16_f16<kTransA, kTransB>(d, da, db, scale_d);
   }
 }
 
@@ -287,12 +298,18 @@ __device__ __forceinline__ uint16_t pack1(float v, bool bf16) {
   return r;
 }
 
-template <typename T, int BN, int kTransA, int kTransB, bool kTmaStore, bool kSplit = false>
+template <typename T, int BN, int kTransA, int kTransB, bool kTmaStore, bool kSplit = false,
+          int kTM = kBM>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
     const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
     const __grid_constant__ CUtensorMap map_c, void* __restrict__ c, const Problem p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Cfg = Config<BN, kTmaStore>;
+  using Cfg = Config<BN, kTmaStore, kTM>;
+  static_assert(kTM == kBM || (!T::kIsTf32 && !kSplit && (BN == 128 || BN == 256)),
+                "64-row tiles: 16-bit inputs, 128 or 256 columns");
+  // A consumer's wgmma N (its columns of the tile), and where its rows and
+  // columns start in the tile.
+  constexpr int kCN = Cfg::kConsumerCols;
   constexpr int kBK = kRowBytes / T::kBytes;  // k per stage
   constexpr int kBox = 64 * kRowBytes;        // bytes of a 64-row box
   static_assert(!T::kIsTf32 || (!kTransB && !kTmaStore),
@@ -301,6 +318,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
                 "3xTF32: A through registers, 128-wide B tiles (64 output columns)");
   // Output columns per tile: with kSplit a B tile holds two parts of each.
   constexpr int kOutBN = kSplit ? BN / 2 : BN;
+  constexpr int kOutCN = kSplit ? BN / 2 : kCN;  // a consumer's output columns
   constexpr int kMRows = kRowBytes / T::kBytes;   // MN-major box: rows of 128 bytes
   constexpr int kMBoxBytes = kRowBytes * kBK;     // one such box of a stage
   constexpr bool kRegA = T::kIsTf32 && kTransA;   // A through registers
@@ -344,11 +362,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
             // M-contiguous A: boxes of 128 bytes of m (64 bf16/fp16 rows,
             // 32 fp32) x kBK k, 64 rows per consumer.
 #pragma unroll
-            for (int j = 0; j < kBM / kMRows; ++j) {
-              tma_load_3d(sa + j * kMBoxBytes, &map_a, &full[s], tm * kBM + j * kMRows, kb * kBK, bi);
+            for (int j = 0; j < kTM / kMRows; ++j) {
+              tma_load_3d(sa + j * kMBoxBytes, &map_a, &full[s], tm * kTM + j * kMRows, kb * kBK, bi);
             }
           } else {
-            tma_load_3d(sa, &map_a, &full[s], kb * kBK, tm * kBM, bi);
+            tma_load_3d(sa, &map_a, &full[s], kb * kBK, tm * kTM, bi);
           }
           if constexpr (kTransB) {
             // Row-major B: boxes of 128 bytes of n x kBK k-rows.
@@ -366,9 +384,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-  const int cw = wg - 1;  // consumer index: rows cw*64 .. +64 of the tile
+  const int cw = wg - 1;  // consumer index: rows cw*64 .. +64 of the tile (kTM 64: columns cw*kCN ..)
+  const int row_off = kTM == kBM ? cw * 64 : 0, col_off = kTM == kBM ? 0 : cw * kCN;
   const bool bf16 = T::kIsBf16;
-  float acc[BN / 2];
+  float acc[kCN / 2];
   float acc_lo[32];  // kSplit only (unused registers otherwise)
   uint32_t it = 0;
   // kRegA: the byte offsets, in this consumer's 64 rows of a stage, of
@@ -404,8 +423,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
     for (int kb = 0; kb < (kRegA ? 0 : nkb); ++kb, ++it) {
       const int s = it % S;
       mbar_wait(&full[s], (it / S) & 1);
-      const unsigned char* sa = smem + s * Cfg::kStageBytes + cw * kBox;
-      const unsigned char* sb = smem + s * Cfg::kStageBytes + Cfg::kABytes;
+      const unsigned char* sa = smem + s * Cfg::kStageBytes + (kTM == kBM ? cw * kBox : 0);
+      // kTM 64: this consumer's columns, kCN rows of 128 bytes (K-major) or
+      // kCN / 64 boxes of 64 columns (N-major): the same byte offset.
+      const unsigned char* sb = smem + s * Cfg::kStageBytes + Cfg::kABytes + col_off * kRowBytes;
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < kRowBytes / 32; ++ks) {
@@ -415,7 +436,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
                                     : make_desc(sa + ks * 32, 16, 1024);
         const uint64_t db = kTransB ? make_desc(sb + ks * 16 * 128, kBox, 1024)
                                     : make_desc(sb + ks * 32, 16, 1024);
-        wgmma_step<T, BN, kTransA, kTransB>(acc, da, db, (kb > 0 || ks > 0) ? 1 : 0);
+        wgmma_step<T, kCN, kTransA, kTransB>(acc, da, db, (kb > 0 || ks > 0) ? 1 : 0);
       }
       wgmma_commit();
       // Keep this stage's wgmmas in flight; the previous stage's are done
@@ -445,11 +466,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
     if (p.splits > 1) {
       // This split's fp32 partial, where C's element goes (host: no TMA
       // store with split-K).
-      const int64_t row0 = static_cast<int64_t>(tm) * kBM + cw * 64 + warp * 16 + lane / 4;
-      const int64_t col0 = static_cast<int64_t>(tn) * kOutBN + 2 * (lane % 4);
+      const int64_t row0 = static_cast<int64_t>(tm) * kTM + row_off + warp * 16 + lane / 4;
+      const int64_t col0 = static_cast<int64_t>(tn) * kOutBN + col_off + 2 * (lane % 4);
       float* ws = p.ws + (static_cast<int64_t>(split) * p.batch + bi) * p.m * p.n;
 #pragma unroll
-      for (int r = 0; r < kOutBN / 2; r += 2) {
+      for (int r = 0; r < kOutCN / 2; r += 2) {
         const int64_t row = row0 + 8 * ((r / 2) % 2);
         const int64_t col = col0 + 8 * (r / 4);
         if (row >= p.m) continue;
@@ -467,11 +488,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
       // Through shared memory, 128-byte swizzled like the TMA box (64 x 64
       // blocks): the 8 rows a warp writes at once land in 8 different
       // 16-byte bank groups.  TMA then writes whole rows and clips at M, N.
-      unsigned char* sc = smem_c + cw * (64 * BN * 2);
+      unsigned char* sc = smem_c + cw * (64 * kCN * 2);
       if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
       warpgroup_sync(1 + cw);
 #pragma unroll
-      for (int r = 0; r < BN / 2; r += 2) {
+      for (int r = 0; r < kCN / 2; r += 2) {
         const int row = warp * 16 + lane / 4 + 8 * ((r / 2) % 2);
         const int col = 8 * (r / 4) + 2 * (lane % 4);
         const int block = col / 64, chunk = (col % 64) / 8;
@@ -483,18 +504,18 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
       warpgroup_sync(1 + cw);
       if (tid == 0) {
 #pragma unroll
-        for (int j = 0; j < BN / 64; ++j) {
-          tma_store_3d(&map_c, sc + j * (64 * 128), tn * BN + j * 64, tm * kBM + cw * 64, bi);
+        for (int j = 0; j < kCN / 64; ++j) {
+          tma_store_3d(&map_c, sc + j * (64 * 128), tn * BN + col_off + j * 64, tm * kTM + row_off, bi);
         }
         asm volatile("cp.async.bulk.commit_group;" ::: "memory");
       }
     } else {
-      const int64_t row0 = static_cast<int64_t>(tm) * kBM + cw * 64 + warp * 16 + lane / 4;
-      const int64_t col0 = static_cast<int64_t>(tn) * kOutBN + 2 * (lane % 4);
+      const int64_t row0 = static_cast<int64_t>(tm) * kTM + row_off + warp * 16 + lane / 4;
+      const int64_t col0 = static_cast<int64_t>(tn) * kOutBN + col_off + 2 * (lane % 4);
       const int64_t base = static_cast<int64_t>(bi) * p.m * p.n;
       const bool pairs = (p.n % 2) == 0;  // aligned column pairs
 #pragma unroll
-      for (int r = 0; r < kOutBN / 2; r += 2) {
+      for (int r = 0; r < kOutCN / 2; r += 2) {
         const int64_t row = row0 + 8 * ((r / 2) % 2);
         const int64_t col = col0 + 8 * (r / 4);
         if (row >= p.m) continue;
@@ -594,16 +615,17 @@ inline Layout layout_of(const GemmArgs& g) {
   return l;
 }
 
-// The kernel's problem: C (batch, m, n) in tiles of kBM x tile_n outputs,
+// The kernel's problem: C (batch, m, n) in tiles of tile_m x tile_n outputs,
 // k in blocks of kbk.
 inline Problem problem_of(int64_t batch, int64_t m, int64_t n, int64_t k, int tile_n, int kbk,
-                          bool store_t, int splits, int split_kb, void* ws, bool b_one) {
+                          bool store_t, int splits, int split_kb, void* ws, bool b_one,
+                          int tile_m = kBM) {
   Problem p;
   p.batch = batch;
   p.m = m;
   p.n = n;
   p.k = k;
-  p.tiles_m = static_cast<int>((m + kBM - 1) / kBM);
+  p.tiles_m = static_cast<int>((m + tile_m - 1) / tile_m);
   p.tiles_n = static_cast<int>((n + tile_n - 1) / tile_n);
   p.tiles = batch * p.tiles_m * p.tiles_n;
   p.k_blocks = static_cast<int>((k + kbk - 1) / kbk);
@@ -615,17 +637,17 @@ inline Problem problem_of(int64_t batch, int64_t m, int64_t n, int64_t k, int ti
   return p;
 }
 
-template <typename T, int BN, int kTransA, int kTransB, bool kTmaStore>
+template <typename T, int BN, int kTransA, int kTransB, bool kTmaStore, int kTM = kBM>
 cudaError_t launch(const GemmArgs& g, const Layout& l, bool store_t, int splits, int split_kb,
                    void* ws, cudaStream_t stream) {
-  using Cfg = Config<BN, kTmaStore>;
+  using Cfg = Config<BN, kTmaStore, kTM>;
   constexpr int kBK = kRowBytes / T::kBytes;
   constexpr int E = T::kBytes;
   CUtensorMap ma, mb, mc;
   constexpr uint32_t kMRows = kRowBytes / E;  // MN-major boxes: 128 bytes wide
   const bool oka = kTransA
       ? encode(&ma, g.a.ptr, E, g.m, g.k, g.batch, l.a_ld, l.a_bs, kMRows, kBK)
-      : encode(&ma, g.a.ptr, E, g.k, g.m, g.batch, l.a_ld, l.a_bs, kBK, kBM);
+      : encode(&ma, g.a.ptr, E, g.k, g.m, g.batch, l.a_ld, l.a_bs, kBK, kTM);
   const bool okb = kTransB
       ? encode(&mb, g.b.ptr, E, g.n, g.k, g.batch, l.b_ld, l.b_bs, kMRows, kBK)
       : encode(&mb, g.b.ptr, E, g.k, g.n, g.batch, l.b_ld, l.b_bs, kBK, BN);
@@ -634,8 +656,8 @@ cudaError_t launch(const GemmArgs& g, const Layout& l, bool store_t, int splits,
   if (!oka || !okb || !okc) return cudaErrorInvalidValue;
   if (!kTmaStore) mc = ma;  // unused
   const Problem p = problem_of(g.batch, g.m, g.n, g.k, BN, kBK, store_t, splits, split_kb, ws,
-                               /*b_one=*/false);
-  auto kernel = gemm_kernel<T, BN, kTransA, kTransB, kTmaStore>;
+                               /*b_one=*/false, kTM);
+  auto kernel = gemm_kernel<T, BN, kTransA, kTransB, kTmaStore, false, kTM>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Cfg::kSmemBytes);
   if (e != cudaSuccess) return e;
@@ -646,28 +668,40 @@ cudaError_t launch(const GemmArgs& g, const Layout& l, bool store_t, int splits,
   return launch_sum_splits<typename T::Elem>(p.ws, g.c, splits, g.batch * g.m * g.n, stream);
 }
 
-// A 128x192 tile's speed relative to 128x256 (a full wave of each).
-constexpr double kSpeed192 = 0.96;
+// Tile speeds relative to 128x256 (a full wave of each): the narrower and
+// shorter tiles reuse each loaded A and B value over fewer outputs.
+constexpr double kSpeed192 = 0.96, kSpeed128 = 0.92;
+// 64-row tiles (16-bit only; the consumers split the columns), measured
+// against 128x256 with TORCHOPS_DEV_SM90="BN,STORE,64" (H200, 2026-11-27:
+// 64x256 0.88-0.92 at 4096^3 and 8192x1024x8192, 64x128 0.71-0.74).
+constexpr double kSpeed64x256 = 0.88, kSpeed64x128 = 0.72;
 
-// Which tile width: the one whose busiest CTA has the least work (whole
-// waves of tiles), weighing the wider tiles' better data reuse.  192 (16-bit
-// only) fills one wave where 256 leaves SMs idle and 128 needs two
-// (1000x3000x768: 128 tiles of 128x192 on 132 SMs).
-inline int pick_bn(const GemmArgs& g) {
+struct TileShape {
+  int tm, bn;
+};
+
+// Which tile: the one whose busiest CTA has the least work (whole waves of
+// tiles of tm x bn outputs, each at its speed).  192 (16-bit only) fills
+// one wave where 256 leaves SMs idle and 128 needs two (1000x3000x768: 128
+// tiles of 128x192 on 132 SMs); 64-row tiles where the 128-row ones leave
+// most SMs idle (bf16 1024^3: 64 tiles of 128x128, 128 of 64x128).
+inline TileShape pick_tile(const GemmArgs& g) {
   const int sms = device_sms();
-  auto cost = [&](int bn, double speed) {
-    const int64_t tiles = g.batch * ((g.m + kBM - 1) / kBM) * ((g.n + bn - 1) / bn);
+  auto cost = [&](int tm, int bn, double speed) {
+    const int64_t tiles = g.batch * ((g.m + tm - 1) / tm) * ((g.n + bn - 1) / bn);
     const int64_t waves = (tiles + sms - 1) / sms;
-    return static_cast<double>(waves) * bn / speed;  // time ~ waves x tile work
+    return static_cast<double>(waves) * tm * bn / speed;  // time ~ waves x tile work
   };
-  int best = 256;
-  double best_cost = cost(256, 1.0);
+  TileShape best{kBM, 256};
+  double best_cost = cost(kBM, 256, 1.0);
   const bool half = g.dtype != DType::f32;
-  for (const auto& [bn, speed] : {std::pair<int, double>{192, kSpeed192}, {128, 0.92}}) {
-    if (bn == 192 && !half) continue;
-    const double c = cost(bn, speed);
+  const struct { int tm, bn; double speed; } options[] = {
+      {kBM, 192, kSpeed192}, {kBM, 128, kSpeed128}, {64, 256, kSpeed64x256}, {64, 128, kSpeed64x128}};
+  for (const auto& o : options) {
+    if ((o.bn == 192 || o.tm == 64) && !half) continue;
+    const double c = cost(o.tm, o.bn, o.speed);
     if (c < best_cost) {
-      best = bn;
+      best = {o.tm, o.bn};
       best_cost = c;
     }
   }
@@ -678,6 +712,7 @@ struct Choice {
   int bn;
   bool tma_store;
   int splits = 1, split_kb = 0;  // split-K: splits x split_kb k blocks
+  int tm = kBM;                  // tile rows (64: 16-bit only)
 };
 
 // Split K where the tiles leave SMs idle (small M x N with a long K: weight
@@ -698,10 +733,10 @@ constexpr double kUsPerKb128 = 0.45, kUsPerPartialMb = 2.0;
 
 inline void pick_splits(const GemmArgs& g, Choice& c) {
   const int sms = device_sms();
-  const int64_t tiles = g.batch * ((g.m + kBM - 1) / kBM) * ((g.n + c.bn - 1) / c.bn);
+  const int64_t tiles = g.batch * ((g.m + c.tm - 1) / c.tm) * ((g.n + c.bn - 1) / c.bn);
   const int64_t kb = (g.k + kRowBytes / dtype_bytes(g.dtype) - 1) / (kRowBytes / dtype_bytes(g.dtype));
   const int64_t most = std::min<int64_t>({tiles > 0 ? sms / tiles : 0, kb / kMinSplitKb, kMaxSplits});
-  const double unsplit_us = double(kb) * kUsPerKb128 * c.bn / 128;
+  const double unsplit_us = double(kb) * kUsPerKb128 * c.bn / 128 * c.tm / kBM;
   const double partial_mb = double(g.batch) * g.m * g.n * 4 / 1e6;
   int64_t s = 1;
   double best = 0;
@@ -722,14 +757,20 @@ inline void pick_splits(const GemmArgs& g, Choice& c) {
 }
 
 inline Choice choose(const GemmArgs& g) {
-  Choice c{pick_bn(g), g.n % 8 == 0};
+  const TileShape t = pick_tile(g);
+  Choice c{t.bn, g.n % 8 == 0};
+  c.tm = t.tm;
 #ifdef TORCHOPS_MATMUL_DEV
-  // Harness only: TORCHOPS_DEV_SM90="BN,STORE" (e.g. "256,0") pins the choice.
+  // Harness only: TORCHOPS_DEV_SM90="BN,STORE[,TM]" (e.g. "256,0" or
+  // "128,1,64") pins the choice.
   if (const char* v = std::getenv("TORCHOPS_DEV_SM90")) {
-    int bn = 0, st = 0;
-    if (std::sscanf(v, "%d,%d", &bn, &st) == 2 &&
-        (bn == 128 || bn == 256 || (bn == 192 && g.dtype != DType::f32))) {
+    int bn = 0, st = 0, tm = kBM;
+    const int got = std::sscanf(v, "%d,%d,%d", &bn, &st, &tm);
+    const bool half = g.dtype != DType::f32;
+    if (got >= 2 && (bn == 128 || bn == 256 || (bn == 192 && half)) &&
+        (tm == kBM || (tm == 64 && half && bn != 192))) {
       c.bn = bn;
+      c.tm = tm;
       c.tma_store = st != 0 && g.n % 8 == 0;
     }
   }
@@ -738,20 +779,20 @@ inline Choice choose(const GemmArgs& g) {
   return c;
 }
 
-template <typename T, int BN, int kTransA>
+template <typename T, int BN, int kTransA, int kTM>
 cudaError_t launch_b(const GemmArgs& g, const Layout& l, const Choice& c, void* ws, cudaStream_t s) {
   const int n = c.splits, kb = c.split_kb;
   if (l.b_n_major) {
-    return c.tma_store ? launch<T, BN, kTransA, 1, true>(g, l, false, n, kb, ws, s)
-                       : launch<T, BN, kTransA, 1, false>(g, l, false, n, kb, ws, s);
+    return c.tma_store ? launch<T, BN, kTransA, 1, true, kTM>(g, l, false, n, kb, ws, s)
+                       : launch<T, BN, kTransA, 1, false, kTM>(g, l, false, n, kb, ws, s);
   }
-  return c.tma_store ? launch<T, BN, kTransA, 0, true>(g, l, false, n, kb, ws, s)
-                     : launch<T, BN, kTransA, 0, false>(g, l, false, n, kb, ws, s);
+  return c.tma_store ? launch<T, BN, kTransA, 0, true, kTM>(g, l, false, n, kb, ws, s)
+                     : launch<T, BN, kTransA, 0, false, kTM>(g, l, false, n, kb, ws, s);
 }
 
-template <typename T, int BN>
+template <typename T, int BN, int kTM = kBM>
 cudaError_t launch_ab(const GemmArgs& g, const Layout& l, const Choice& c, void* ws, cudaStream_t s) {
-  return l.a_m_major ? launch_b<T, BN, 1>(g, l, c, ws, s) : launch_b<T, BN, 0>(g, l, c, ws, s);
+  return l.a_m_major ? launch_b<T, BN, 1, kTM>(g, l, c, ws, s) : launch_b<T, BN, 0, kTM>(g, l, c, ws, s);
 }
 
 // The tf32 problem as run: C^T = B^T A^T where B is N-major (store_t).
@@ -781,6 +822,9 @@ inline cudaError_t launch_tf32(const GemmArgs& g, const Layout& l, bool store_t,
 template <typename T>
 cudaError_t launch_t(const GemmArgs& g, const Layout& l, void* ws, cudaStream_t s) {
   const Choice c = choose(g);
+  if (c.tm == 64) {
+    return c.bn == 256 ? launch_ab<T, 256, 64>(g, l, c, ws, s) : launch_ab<T, 128, 64>(g, l, c, ws, s);
+  }
   if (c.bn == 256) return launch_ab<T, 256>(g, l, c, ws, s);
   if (c.bn == 192) return launch_ab<T, 192>(g, l, c, ws, s);
   return launch_ab<T, 128>(g, l, c, ws, s);
