@@ -194,7 +194,7 @@ if command -v "$SANITIZER" > /dev/null; then
       --tool memcheck --kernel-name kns=torchops --error-exitcode 99 --print-limit 20 \
       "$PY" -m pytest test/test_ops.py test/test_roi.py test/test_matmul.py test/test_deform.py \
       test/test_masked_conv2d.py test/test_upsample.py -q -p no:cacheprovider -m cuda -k "$MEMCHECK_K"
-    step racecheck "$(cap 180 "$(( WINDOW - $(cat "$TMP/memcheck.secs") ))")" "$SANITIZER" \
+    step racecheck "$(cap 300 "$(( WINDOW - $(cat "$TMP/memcheck.secs") ))")" "$SANITIZER" \
       --tool racecheck --kernel-name kns=torchops --error-exitcode 99 --print-limit 20 \
       "$PY" -m pytest test/test_ops.py test/test_matmul.py test/test_roi.py test/test_deform.py -q -p no:cacheprovider -m cuda -k "$RACECHECK_K"
   ) &

@@ -671,10 +671,12 @@ cudaError_t launch(const GemmArgs& g, const Layout& l, bool store_t, int splits,
 // Tile speeds relative to 128x256 (a full wave of each): the narrower and
 // shorter tiles reuse each loaded A and B value over fewer outputs.
 constexpr double kSpeed192 = 0.96, kSpeed128 = 0.92;
-// 64-row tiles (16-bit only; the consumers split the columns), measured
-// against 128x256 with TORCHOPS_DEV_SM90="BN,STORE,64" (H200, 2026-11-27:
-// 64x256 0.88-0.92 at 4096^3 and 8192x1024x8192, 64x128 0.71-0.74).
-constexpr double kSpeed64x256 = 0.88, kSpeed64x128 = 0.72;
+// 64x128 tiles (16-bit only; the consumers split the columns), measured
+// against 128x256 with TORCHOPS_DEV_SM90="128,1,64" (H200, 2026-11-27:
+// 0.71-0.74 at 4096^3 and 8192x1024x8192).  64x256 tiles ran at 0.88-0.92
+// but never beat 128x128 (the same outputs per tile, 0.88-1.0 of 128x128's
+// speed on every shape measured), so they are not built.
+constexpr double kSpeed64x128 = 0.72;
 
 struct TileShape {
   int tm, bn;
@@ -696,7 +698,7 @@ inline TileShape pick_tile(const GemmArgs& g) {
   double best_cost = cost(kBM, 256, 1.0);
   const bool half = g.dtype != DType::f32;
   const struct { int tm, bn; double speed; } options[] = {
-      {kBM, 192, kSpeed192}, {kBM, 128, kSpeed128}, {64, 256, kSpeed64x256}, {64, 128, kSpeed64x128}};
+      {kBM, 192, kSpeed192}, {kBM, 128, kSpeed128}, {64, 128, kSpeed64x128}};
   for (const auto& o : options) {
     if ((o.bn == 192 || o.tm == 64) && !half) continue;
     const double c = cost(o.tm, o.bn, o.speed);
@@ -768,7 +770,7 @@ inline Choice choose(const GemmArgs& g) {
     const int got = std::sscanf(v, "%d,%d,%d", &bn, &st, &tm);
     const bool half = g.dtype != DType::f32;
     if (got >= 2 && (bn == 128 || bn == 256 || (bn == 192 && half)) &&
-        (tm == kBM || (tm == 64 && half && bn != 192))) {
+        (tm == kBM || (tm == 64 && half && bn == 128))) {
       c.bn = bn;
       c.tm = tm;
       c.tma_store = st != 0 && g.n % 8 == 0;
@@ -822,9 +824,7 @@ inline cudaError_t launch_tf32(const GemmArgs& g, const Layout& l, bool store_t,
 template <typename T>
 cudaError_t launch_t(const GemmArgs& g, const Layout& l, void* ws, cudaStream_t s) {
   const Choice c = choose(g);
-  if (c.tm == 64) {
-    return c.bn == 256 ? launch_ab<T, 256, 64>(g, l, c, ws, s) : launch_ab<T, 128, 64>(g, l, c, ws, s);
-  }
+  if (c.tm == 64) return launch_ab<T, 128, 64>(g, l, c, ws, s);
   if (c.bn == 256) return launch_ab<T, 256>(g, l, c, ws, s);
   if (c.bn == 192) return launch_ab<T, 192>(g, l, c, ws, s);
   return launch_ab<T, 128>(g, l, c, ws, s);
