@@ -402,3 +402,15 @@ def test_glue_unit_must_include_every_glue_file_once(tmp_path):
         _b.CPU.sources(csrc)
     unit.write_text(text + '#include "dispatch/new_op_dispatch.cpp"\n')
     assert csrc / "dispatch" / "new_op_dispatch.cpp" not in _b.CPU.sources(csrc)
+
+
+def test_racecheck_build_flag_is_its_own_cache_entry(monkeypatch):
+    """The GPU check's racecheck build (no setmaxnreg) compiles with its own
+    define and lands in its own JIT cache entry, never in the product's."""
+    csrc = _b.find_csrc()
+    monkeypatch.delenv("TORCHOPS_TESTING_NO_SETMAXNREG", raising=False)
+    plain_flags, plain_key = _b.CUDA.nvcc_flags(), _b.CUDA.jit_key(csrc, "9.0a")
+    monkeypatch.setenv("TORCHOPS_TESTING_NO_SETMAXNREG", "1")
+    assert "-DTORCHOPS_NO_SETMAXNREG" not in plain_flags
+    assert "-DTORCHOPS_NO_SETMAXNREG" in _b.CUDA.nvcc_flags()
+    assert _b.CUDA.jit_key(csrc, "9.0a") != plain_key

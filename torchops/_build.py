@@ -252,8 +252,13 @@ class Library:
         return flags
 
     def nvcc_flags(self) -> list[str]:
-        return ["-O3", "-std=c++17", "--extended-lambda", "--expt-relaxed-constexpr",
-                "-lineinfo"]
+        flags = ["-O3", "-std=c++17", "--extended-lambda", "--expt-relaxed-constexpr",
+                 "-lineinfo"]
+        # The GPU check's racecheck build (csrc/cuda/matmul/tma.cuh says
+        # why); part of the JIT cache key like every flag.
+        if os.environ.get("TORCHOPS_TESTING_NO_SETMAXNREG") == "1":
+            flags.append("-DTORCHOPS_NO_SETMAXNREG")
+        return flags
 
     def ld_flags(self) -> list[str]:
         # Link libstdc++ dynamically, ahead of anything the driver adds: some

@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kThreads, 1) simt90_kernel(
   const int kt = p.k_tiles;
 
   if (tid < 128) {  // producer warpgroup: one thread issues the copies
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    setmaxnreg_dec<40>();
     if (tid == 0) {
       for (int it = 0; it < kt; ++it) {
         const int s = it % kStages;
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, 1) simt90_kernel(
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  setmaxnreg_inc<232>();
   const int warp = (tid - 128) >> 5, lane = tid & 31;
   const int tx = (warp & 1) * 8 + (lane & 7);
   const int ty = (warp >> 1) * 4 + (lane >> 3);

@@ -342,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
   __syncthreads();
 
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    tma::setmaxnreg_dec<40>();
     if (tid == 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
@@ -383,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  tma::setmaxnreg_inc<232>();
   const int cw = wg - 1;  // consumer index: rows cw*64 .. +64 of the tile (kTM 64: columns cw*kCN ..)
   const int row_off = kTM == kBM ? cw * 64 : 0, col_off = kTM == kBM ? 0 : cw * kCN;
   const bool bf16 = T::kIsBf16;

@@ -31,6 +31,28 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
+// Warp specialisation's register hand-over: the producer warpgroup gives
+// registers back to the pool (dec), the consumers take them (inc, which
+// waits until they are free).  Builds for compute-sanitizer's racecheck
+// define TORCHOPS_NO_SETMAXNREG (scripts/gpu_check.sh): racecheck's
+// instrumented kernels deadlock there, intermittently (H200, CUDA 13.0,
+// 2026-11-27: 2 runs of 4 hung at the first launch; none of 4 without it),
+// as other instrumenting tools do on setmaxnreg.  The kernels then keep
+// their compiled register count; synchronisation is unchanged.
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#ifndef TORCHOPS_NO_SETMAXNREG
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
+#endif
+}
+
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#ifndef TORCHOPS_NO_SETMAXNREG
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
+#endif
+}
+
 // Waits until the phase of parity `parity` has completed.  A fresh barrier
 // counts its (nonexistent) previous phase, parity 1, as complete: that is
 // how the producer's first pass over the empty ring goes straight through.
