@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -423,6 +424,36 @@ def test_cuda_big_tile_f32_sanitizer_shapes(m, k, n):
     a = torch.randn(m, k, generator=gen, device="cuda")
     b = torch.randn(k, n, generator=gen, device="cuda")
     _assert_close_to_float64(torch.ops.torchops.matmul(a, b), a, b, EPS[torch.float32] * 2)
+
+
+# Shapes for each tile of the sm90 path (m, k, n) -> (tile rows, tile
+# columns) that pick_tile chooses on a GPU of 132 SMs (H100 / H200 SXM): the
+# small shapes elsewhere in this file all take 64x128 tiles.
+SM90_TILE_SHAPES = {(2048, 256, 2048): (128, 256), (1000, 768, 3000): (128, 192),
+                    (1024, 256, 1536): (128, 128), (512, 256, 512): (64, 128)}
+
+
+@cuda
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("layout", ["nn", "tn", "nt"])
+@pytest.mark.parametrize("shape", list(SM90_TILE_SHAPES), ids=lambda s: "x".join(map(str, s)))
+def test_cuda_sm90_each_tile(shape, layout, dtype):
+    m, k, n = shape
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    a, b = _operands(None, m, k, n, dtype, layout, gen)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        got = torch.ops.torchops.matmul(a, b)
+        torch.cuda.synchronize()
+    _assert_close_to_float64(got, a, b, EPS[dtype] * 2)
+    props = torch.cuda.get_device_properties(a.device)
+    if (props.major, props.minor) == (9, 0) and props.multi_processor_count == 132:
+        # gemm_kernel<Tag, BN, transA, transB, tma_store, split3, TM>, the
+        # name demangled or not
+        pattern = (r"sm90_detail::gemm_kernel<[^,]+, (\d+), \d, \d, \w+, \w+, (\d+)>"
+                   r"|gemm_kernelI\w+?TagELi(\d+)ELi\dELi\dELb\dELb\dELi(\d+)E")
+        tiles = {(int(g[1] or g[3]), int(g[0] or g[2])) for e in prof.events()
+                 for g in re.findall(pattern, e.name)}
+        assert tiles == {SM90_TILE_SHAPES[shape]}, (tiles, sorted({e.name for e in prof.events()}))
 
 
 # Small shapes for compute-sanitizer (memcheck and racecheck in the GPU
