@@ -45,7 +45,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <utility>
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -305,8 +304,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
     const __grid_constant__ CUtensorMap map_c, void* __restrict__ c, const Problem p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Cfg = Config<BN, kTmaStore, kTM>;
-  static_assert(kTM == kBM || (!T::kIsTf32 && !kSplit && (BN == 128 || BN == 256)),
-                "64-row tiles: 16-bit inputs, 128 or 256 columns");
+  static_assert(kTM == kBM || (!T::kIsTf32 && !kSplit && BN == 128),
+                "64-row tiles: 16-bit inputs, 128 columns (64x256 is not built)");
   // A consumer's wgmma N (its columns of the tile), and where its rows and
   // columns start in the tile.
   constexpr int kCN = Cfg::kConsumerCols;
