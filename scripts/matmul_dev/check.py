@@ -239,6 +239,10 @@ BENCH = [  # (label, batch, m, n, k, dtype key, layout)
     ("bf16 512x11008x4096 W^T", None, 512, 11008, 4096, "bf16", "nt"),
     ("bf16 64x4096x4096", None, 64, 4096, 4096, "bf16", "nn"),
     ("bf16 512^3", None, 512, 512, 512, "bf16", "nn"),
+    # few output tiles, long K (sm90's tile and split-K choice)
+    ("lk bf16 1024x1024x16384", None, 1024, 1024, 16384, "bf16", "nn"),
+    ("lk bf16 768x768x8192", None, 768, 768, 8192, "bf16", "nn"),
+    ("lk bf16 1024x1024x4096", None, 1024, 1024, 4096, "bf16", "nn"),
     ("bf16 1024^3", None, 1024, 1024, 1024, "bf16", "nn"),
     ("bf16 32x512^3", 32, 512, 512, 512, "bf16", "nn"),
     # batched small matrices (M <= 64: the product sends them to sm80)
