@@ -78,17 +78,21 @@ def test_cpu_gemm_paths_match_reference(narrow):
 # Tiny caches through TORCHOPS_TESTING_CPU_CACHES (read once per process, hence
 # the subprocess) give blocks of 64 to 120 elements: K = 1029 takes 17 depth
 # blocks, N = 75 and 203 several column blocks, M = 301 several row blocks, all
-# ending mid-tile.
+# ending mid-tile.  13 rows against a column-major B (W^T, the dot-product
+# kernel) take its passes over column blocks of 12 (float) or 6 (double)
+# columns, the last one partial.
 _TINY_CACHES = r"""
 import itertools, math, os, torch, torchops
 torch.manual_seed(0)
 for threads, shared in itertools.product((1, 2), ("0", "1")):
     torch.set_num_threads(threads)
     os.environ["TORCHOPS_TESTING_MATMUL_SHARED"] = shared
-    for *pre, m, k, n in ((37, 1029, 75), (301, 300, 203), (3, 50, 70, 33)):
+    for *pre, m, k, n, wt in ((37, 1029, 75, 0), (301, 300, 203, 0), (3, 50, 70, 33, 0),
+                              (13, 300, 75, 1), (2, 13, 300, 75, 1)):
         for dt, eps in ((torch.float32, 2.0**-24), (torch.float64, 2.0**-53)):
             a = torch.randn(*pre, m, k, dtype=dt)
-            b = torch.randn(*pre, k, n, dtype=dt)
+            b = (torch.randn(*pre, n, k, dtype=dt).transpose(-1, -2) if wt
+                 else torch.randn(*pre, k, n, dtype=dt))
             got = torchops.matmul(a, b).double()
             want = torch.matmul(a.double(), b.double())
             bound = torch.matmul(a.double().abs(), b.double().abs())
