@@ -430,12 +430,10 @@ def test_cuda_big_tile_f32_sanitizer_shapes(m, k, n):
     _assert_close_to_float64(torch.ops.torchops.matmul(a, b), a, b, EPS[torch.float32] * 2)
 
 
-# Shapes for each tile of the sm90 path (m, k, n) -> (tile rows, tile
+# Shapes for each tile of the sm90 path, (batch, m, k, n) -> (tile rows, tile
 # columns) that pick_tile chooses on a GPU of 132 SMs (H100 / H200 SXM): the
-# small shapes elsewhere in this file all take 64x128 tiles.
-# (batch, m, k, n) -> the sm90 tile (rows, columns) the product picks on a
-# 132-SM Hopper; None: no sm90 kernel (batches of at most 64 x 64 outputs
-# run on sm80, matmul.cu).
+# small shapes elsewhere in this file all take 64x128 tiles.  None: no sm90
+# kernel (batches of at most 64 x 64 outputs run on sm80, matmul.cu).
 SM90_TILE_SHAPES = {(None, 2048, 256, 2048): (128, 256), (None, 1000, 768, 3000): (128, 192),
                     (None, 1024, 256, 1536): (128, 128), (None, 512, 256, 512): (64, 128),
                     (8, 48, 512, 256): (64, 128), (16, 64, 256, 64): None}
