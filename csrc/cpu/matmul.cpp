@@ -708,7 +708,7 @@ constexpr int kDotPass = W == 64 ? 8 : 4;
 // Columns of a column-major B (column_bytes each) that the passes over A's
 // rows take in turn: as many as fill half of L2, so that where there is more
 // than one pass, the later ones read B from L2 instead of memory (16 x 4096
-// x 4096 against W^T, one thread: 0.91-0.97x -> 1.09-1.12x of torch.mm;
+// x 4096 against W^T, one thread: 0.91-0.97x -> 1.11-1.12x of torch.mm;
 // docs/design.md).
 inline int64_t dot_block_cols(int64_t column_bytes) {
   return std::max<int64_t>(2, cpu_cache_sizes().l2 / 2 / std::max<int64_t>(column_bytes, 1) / 2 * 2);
