@@ -68,22 +68,36 @@ constexpr int kGroupM = 16;     // tile rows per raster group (L2 reuse)
 
 // kTM: tile rows.  128: the two consumers take 64 rows each; 64: they share
 // the 64 rows of A and take BN / 2 columns each (twice the tiles of a
-// problem, for those whose 128-row tiles leave SMs idle).
+// problem, for those whose 128-row tiles leave SMs idle).  64 x 64
+// (kKSplit): both take the whole tile, each half of every stage's k steps,
+// and the second hands its sums to the first through shared memory (four
+// times the tiles of 128x128, for few rows against a large B, without
+// split-K's partials in memory).
 template <int BN, bool kTmaStore, int kTM = kBM>
 struct Config {
+  static constexpr bool kKSplit = kTM != kBM && BN == 64;
   static constexpr int kABytes = kTM * kRowBytes;
   static constexpr int kBBytes = BN * kRowBytes;
   static constexpr int kStageBytes = kABytes + kBBytes;
-  static constexpr int kConsumerCols = kTM == kBM ? BN : BN / 2;  // a consumer's outputs: 64 x this
+  // a consumer's outputs: 64 x this
+  static constexpr int kConsumerCols = kTM == kBM || kKSplit ? BN : BN / 2;
   // The TMA-store epilogue stages each consumer's 64 x kConsumerCols output
   // in shared memory, at the price of a stage of the ring.
   static constexpr int kCBytes = kTmaStore ? 2 * 64 * kConsumerCols * 2 : 0;
-  static constexpr int kFit = (227 * 1024 - kCBytes - 1024 - 128) / kStageBytes;
+  // kKSplit: the second consumer's float sums, handed to the first.
+  static constexpr int kXBytes = kKSplit ? 64 * 64 * 4 : 0;
+  static constexpr int kFit = (227 * 1024 - kCBytes - kXBytes - 1024 - 128) / kStageBytes;
+  // The 64-row tiles read little per stage and serve few-row problems bound
+  // by memory, so their ring takes all the shared memory left (64x128: 8
+  // stages, 64x64: 12; cuBLAS runs 64x64 with 13).  A cap of 6 at 64x128
+  // cost 6-12% (H200 profiler kernel times: 256x4096x4096 B^T 22.7 -> 20.0
+  // us, 1024x1024x4096 18.0 -> 16.5, 128x4096x4096 B^T 22.1 -> 19.4).
   static constexpr int kStages =
-      kTM != kBM ? (kFit < 6 ? kFit : 6)
+      kTM != kBM ? kFit
       : kTmaStore ? (BN == 256 ? 3 : BN == 192 ? 4 : 5) : (BN == 256 ? 4 : BN == 192 ? 5 : 6);
   // 1024-byte alignment of every stage (128-byte swizzle atoms), barriers after.
-  static constexpr int kSmemBytes = kStages * kStageBytes + kCBytes + 1024 + 2 * kStages * 8;
+  static constexpr int kSmemBytes =
+      kStages * kStageBytes + kCBytes + kXBytes + 1024 + 2 * kStages * 8;
 };
 
 struct Problem {
@@ -128,6 +142,11 @@ __device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void*
 // Named barrier of one consumer warpgroup (id 0 is __syncthreads').
 __device__ __forceinline__ void warpgroup_sync(int id) {
   asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
+}
+
+// Named barrier of both consumer warpgroups.
+__device__ __forceinline__ void consumers_sync(int id) {
+  asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory");
 }
 
 // Shared-memory matrix descriptor, 128-byte swizzle.  SBO: bytes between
@@ -304,8 +323,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
     const __grid_constant__ CUtensorMap map_c, void* __restrict__ c, const Problem p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Cfg = Config<BN, kTmaStore, kTM>;
-  static_assert(kTM == kBM || (!T::kIsTf32 && !kSplit && BN == 128),
-                "64-row tiles: 16-bit inputs, 128 columns (64x256 is not built)");
+  static_assert(kTM == kBM || (!T::kIsTf32 && !kSplit && (BN == 128 || BN == 64)),
+                "64-row tiles: 16-bit inputs, 128 or 64 columns (64x256 is not built)");
+  constexpr bool kKSplit = Cfg::kKSplit;
   // A consumer's wgmma N (its columns of the tile), and where its rows and
   // columns start in the tile.
   constexpr int kCN = Cfg::kConsumerCols;
@@ -326,7 +346,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
   unsigned char* smem = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   unsigned char* smem_c = smem + S * Cfg::kStageBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem_c + Cfg::kCBytes);
+  float* xsum = reinterpret_cast<float*>(smem_c + Cfg::kCBytes);  // kKSplit
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_c + Cfg::kCBytes + Cfg::kXBytes);
   uint64_t* empty = full + S;
 
   const int wg = threadIdx.x / 128;
@@ -384,7 +405,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
 
   tma::setmaxnreg_inc<232>();
   const int cw = wg - 1;  // consumer index: rows cw*64 .. +64 of the tile (kTM 64: columns cw*kCN ..)
-  const int row_off = kTM == kBM ? cw * 64 : 0, col_off = kTM == kBM ? 0 : cw * kCN;
+  const int row_off = kTM == kBM ? cw * 64 : 0, col_off = kTM == kBM || kKSplit ? 0 : cw * kCN;
+  // kKSplit: this consumer's k steps of each stage.
+  constexpr int kSteps = kRowBytes / 32, kMySteps = kKSplit ? kSteps / 2 : kSteps;
+  const int ks0 = kKSplit ? cw * kMySteps : 0;
   const bool bf16 = T::kIsBf16;
   float acc[kCN / 2];
   float acc_lo[32];  // kSplit only (unused registers otherwise)
@@ -428,14 +452,15 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
       const unsigned char* sb = smem + s * Cfg::kStageBytes + Cfg::kABytes + col_off * kRowBytes;
       wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < kRowBytes / 32; ++ks) {
+      for (int j = 0; j < kMySteps; ++j) {
+        const int ks = ks0 + j;
         // K-major: a k16 step moves 32 bytes along the 128-byte row;
         // MN-major: 16 k-rows of 128 bytes.
         const uint64_t da = kTransA ? make_desc(sa + ks * 16 * 128, kBox, 1024)
                                     : make_desc(sa + ks * 32, 16, 1024);
         const uint64_t db = kTransB ? make_desc(sb + ks * 16 * 128, kBox, 1024)
                                     : make_desc(sb + ks * 32, 16, 1024);
-        wgmma_step<T, kCN, kTransA, kTransB>(acc, da, db, (kb > 0 || ks > 0) ? 1 : 0);
+        wgmma_step<T, kCN, kTransA, kTransB>(acc, da, db, (kb > 0 || j > 0) ? 1 : 0);
       }
       wgmma_commit();
       // Keep this stage's wgmmas in flight; the previous stage's are done
@@ -449,6 +474,22 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
       keep_regs(fb);
     }
     mbar_arrive(&empty[(it + S - 1) % S]);
+    if constexpr (kKSplit) {
+      // The second consumer's sums go to the first, which adds them to its
+      // own (always in this order: the same bits every run) and stores the
+      // tile.  Barrier 3: written; 4: read, so the buffer is free again.
+      if (cw == 1) {
+#pragma unroll
+        for (int r = 0; r < kCN / 2; ++r) xsum[r * 128 + tid] = acc[r];
+        consumers_sync(3);
+        consumers_sync(4);
+        continue;
+      }
+      consumers_sync(3);
+#pragma unroll
+      for (int r = 0; r < kCN / 2; ++r) acc[r] += xsum[r * 128 + tid];
+      consumers_sync(4);
+    }
 
     // Accumulator layout of wgmma m64nN (per warp: 16 rows): register r of
     // lane l holds row 16*warp + l/4 + 8*((r/2)%2), column 8*(r/4) + 2*(l%4) + r%2.
@@ -676,6 +717,10 @@ constexpr double kSpeed192 = 0.96, kSpeed128 = 0.92;
 // but never beat 128x128 (the same outputs per tile, 0.88-1.0 of 128x128's
 // speed on every shape measured), so they are not built.
 constexpr double kSpeed64x128 = 0.72;
+// 64x64 tiles (16-bit; the consumers split each stage's k), pinned with
+// "64,1,64" (H200, 2026-11-27): 0.44-0.48 of 128x256 at 4096^3 (row-major
+// and B^T) and 8192x1024x8192.
+constexpr double kSpeed64x64 = 0.46;
 
 struct TileShape {
   int tm, bn;
@@ -685,8 +730,9 @@ struct TileShape {
 // tiles of tm x bn outputs, each at its speed).  192 (16-bit only) fills
 // one wave where 256 leaves SMs idle and 128 needs two (1000x3000x768: 128
 // tiles of 128x192 on 132 SMs); 64-row tiles where the 128-row ones leave
-// most SMs idle (bf16 1024^3: 64 tiles of 128x128, 128 of 64x128).
-inline TileShape pick_tile(const GemmArgs& g) {
+// most SMs idle (bf16 1024^3: 64 tiles of 128x128, 128 of 64x128); 64x64
+// for a few dozen rows against a large B (128x4096x4096: 128 tiles).
+inline TileShape pick_tile(const GemmArgs& g, bool allow_64x64 = true) {
   const int sms = device_sms();
   auto cost = [&](int tm, int bn, double speed) {
     const int64_t tiles = g.batch * ((g.m + tm - 1) / tm) * ((g.n + bn - 1) / bn);
@@ -697,9 +743,9 @@ inline TileShape pick_tile(const GemmArgs& g) {
   double best_cost = cost(kBM, 256, 1.0);
   const bool half = g.dtype != DType::f32;
   const struct { int tm, bn; double speed; } options[] = {
-      {kBM, 192, kSpeed192}, {kBM, 128, kSpeed128}, {64, 128, kSpeed64x128}};
+      {kBM, 192, kSpeed192}, {kBM, 128, kSpeed128}, {64, 128, kSpeed64x128}, {64, 64, kSpeed64x64}};
   for (const auto& o : options) {
-    if ((o.bn == 192 || o.tm == 64) && !half) continue;
+    if (((o.bn == 192 || o.tm == 64) && !half) || (o.bn == 64 && !allow_64x64)) continue;
     const double c = cost(o.tm, o.bn, o.speed);
     if (c < best_cost) {
       best = {o.tm, o.bn};
@@ -758,9 +804,8 @@ inline void pick_splits(const GemmArgs& g, Choice& c) {
 }
 
 inline Choice choose(const GemmArgs& g) {
-  const TileShape t = pick_tile(g);
-  Choice c{t.bn, g.n % 8 == 0};
-  c.tm = t.tm;
+  TileShape t = pick_tile(g);
+  bool store = g.n % 8 == 0, pinned = false;
 #ifdef TORCHOPS_MATMUL_DEV
   // Harness only: TORCHOPS_DEV_SM90="BN,STORE[,TM]" (e.g. "256,0" or
   // "128,1,64") pins the choice.
@@ -768,15 +813,27 @@ inline Choice choose(const GemmArgs& g) {
     int bn = 0, st = 0, tm = kBM;
     const int got = std::sscanf(v, "%d,%d,%d", &bn, &st, &tm);
     const bool half = g.dtype != DType::f32;
-    if (got >= 2 && (bn == 128 || bn == 256 || (bn == 192 && half)) &&
-        (tm == kBM || (tm == 64 && half && bn == 128))) {
-      c.bn = bn;
-      c.tm = tm;
-      c.tma_store = st != 0 && g.n % 8 == 0;
+    if (got >= 2 && (bn == 128 || bn == 256 || (bn == 192 && half) || (bn == 64 && tm == 64)) &&
+        (tm == kBM || (tm == 64 && half && (bn == 128 || bn == 64)))) {
+      t = {tm, bn};
+      store = store && st != 0;
+      pinned = true;
     }
   }
 #endif
+  Choice c{t.bn, store};
+  c.tm = t.tm;
   pick_splits(g, c);
+  // The 64x64 tile is itself a split (its consumers halve each stage's k and
+  // sum on chip); where even its tiles leave SMs idle enough to split K, the
+  // wider tile split further does better (32x4096x4096 B^T, H200 profiler:
+  // 64x128 in four splits 14.6 + 1.6 us, 64x64 in two 17.0).
+  if (!pinned && c.tm == 64 && c.bn == 64 && c.splits > 1) {
+    t = pick_tile(g, /*allow_64x64=*/false);
+    c = Choice{t.bn, store};
+    c.tm = t.tm;
+    pick_splits(g, c);
+  }
   return c;
 }
 
@@ -823,7 +880,9 @@ inline cudaError_t launch_tf32(const GemmArgs& g, const Layout& l, bool store_t,
 template <typename T>
 cudaError_t launch_t(const GemmArgs& g, const Layout& l, void* ws, cudaStream_t s) {
   const Choice c = choose(g);
-  if (c.tm == 64) return launch_ab<T, 128, 64>(g, l, c, ws, s);
+  if (c.tm == 64) {
+    return c.bn == 64 ? launch_ab<T, 64, 64>(g, l, c, ws, s) : launch_ab<T, 128, 64>(g, l, c, ws, s);
+  }
   if (c.bn == 256) return launch_ab<T, 256>(g, l, c, ws, s);
   if (c.bn == 192) return launch_ab<T, 192>(g, l, c, ws, s);
   return launch_ab<T, 128>(g, l, c, ws, s);
