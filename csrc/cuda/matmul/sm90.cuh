@@ -826,8 +826,9 @@ inline Choice choose(const GemmArgs& g) {
   pick_splits(g, c);
   // The 64x64 tile is itself a split (its consumers halve each stage's k and
   // sum on chip); where even its tiles leave SMs idle enough to split K, the
-  // wider tile split further does better (32x4096x4096 B^T, H200 profiler:
-  // 64x128 in four splits 14.6 + 1.6 us, 64x64 in two 17.0).
+  // wider tile split further does better (24 and 32 x 4096 x 4096 B^T, H200
+  // profiler kernel times: 64x128 in four splits 16.2-16.6 us, 64x64 in two
+  // 16.9-17.2).
   if (!pinned && c.tm == 64 && c.bn == 64 && c.splits > 1) {
     t = pick_tile(g, /*allow_64x64=*/false);
     c = Choice{t.bn, store};
