@@ -9,9 +9,11 @@
 //   warpgroup 0 (producer) gives its registers away (setmaxnreg) and one of
 //     its threads issues the TMA loads of A and B into the stage ring, as far
 //     ahead as free stages allow, across tile boundaries;
-//   warpgroups 1 and 2 (consumers) each own 64 rows of the tile (64-row
-//     tiles: half of its columns), run wgmma m64nNk16 on the stage, release
-//     it, and store their fp32 accumulators (converted) straight to C.
+//   warpgroups 1 and 2 (consumers) each own 64 rows of the tile (64x128
+//     tiles: half of its columns; 64x64: all of it, but half of each
+//     stage's k steps, the second handing its sums to the first), run wgmma
+//     m64nNk16 on the stage, release it, and store their fp32 accumulators
+//     (converted) to C.
 // Where the tiles would leave most SMs idle and K is long, K is split:
 // each (tile, split) unit stores an fp32 partial into a workspace and a
 // second kernel sums them in split order (deterministic).
@@ -404,7 +406,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
   }
 
   tma::setmaxnreg_inc<232>();
-  const int cw = wg - 1;  // consumer index: rows cw*64 .. +64 of the tile (kTM 64: columns cw*kCN ..)
+  // Consumer index: rows cw*64 .. +64 of the tile (64x128: columns cw*kCN
+  // ..; 64x64: k steps cw*2 .. +2 of each stage).
+  const int cw = wg - 1;
   const int row_off = kTM == kBM ? cw * 64 : 0, col_off = kTM == kBM || kKSplit ? 0 : cw * kCN;
   // kKSplit: this consumer's k steps of each stage.
   constexpr int kSteps = kRowBytes / 32, kMySteps = kKSplit ? kSteps / 2 : kSteps;
