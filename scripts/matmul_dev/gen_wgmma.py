@@ -1,5 +1,5 @@
-"""Writes csrc/cuda/matmul/wgmma.cuh: the wgmma m64nNk16 wrappers (N = 64
-(16-bit: a consumer's half of a 64 x 128 tile), 128, 192 (16-bit only),
+"""Writes csrc/cuda/matmul/wgmma.cuh: the wgmma m64nNk16 wrappers (N = 32 and
+64 (16-bit: 64x32 and 64x64 tiles, a consumer's half of a 64 x 128 tile), 128, 192 (16-bit only),
 256; bf16, f16 and tf32 inputs, f32 accumulators; tf32 also with A in
 registers, and N = 64 for the 3xTF32 mode's low-part product).  Inline PTX needs every
 accumulator register as its own operand (64 or 128 of them): generated, not
@@ -7,7 +7,7 @@ typed.   python scripts/matmul_dev/gen_wgmma.py"""
 from pathlib import Path
 
 out = []
-for n in (64, 128, 192, 256):
+for n in (32, 64, 128, 192, 256):
     r = n // 2
     for ty in ("bf16", "f16"):
         regs = ", ".join(f"%{i}" for i in range(r))

@@ -70,14 +70,15 @@ constexpr int kGroupM = 16;     // tile rows per raster group (L2 reuse)
 
 // kTM: tile rows.  128: the two consumers take 64 rows each; 64: they share
 // the 64 rows of A and take BN / 2 columns each (twice the tiles of a
-// problem, for those whose 128-row tiles leave SMs idle).  64 x 64
-// (kKSplit): both take the whole tile, each half of every stage's k steps,
-// and the second hands its sums to the first through shared memory (four
-// times the tiles of 128x128, for few rows against a large B, without
-// split-K's partials in memory).
+// problem, for those whose 128-row tiles leave SMs idle).  64 x 64 and 64 x
+// 32 (kKSplit): both take the whole tile, each half of every stage's k
+// steps, and the second hands its sums to the first through shared memory
+// (four or eight times the tiles of 128x128, for few rows against a large
+// B, without split-K's partials in memory).  64 x 32 needs a K-major B (a
+// row-major B's TMA box is 64 columns wide) and the direct epilogue.
 template <int BN, bool kTmaStore, int kTM = kBM>
 struct Config {
-  static constexpr bool kKSplit = kTM != kBM && BN == 64;
+  static constexpr bool kKSplit = kTM != kBM && BN <= 64;
   static constexpr int kABytes = kTM * kRowBytes;
   static constexpr int kBBytes = BN * kRowBytes;
   static constexpr int kStageBytes = kABytes + kBBytes;
@@ -87,11 +88,11 @@ struct Config {
   // in shared memory, at the price of a stage of the ring.
   static constexpr int kCBytes = kTmaStore ? 2 * 64 * kConsumerCols * 2 : 0;
   // kKSplit: the second consumer's float sums, handed to the first.
-  static constexpr int kXBytes = kKSplit ? 64 * 64 * 4 : 0;
+  static constexpr int kXBytes = kKSplit ? 64 * BN * 4 : 0;
   static constexpr int kFit = (227 * 1024 - kCBytes - kXBytes - 1024 - 128) / kStageBytes;
   // The 64-row tiles read little per stage and serve few-row problems bound
   // by memory, so their ring takes all the shared memory left (64x128: 8
-  // stages, 64x64: 12; cuBLAS runs 64x64 with 13).  A cap of 6 at 64x128
+  // stages, 64x64: 12, 64x32: 18; cuBLAS runs 64x64 with 13, 64x32 with 16).  A cap of 6 at 64x128
   // cost 6-12% (H200 profiler kernel times: 256x4096x4096 B^T 22.7 -> 20.0
   // us, 1024x1024x4096 18.0 -> 16.5, 128x4096x4096 B^T 22.1 -> 19.4).
   static constexpr int kStages =
@@ -100,6 +101,7 @@ struct Config {
   // 1024-byte alignment of every stage (128-byte swizzle atoms), barriers after.
   static constexpr int kSmemBytes =
       kStages * kStageBytes + kCBytes + kXBytes + 1024 + 2 * kStages * 8;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block: 227 KB on sm_90");
 };
 
 struct Problem {
@@ -271,10 +273,13 @@ __device__ __forceinline__ void wgmma_step(float (&d)[BN / 2], uint64_t da, uint
   } else if constexpr (BN == 128) {
     if constexpr (T::kIsBf16) wgmma_m64n128k16_bf16<kTransA, kTransB>(d, da, db, scale_d);
     else wgmma_m64n128k16_f16<kTransA, kTransB>(d, da, db, scale_d);
-  } else {
-    static_assert(BN == 64, "wgmma N: 64, 128, 192 or 256");
+  } else if constexpr (BN == 64) {
     if constexpr (T::kIsBf16) wgmma_m64n64k16_bf16<kTransA, kTransB>(d, da, db, scale_d);
     else wgmma_m64n64k16_f16<kTransA, kTransB>(d, da, db, scale_d);
+  } else {
+    static_assert(BN == 32, "wgmma N: 32, 64, 128, 192 or 256");
+    if constexpr (T::kIsBf16) wgmma_m64n32k16_bf16<kTransA, kTransB>(d, da, db, scale_d);
+    else wgmma_m64n32k16_f16<kTransA, kTransB>(d, da, db, scale_d);
   }
 }
 
@@ -325,8 +330,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
     const __grid_constant__ CUtensorMap map_c, void* __restrict__ c, const Problem p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Cfg = Config<BN, kTmaStore, kTM>;
-  static_assert(kTM == kBM || (!T::kIsTf32 && !kSplit && (BN == 128 || BN == 64)),
-                "64-row tiles: 16-bit inputs, 128 or 64 columns (64x256 is not built)");
+  static_assert(kTM == kBM || (!T::kIsTf32 && !kSplit &&
+                                (BN == 128 || BN == 64 || (BN == 32 && !kTransB && !kTmaStore))),
+                "64-row tiles: 16-bit inputs, 128 or 64 columns, or 32 with a K-major B "
+                "and the direct epilogue (64x256 is not built)");
   constexpr bool kKSplit = Cfg::kKSplit;
   // A consumer's wgmma N (its columns of the tile), and where its rows and
   // columns start in the tile.
@@ -725,6 +732,9 @@ constexpr double kSpeed64x128 = 0.72;
 // "64,1,64" (H200, 2026-11-27): 0.44-0.48 of 128x256 at 4096^3 (row-major
 // and B^T) and 8192x1024x8192.
 constexpr double kSpeed64x64 = 0.46;
+// 64x32 tiles (16-bit, K-major B; k split like 64x64): NOT MEASURED YET, a
+// guess (cuBLAS runs them for 33-64 rows against a 4096 x 4096 weight).
+constexpr double kSpeed64x32 = 0.26;
 
 struct TileShape {
   int tm, bn;
@@ -736,7 +746,8 @@ struct TileShape {
 // tiles of 128x192 on 132 SMs); 64-row tiles where the 128-row ones leave
 // most SMs idle (bf16 1024^3: 64 tiles of 128x128, 128 of 64x128); 64x64
 // for a few dozen rows against a large B (128x4096x4096: 128 tiles).
-inline TileShape pick_tile(const GemmArgs& g, bool allow_64x64 = true) {
+// narrow: the k-split tiles (64x64, and 64x32 where B is K-major).
+inline TileShape pick_tile(const GemmArgs& g, const Layout& l, bool narrow = true) {
   const int sms = device_sms();
   auto cost = [&](int tm, int bn, double speed) {
     const int64_t tiles = g.batch * ((g.m + tm - 1) / tm) * ((g.n + bn - 1) / bn);
@@ -747,9 +758,13 @@ inline TileShape pick_tile(const GemmArgs& g, bool allow_64x64 = true) {
   double best_cost = cost(kBM, 256, 1.0);
   const bool half = g.dtype != DType::f32;
   const struct { int tm, bn; double speed; } options[] = {
-      {kBM, 192, kSpeed192}, {kBM, 128, kSpeed128}, {64, 128, kSpeed64x128}, {64, 64, kSpeed64x64}};
+      {kBM, 192, kSpeed192}, {kBM, 128, kSpeed128}, {64, 128, kSpeed64x128},
+      {64, 64, kSpeed64x64}, {64, 32, kSpeed64x32}};
   for (const auto& o : options) {
-    if (((o.bn == 192 || o.tm == 64) && !half) || (o.bn == 64 && !allow_64x64)) continue;
+    if (((o.bn == 192 || o.tm == 64) && !half) || (o.bn <= 64 && !narrow) ||
+        (o.bn == 32 && l.b_n_major)) {
+      continue;
+    }
     const double c = cost(o.tm, o.bn, o.speed);
     if (c < best_cost) {
       best = {o.tm, o.bn};
@@ -807,8 +822,8 @@ inline void pick_splits(const GemmArgs& g, Choice& c) {
   c.tma_store = false;  // partials go straight to the workspace
 }
 
-inline Choice choose(const GemmArgs& g) {
-  TileShape t = pick_tile(g);
+inline Choice choose(const GemmArgs& g, const Layout& l) {
+  TileShape t = pick_tile(g, l);
   bool store = g.n % 8 == 0, pinned = false;
 #ifdef TORCHOPS_MATMUL_DEV
   // Harness only: TORCHOPS_DEV_SM90="BN,STORE[,TM]" (e.g. "256,0" or
@@ -817,24 +832,25 @@ inline Choice choose(const GemmArgs& g) {
     int bn = 0, st = 0, tm = kBM;
     const int got = std::sscanf(v, "%d,%d,%d", &bn, &st, &tm);
     const bool half = g.dtype != DType::f32;
-    if (got >= 2 && (bn == 128 || bn == 256 || (bn == 192 && half) || (bn == 64 && tm == 64)) &&
-        (tm == kBM || (tm == 64 && half && (bn == 128 || bn == 64)))) {
+    const bool narrow = tm == 64 && (bn == 64 || (bn == 32 && !l.b_n_major));
+    if (got >= 2 && (bn == 128 || bn == 256 || (bn == 192 && half) || narrow) &&
+        (tm == kBM || (tm == 64 && half && (bn == 128 || narrow)))) {
       t = {tm, bn};
       store = store && st != 0;
       pinned = true;
     }
   }
 #endif
-  Choice c{t.bn, store};
+  Choice c{t.bn, store && t.bn != 32};  // 64x32: the direct epilogue only
   c.tm = t.tm;
   pick_splits(g, c);
-  // The 64x64 tile is itself a split (its consumers halve each stage's k and
-  // sum on chip); where even its tiles leave SMs idle enough to split K, the
-  // wider tile split further does better (24 and 32 x 4096 x 4096 B^T, H200
-  // profiler kernel times: 64x128 in four splits 16.2-16.6 us, 64x64 in two
-  // 16.9-17.2).
-  if (!pinned && c.tm == 64 && c.bn == 64 && c.splits > 1) {
-    t = pick_tile(g, /*allow_64x64=*/false);
+  // The 64x64 and 64x32 tiles are themselves splits (their consumers halve
+  // each stage's k and sum on chip); where even their tiles leave SMs idle
+  // enough to split K, the wider tile split further does better
+  // (32x4096x4096 B^T, H200 profiler: 64x128 in four splits 14.6 + 1.6 us,
+  // 64x64 in two 17.0).
+  if (!pinned && c.tm == 64 && c.bn <= 64 && c.splits > 1) {
+    t = pick_tile(g, l, /*narrow=*/false);
     c = Choice{t.bn, store};
     c.tm = t.tm;
     pick_splits(g, c);
@@ -845,12 +861,17 @@ inline Choice choose(const GemmArgs& g) {
 template <typename T, int BN, int kTransA, int kTM>
 cudaError_t launch_b(const GemmArgs& g, const Layout& l, const Choice& c, void* ws, cudaStream_t s) {
   const int n = c.splits, kb = c.split_kb;
-  if (l.b_n_major) {
-    return c.tma_store ? launch<T, BN, kTransA, 1, true, kTM>(g, l, false, n, kb, ws, s)
-                       : launch<T, BN, kTransA, 1, false, kTM>(g, l, false, n, kb, ws, s);
+  if constexpr (BN == 32) {  // a K-major B and the direct epilogue only (pick_tile)
+    if (l.b_n_major || c.tma_store) return cudaErrorInvalidValue;
+    return launch<T, BN, kTransA, 0, false, kTM>(g, l, false, n, kb, ws, s);
+  } else {
+    if (l.b_n_major) {
+      return c.tma_store ? launch<T, BN, kTransA, 1, true, kTM>(g, l, false, n, kb, ws, s)
+                         : launch<T, BN, kTransA, 1, false, kTM>(g, l, false, n, kb, ws, s);
+    }
+    return c.tma_store ? launch<T, BN, kTransA, 0, true, kTM>(g, l, false, n, kb, ws, s)
+                       : launch<T, BN, kTransA, 0, false, kTM>(g, l, false, n, kb, ws, s);
   }
-  return c.tma_store ? launch<T, BN, kTransA, 0, true, kTM>(g, l, false, n, kb, ws, s)
-                     : launch<T, BN, kTransA, 0, false, kTM>(g, l, false, n, kb, ws, s);
 }
 
 template <typename T, int BN, int kTM = kBM>
@@ -872,7 +893,7 @@ inline cudaError_t launch_tf32(const GemmArgs& g, const Layout& l, bool store_t,
                                cudaStream_t s) {
   // fp32 output stored directly; an M-major A through registers.
   using T = Tf32Tag;
-  const Choice c = choose(g);
+  const Choice c = choose(g, l);
   const int n = c.splits, kb = c.split_kb;
   if (l.a_m_major) {
     return c.bn == 256 ? launch<T, 256, 1, 0, false>(g, l, store_t, n, kb, ws, s)
@@ -884,8 +905,9 @@ inline cudaError_t launch_tf32(const GemmArgs& g, const Layout& l, bool store_t,
 
 template <typename T>
 cudaError_t launch_t(const GemmArgs& g, const Layout& l, void* ws, cudaStream_t s) {
-  const Choice c = choose(g);
+  const Choice c = choose(g, l);
   if (c.tm == 64) {
+    if (c.bn == 32) return launch_ab<T, 32, 64>(g, l, c, ws, s);
     return c.bn == 64 ? launch_ab<T, 64, 64>(g, l, c, ws, s) : launch_ab<T, 128, 64>(g, l, c, ws, s);
   }
   if (c.bn == 256) return launch_ab<T, 256>(g, l, c, ws, s);
@@ -933,7 +955,7 @@ inline bool sm90_supports(const GemmArgs& g) {
 inline size_t sm90_workspace_bytes(const GemmArgs& g) {
   const sm90_detail::Resolved r = sm90_detail::resolve(g);
   if (!r.ok) return 0;
-  const sm90_detail::Choice c = sm90_detail::choose(r.g);
+  const sm90_detail::Choice c = sm90_detail::choose(r.g, r.l);
   if (c.splits < 2) return 0;
   return size_t(c.splits) * size_t(g.batch) * size_t(g.m) * size_t(g.n) * sizeof(float);
 }
@@ -942,7 +964,7 @@ inline cudaError_t sm90_run(const GemmArgs& g, void* ws, cudaStream_t stream) {
   using namespace sm90_detail;
   const Resolved r = resolve(g);
   if (!r.ok) return cudaErrorInvalidValue;
-  if (choose(r.g).splits > 1 && ws == nullptr) return cudaErrorInvalidValue;
+  if (choose(r.g, r.l).splits > 1 && ws == nullptr) return cudaErrorInvalidValue;
   switch (g.dtype) {
     case DType::f32:
       return launch_tf32(r.g, r.l, r.store_t, ws, stream);
