@@ -92,9 +92,10 @@ struct Config {
   static constexpr int kFit = (227 * 1024 - kCBytes - kXBytes - 1024 - 128) / kStageBytes;
   // The 64-row tiles read little per stage and serve few-row problems bound
   // by memory, so their ring takes all the shared memory left (64x128: 8
-  // stages, 64x64: 12, 64x32: 18; cuBLAS runs 64x64 with 13, 64x32 with 16).  A cap of 6 at 64x128
-  // cost 6-12% (H200 profiler kernel times: 256x4096x4096 B^T 22.7 -> 20.0
-  // us, 1024x1024x4096 18.0 -> 16.5, 128x4096x4096 B^T 22.1 -> 19.4).
+  // stages, 64x64: 12, 64x32: 18; cuBLAS runs 64x64 with 13 and 64x32 with
+  // 16).  A cap of 6 at 64x128 cost 6-12% (H200 profiler kernel times:
+  // 256x4096x4096 B^T 22.7 -> 20.0 us, 1024x1024x4096 18.0 -> 16.5,
+  // 128x4096x4096 B^T 22.1 -> 19.4).
   static constexpr int kStages =
       kTM != kBM ? kFit
       : kTmaStore ? (BN == 256 ? 3 : BN == 192 ? 4 : 5) : (BN == 256 ? 4 : BN == 192 ? 5 : 6);
