@@ -432,15 +432,16 @@ def test_cuda_big_tile_f32_sanitizer_shapes(m, k, n):
 
 # Shapes for each tile of the sm90 path, (batch, m, k, n) -> (tile rows, tile
 # columns) that `choose` picks on a GPU of 132 SMs (H100 / H200 SXM): the
-# small shapes elsewhere in this file mostly take 64x64 tiles.  32 x 1024 x
-# 1024 would split its 64x64 tiles K-wise, so it takes 64x128 split in two.
-# None: no sm90 kernel (batches of at most 64 x 64 outputs run on sm80,
-# matmul.cu).
+# small shapes elsewhere in this file mostly take 64x64 tiles (64x32 where
+# B is K-major).  32 x 4096 x 4096 (long K, A filling half of a 64-row tile)
+# takes 64x128 split K-wise.  None: no sm90 kernel (batches of at most 64 x
+# 64 outputs run on sm80, matmul.cu).
 SM90_TILE_SHAPES = {(None, 2048, 256, 2048): (128, 256), (None, 1000, 768, 3000): (128, 192),
                     (None, 1024, 256, 1536): (128, 128), (None, 1024, 256, 1024): (64, 128),
                     (None, 128, 512, 4096): (64, 64), (None, 512, 256, 512): (64, 64),
                     (16, 64, 256, 1024): (64, 128), (8, 48, 512, 256): (64, 64),
-                    (None, 32, 1024, 1024): (64, 128), (16, 64, 256, 64): None}
+                    (None, 32, 1024, 1024): (64, 64), (None, 32, 4096, 4096): (64, 128),
+                    (16, 64, 256, 64): None}
 # Where B is K-major ("nt") and 64x32 tiles win (they need a K-major B).
 SM90_TILE_SHAPES_NT = {(None, 512, 256, 512): (64, 32), (8, 48, 512, 256): (64, 32),
                        (None, 32, 1024, 1024): (64, 32)}
@@ -475,11 +476,11 @@ def test_cuda_sm90_each_tile(shape, layout, dtype):
 # Small shapes for compute-sanitizer (memcheck and racecheck in the GPU
 # check): every path, tails in every dimension, each layout, batched; 3 x
 # 1024 x 4096 splits K in two, which decode sums inside a cluster on Hopper.
-# On sm90 the small ones take 64x64 tiles, 256 x 72 x 2560 64x128, 32 x 1024
-# x 1024 64x128 split K-wise in two.
+# On sm90 the small ones take 64x64 tiles (64x32 where B is K-major), 256 x
+# 72 x 2560 64x128, 32 x 2048 x 1024 64x128 split K-wise in four.
 SANITIZER_SHAPES = [(None, 1, 1, 1), (None, 5, 33, 17), (None, 16, 264, 136), (2, 130, 72, 264),
                     (None, 129, 257, 129), (3, 64, 64, 64), (None, 3, 1024, 4096),
-                    (None, 256, 72, 2560), (None, 32, 1024, 1024)]
+                    (None, 256, 72, 2560), (None, 32, 2048, 1024)]
 
 
 @cuda

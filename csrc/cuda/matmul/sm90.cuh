@@ -733,9 +733,10 @@ constexpr double kSpeed64x128 = 0.72;
 // "64,1,64" (H200, 2026-11-27): 0.44-0.48 of 128x256 at 4096^3 (row-major
 // and B^T) and 8192x1024x8192.
 constexpr double kSpeed64x64 = 0.46;
-// 64x32 tiles (16-bit, K-major B; k split like 64x64): NOT MEASURED YET, a
-// guess (cuBLAS runs them for 33-64 rows against a 4096 x 4096 weight).
-constexpr double kSpeed64x32 = 0.26;
+// 64x32 tiles (16-bit, K-major B; k split like 64x64), pinned with
+// "32,0,64" (H200, 2026-11-27): 0.26 of 128x256 at 4096^3 B^T, 0.31 at
+// 512x11008x4096 B^T.
+constexpr double kSpeed64x32 = 0.28;
 
 struct TileShape {
   int tm, bn;
@@ -844,18 +845,30 @@ inline Choice choose(const GemmArgs& g, const Layout& l) {
 #endif
   Choice c{t.bn, store && t.bn != 32};  // 64x32: the direct epilogue only
   c.tm = t.tm;
-  pick_splits(g, c);
   // The 64x64 and 64x32 tiles are themselves splits (their consumers halve
-  // each stage's k and sum on chip); where even their tiles leave SMs idle
-  // enough to split K, the wider tile split further does better
-  // (32x4096x4096 B^T, H200 profiler: 64x128 in four splits 14.6 + 1.6 us,
-  // 64x64 in two 17.0).
-  if (!pinned && c.tm == 64 && c.bn <= 64 && c.splits > 1) {
-    t = pick_tile(g, l, /*narrow=*/false);
-    c = Choice{t.bn, store};
-    c.tm = t.tm;
-    pick_splits(g, c);
+  // each stage's k and sum on chip), so they never split K again.  Where K
+  // is long (at least 32 k blocks) and the model would split them, or A
+  // fills at most half of their 64 rows, the wider 64x128 tile split K-wise
+  // does better.  H200 profiler kernel times, 2026-11-27, us: 17-32 rows
+  // against a 4096 x 4096 B^T, 64x32 / 64x64 unsplit 17.8-19.4 / 16.8-18.8,
+  // 64x128 in four splits 16.2-16.6; against a 4096 x 11008 one 40.4-45.8 /
+  // 37.6-43.7 against 33.5-34.5; 40-56 rows against a row-major 4096 x 11008
+  // B, 64x64 unsplit 35.1-36.4 against 33.8-34.4 split; but 48-64 rows
+  // against a 4096 x 4096 B^T 64x32 15.7-15.9 against 17.2-19.2, and where K
+  // is short (17-32 x 1024 x 1024 B^T) 64x32 unsplit 5.6-5.7 against 6.0-6.8.
+  if (!pinned && c.tm == 64 && c.bn <= 64) {
+    Choice split = c;
+    pick_splits(g, split);
+    const int64_t per_kb = kRowBytes / dtype_bytes(g.dtype), kb = (g.k + per_kb - 1) / per_kb;
+    if (kb >= 32 && (split.splits > 1 || g.m <= 32)) {
+      t = pick_tile(g, l, /*narrow=*/false);
+      c = Choice{t.bn, store};
+      c.tm = t.tm;
+      pick_splits(g, c);
+    }
+    return c;
   }
+  pick_splits(g, c);
   return c;
 }
 
