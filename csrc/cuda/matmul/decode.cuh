@@ -117,11 +117,19 @@ struct Geom {
 };
 template <class C> constexpr Geom geom_of() { return {C::NW, C::BKT, C::BNG, C::UK, C::UN, C::UF, C::MINB}; }
 
-// The automatic one.  H100, 2026-11-26, timed three times in turn against
-// K12 (8 warps, 4 loads in flight, L2 evict-first: ahead in the first two
-// runs of a 30-config sweep): the same within the spread (1x4096x4096 0.96x
-// of cuBLAS either way, 16x4096x4096 1.01x; float32 K0 1.38x, K12 1.36x).
-using K0 = KCfg<16, 4, 1, 2, 2, 2, 0, 1>;
+// The automatic one: K12's shape for the tensor-core kernels (8 warps, 4
+// loads in flight, nc loads with an L2 evict-first policy) and K10's for
+// float32 (UF 2; those kernels read only UF and LD).  On an H100
+// (2026-11-26, three rounds) K12 and the automatic one of then (K16: 16
+// warps, 2 loads in flight, ld.global.cs) were the same within the spread.
+// On an H200 (2026-11-27, the harness's config sweep twice and the two
+// alone once more, ratio to cuBLAS, K12 against K16) K12 was ahead on the
+// bf16 rows: 16x4096x4096 0.98-1.00x against 0.94-0.99x, with B = W^T
+// 0.99-1.02x against 0.93-0.97x, 4x8192x8192 1.04-1.05x against
+// 0.99-1.01x; 1x4096x4096 1.00-1.04x against 0.97-1.01x, f16 16 rows
+// 0.99-1.01x against 0.98-1.01x.  float32 keeps UF 2 (1.38-1.40x either
+// way; K12's UF 4 ran 1.35-1.36x).
+using K0 = KCfg<8, 4, 1, 4, 4, 2, 3, 1>;
 #ifdef TORCHOPS_MATMUL_DEV
 using K1 = KCfg<16, 4, 1, 2, 2, 2, 1, 1>;  // nc.L1::no_allocate loads
 using K2 = KCfg<16, 4, 1, 2, 2, 2, 2, 1>;  // + L2::256B prefetch
@@ -132,17 +140,19 @@ using K6 = KCfg<16, 2, 2, 2, 2, 2, 0, 1>;  // bk 16 columns, bn 128 columns
 using K7 = KCfg<4, 4, 1, 2, 2, 2, 0, 4>;   // 4 warps, 4 CTAs per SM (u4 spills at 128 regs)
 using K8 = KCfg<8, 4, 1, 4, 4, 4, 1, 1>;   // K3 with nc loads
 using K9 = KCfg<8, 4, 1, 8, 8, 4, 1, 1>;   // K5 with nc loads
-using K10 = KCfg<16, 4, 1, 2, 2, 2, 3, 1>;  // K0 with nc + L2 evict-first policy
-using K11 = KCfg<16, 4, 1, 2, 2, 2, 4, 1>;  // K0 with cs + L2 evict-first policy
+using K10 = KCfg<16, 4, 1, 2, 2, 2, 3, 1>;  // K16 with nc + L2 evict-first policy
+using K11 = KCfg<16, 4, 1, 2, 2, 2, 4, 1>;  // K16 with cs + L2 evict-first policy
 using K12 = KCfg<8, 4, 1, 4, 4, 4, 3, 1>;   // K3 with nc + L2 evict-first policy
 using K13 = KCfg<16, 2, 2, 2, 2, 2, 3, 1>;  // K6 with nc + L2 evict-first policy
 using K14 = KCfg<4, 4, 1, 8, 8, 4, 3, 1>;   // 4 warps, u8, nc + L2 evict-first policy
 using K15 = KCfg<8, 4, 1, 6, 6, 4, 3, 1>;   // 8 warps, u6, nc + L2 evict-first policy
-constexpr int kKCfgs = 16;
+using K16 = KCfg<16, 4, 1, 2, 2, 2, 0, 1>;  // the automatic one until 2026-11-27
+constexpr int kKCfgs = 17;
 constexpr Geom kGeoms[kKCfgs] = {geom_of<K0>(), geom_of<K1>(), geom_of<K2>(), geom_of<K3>(),
                                  geom_of<K4>(), geom_of<K5>(), geom_of<K6>(), geom_of<K7>(),
                                  geom_of<K8>(), geom_of<K9>(), geom_of<K10>(), geom_of<K11>(),
-                                 geom_of<K12>(), geom_of<K13>(), geom_of<K14>(), geom_of<K15>()};
+                                 geom_of<K12>(), geom_of<K13>(), geom_of<K14>(), geom_of<K15>(),
+                                 geom_of<K16>()};
 
 // Harness table: kernel shape, split policy (0 auto, else that many splits,
 // clamped as auto is), one kernel (last-CTA reduction) or two.
@@ -150,14 +160,14 @@ struct DevCfg {
   int kc, split, one;
   const char* name;
 };
-constexpr int kDevCfgs = 34;
+constexpr int kDevCfgs = 35;
 constexpr DevCfg kDevCfgs_[kDevCfgs] = {
-    {0, 0, 0, "w16 u2 cs, split auto (auto)"},
-    {0, 0, 1, "w16 u2 cs, split auto, 1 kernel"},
-    {0, 1, 0, "w16 u2 cs, no split"},
-    {0, 2, 1, "w16 u2 cs, split 2, 1 kernel"},
-    {0, 4, 1, "w16 u2 cs, split 4, 1 kernel"},
-    {0, 2, 0, "w16 u2 cs, split 2, 2 kernels"},
+    {0, 0, 0, "w8 u4 nc L2 ef (f32 u2), split auto (auto)"},
+    {16, 0, 1, "w16 u2 cs, split auto, 1 kernel"},
+    {16, 1, 0, "w16 u2 cs, no split"},
+    {16, 2, 1, "w16 u2 cs, split 2, 1 kernel"},
+    {16, 4, 1, "w16 u2 cs, split 4, 1 kernel"},
+    {16, 2, 0, "w16 u2 cs, split 2, 2 kernels"},
     {1, 0, 1, "w16 u2 nc, split auto, 1 kernel"},
     {2, 0, 1, "w16 u2 nc L2::256B, split auto, 1 kernel"},
     {3, 0, 1, "w8 u4 cs, split auto, 1 kernel"},
@@ -186,6 +196,7 @@ constexpr DevCfg kDevCfgs_[kDevCfgs] = {
     {9, 0, 0, "w8 u8 nc, split auto"},
     {14, 0, 0, "w4 u8 nc L2 evict-first, split auto"},
     {15, 0, 0, "w8 u6 nc L2 evict-first, split auto"},
+    {16, 0, 0, "w16 u2 cs, split auto (auto until 2026-11-27)"},
 };
 #else
 constexpr int kKCfgs = 1;
@@ -845,6 +856,7 @@ inline cudaError_t launch_kc(DType dt, const Plan& pl, const Params& p, cudaStre
     case 13: return launch_cfg<K13>(dt, pl, p, st);
     case 14: return launch_cfg<K14>(dt, pl, p, st);
     case 15: return launch_cfg<K15>(dt, pl, p, st);
+    case 16: return launch_cfg<K16>(dt, pl, p, st);
 #endif
     default: return cudaErrorInvalidValue;
   }
