@@ -227,11 +227,12 @@ __device__ __forceinline__ uint4 ldb16(const void* p) {
 #endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (LD == 3 || LD == 4) {
-    // An L2 policy that marks B's lines first to go.  After do_bench's L2
-    // flush (a 256 MB memset: the L2 full of dirty lines) it times as .cs
-    // does (H100): the write-backs cost both alike, cuBLAS too (its GEMV
-    // 20.8 us after that flush, 16.8 after a flush by reads; exp notes in
-    // docs/design.md).  Harness configs only.
+    // An L2 policy that marks B's lines first to go, so that streaming B
+    // does not push out what else is cached.  After do_bench's L2 flush (a
+    // 256 MB memset: the L2 full of dirty lines) it times as .cs does on an
+    // H100 (the write-backs cost both alike, cuBLAS too: its GEMV 20.8 us
+    // after that flush, 16.8 after a flush by reads; docs/design.md); the
+    // automatic config (K0) uses it with the nc load (LD 3).
     uint64_t pol;
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     uint4 v;
