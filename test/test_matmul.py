@@ -575,3 +575,61 @@ def test_wrapper_nd_compiles_and_exports():
     x, w = torch.randn(2, 4, 5), torch.randn(5, 3)
     ep = torch.export.export(Linear(), (x, w))
     torch.testing.assert_close(ep.module()(x, w), torchops.matmul(x, w))
+
+
+# --- autocast: torch.matmul's policy ----------------------------------------------------
+
+_HALF = [torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("dtype", _HALF, ids=str)
+def test_autocast_casts_like_torch_matmul(device, dtype):
+    """Under torch.autocast, float32 inputs (and mixed half x float32 ones,
+    which the op alone rejects) are cast to the region's dtype, as
+    torch.matmul does: same output dtype as torch.matmul, the same bits as
+    torchops.matmul on the cast inputs outside the region, within the
+    dtype's tolerance of float64.  float64 inputs are left alone."""
+    torch.manual_seed(0)
+    a = torch.randn(2, 33, 70, device=device)
+    b = torch.randn(70, 19, device=device)
+    with torch.autocast(device_type=device, dtype=dtype):
+        got = torchops.matmul(a, b)
+        mixed = torchops.matmul(a.to(dtype), b)
+        peer = torch.matmul(a, b)
+        a64, b64 = a.double(), b.double()
+        f64 = torchops.matmul(a64, b64)
+    assert got.dtype == mixed.dtype == peer.dtype == dtype
+    cast = torchops.matmul(a.to(dtype), b.to(dtype))
+    assert torch.equal(got, cast) and torch.equal(mixed, cast)
+    want = references.matmul(a.to(dtype).double(), b.to(dtype).double())
+    torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2 * math.sqrt(70))
+    assert f64.dtype == torch.float64 and torch.equal(f64, torchops.matmul(a64, b64))
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+def test_autocast_gradients_reach_float32_leaves(device):
+    """A float32 weight used under autocast gets a float32 gradient (through
+    the casts' backward), close to the float64 one; the forward compiles
+    with the autocast region inside the graph (fullgraph=True)."""
+    torch.manual_seed(0)
+    x = torch.randn(16, 64, device=device, requires_grad=True)
+    w = torch.randn(64, 24, device=device, requires_grad=True)
+    g = torch.randn(16, 24, device=device)
+
+    def step(x, w):
+        with torch.autocast(device_type=device, dtype=torch.bfloat16):
+            return torchops.matmul(x, w)
+
+    y = step(x, w)
+    assert y.dtype == torch.bfloat16
+    gx, gw = torch.autograd.grad(y, (x, w), g.bfloat16())
+    assert gx.dtype == gw.dtype == torch.float32
+    xb, wb = x.detach().bfloat16().double(), w.detach().bfloat16().double()
+    gd = g.bfloat16().double()
+    torch.testing.assert_close(gx.double(), gd @ wb.t(), rtol=3e-2, atol=0.3)
+    torch.testing.assert_close(gw.double(), xb.t() @ gd, rtol=3e-2, atol=0.3)
+    compiled = torch.compile(step, fullgraph=True)
+    yc = compiled(x.detach(), w.detach())
+    assert yc.dtype == torch.bfloat16
+    torch.testing.assert_close(yc.float(), y.detach().float(), rtol=1e-2, atol=1e-2)

@@ -1,6 +1,10 @@
-// Autocast for torchops operators, the way torchvision does it: under
-// torch.autocast the op computes in float32 and returns the dtype its inputs
-// came in (reduced-precision inputs are upcast, results cast back).
+// Autocast for torchops operators.  Two policies:
+//   AutocastFloat32 -- the detection ops, the way torchvision does it: under
+//     torch.autocast the op computes in float32 and returns the dtype its
+//     inputs came in (reduced-precision inputs are upcast, results cast back).
+//   AutocastLowerPrecision -- matmul, the way ATen's own matmul does it: the
+//     floating inputs are cast to the autocast dtype (float64 ones are left
+//     alone), and the result stays in it.
 //
 // Usage, in the op's dispatcher glue (csrc/dispatch/<op>_dispatch.cpp):
 //
@@ -34,6 +38,21 @@ class AutocastFloat32 {
   }
 
  private:
+  c10::impl::ExcludeDispatchKeyGuard no_autocast_{
+      at::autocast::get_autocast_dispatch_key_from_device_type(Device)};
+};
+
+template <c10::DeviceType Device>
+class AutocastLowerPrecision {
+ public:
+  // float32 (and the other reduced type) to the region's dtype, cached as
+  // ATen's autocast casts; float64 and non-floating tensors unchanged.
+  at::Tensor down(const at::Tensor& t) const {
+    return at::autocast::cached_cast(dtype_, t, Device);
+  }
+
+ private:
+  at::ScalarType dtype_ = at::autocast::get_autocast_dtype(Device);
   c10::impl::ExcludeDispatchKeyGuard no_autocast_{
       at::autocast::get_autocast_dispatch_key_from_device_type(Device)};
 };

@@ -1,4 +1,11 @@
-// Dispatcher glue of torchops.matmul: registers its Autograd kernel.
+// Dispatcher glue of torchops.matmul: registers its Autograd and
+// AutocastCPU/AutocastCUDA kernels.
+//
+// Autocast follows torch.matmul's policy, not the detection ops': a model
+// moved from torch.matmul to torchops.matmul inside torch.autocast keeps its
+// tensor-core dtype (float32 activations and weights are cast to the
+// region's bf16/fp16, and so are mixed bf16 x float32 pairs, which the op
+// itself rejects), instead of falling back to exact float32.
 //
 // Both gradients are matmuls themselves, of transposed views: the kernels
 // accept any strides, so no copies are made, and because the backward calls
@@ -7,6 +14,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include "common/autocast.h"
 #include "dispatch/handle.h"
 
 namespace torchops::dispatch {
@@ -55,9 +63,17 @@ at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b) {
   return Matmul::apply(a, b);
 }
 
+template <c10::DeviceType D>
+at::Tensor matmul_autocast(const at::Tensor& a, const at::Tensor& b) {
+  const AutocastLowerPrecision<D> guard;
+  return ops::matmul(guard.down(a), guard.down(b));
+}
+
 }  // namespace
 }  // namespace torchops::dispatch
 
 TORCH_LIBRARY_IMPL(torchops, Autograd, m) {
   m.impl("matmul", &torchops::dispatch::matmul_autograd);
 }
+
+TORCHOPS_REGISTER_AUTOCAST("matmul", torchops::dispatch::matmul_autocast)

@@ -92,6 +92,9 @@ MATMUL = OpInfo(
         torch.bfloat16: Tol(5e-2, 2e-2),
     },
     supports_gradgrad=True,
+    # torch.matmul's autocast policy (inputs cast to the region's dtype);
+    # test_matmul.py's test_autocast_* check it beyond the generic test.
+    autocast=True,
     sample_inputs_large=_matmul_large,
     hypothesis_sample=_matmul_hypothesis,
 )

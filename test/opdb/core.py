@@ -151,9 +151,12 @@ class OpInfo:
     skips: list[Skip] = field(default_factory=list)
     # opcheck test_util (OPCHECK_UTILS) -> written reason for turning it off.
     opcheck_skips: dict[str, str] = field(default_factory=dict)
-    # The op has AutocastCPU/AutocastCUDA kernels: compute in float32, return
-    # the first floating input's dtype.  The autocast test runs for every op;
-    # with this set it also calls the op with mixed float32/half inputs.
+    # The op has AutocastCPU/AutocastCUDA kernels: the detection ops compute
+    # in float32 and return the first floating input's dtype; matmul casts
+    # its inputs to the region's dtype, as torch.matmul does.  The generic
+    # test (region dtype = the first input's) holds for both.  The autocast
+    # test runs for every op; with this set it also calls the op with mixed
+    # float32/half inputs.
     autocast: bool = False
     # Op name (this entry's or one of its internal_ops) -> written reason why
     # torchops/bench/cases.py has no case timing it.
