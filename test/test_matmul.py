@@ -508,8 +508,9 @@ _ND_SHAPES = [
 ]
 
 
-_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA GPU"))]
+# The cuda marker too, so that the GPU check (-m cuda) runs these on the GPU.
+_DEVICES = ["cpu", pytest.param("cuda", marks=(cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA GPU")))]
 
 
 @pytest.mark.parametrize("device", _DEVICES)
