@@ -799,10 +799,16 @@ struct Choice {
 constexpr int kMinSplitKb = 8;
 constexpr double kUsPerKb128 = 0.45, kUsPerPartialMb = 2.0;
 
+// K in blocks of one 128-byte stage row.
+inline int64_t k_blocks(const GemmArgs& g) {
+  const int64_t per_kb = kRowBytes / dtype_bytes(g.dtype);
+  return (g.k + per_kb - 1) / per_kb;
+}
+
 inline void pick_splits(const GemmArgs& g, Choice& c) {
   const int sms = device_sms();
   const int64_t tiles = g.batch * ((g.m + c.tm - 1) / c.tm) * ((g.n + c.bn - 1) / c.bn);
-  const int64_t kb = (g.k + kRowBytes / dtype_bytes(g.dtype) - 1) / (kRowBytes / dtype_bytes(g.dtype));
+  const int64_t kb = k_blocks(g);
   const int64_t most = std::min<int64_t>({tiles > 0 ? sms / tiles : 0, kb / kMinSplitKb, kMaxSplits});
   const double unsplit_us = double(kb) * kUsPerKb128 * c.bn / 128 * c.tm / kBM;
   const double partial_mb = double(g.batch) * g.m * g.n * 4 / 1e6;
@@ -859,8 +865,7 @@ inline Choice choose(const GemmArgs& g, const Layout& l) {
   if (!pinned && c.tm == 64 && c.bn <= 64) {
     Choice split = c;
     pick_splits(g, split);
-    const int64_t per_kb = kRowBytes / dtype_bytes(g.dtype), kb = (g.k + per_kb - 1) / per_kb;
-    if (kb >= 32 && (split.splits > 1 || g.m <= 32)) {
+    if (k_blocks(g) >= 32 && (split.splits > 1 || g.m <= 32)) {
       t = pick_tile(g, l, /*narrow=*/false);
       c = Choice{t.bn, store};
       c.tm = t.tm;
