@@ -274,3 +274,33 @@ def test_row_best_is_the_fastest_alternative():
     row = Row("c", "op", "cpu", "s", "float32", 1, False, False,
               results={"torchops": m(1.0), "eager": m(4.0), "compiled": m(2.0)})
     assert row.best() == "compiled" and row.speedup(row.best()) == 2.0
+
+
+def test_interleaved_rounds_alternate_order_and_pool_blocks(monkeypatch):
+    """Each step is timed in every round, in an order that reverses from round
+    to round; the blocks of all rounds make one measurement; a step that raises
+    is reported apart and not timed again."""
+    order = []
+
+    def fake_time(step, device, n_sets, min_time, max_time):
+        assert min_time == pytest.approx(0.3 / 3) and max_time == pytest.approx(3.0 / 3)
+        step(0)
+        return [len(order) * 1.0], 2, "rotate x1"
+
+    monkeypatch.setattr(timing, "_time", fake_time)
+
+    def bad(i):
+        order.append("c")
+        raise ValueError("boom")
+
+    steps = {"a": lambda i: order.append("a"), "b": lambda i: order.append("b"), "c": bad}
+    got, failed = timing.measure_interleaved(steps, "cpu", min_time=0.3, max_time=3.0, rounds=3)
+    assert order == ["a", "b", "c", "b", "a", "a", "b"]
+    assert set(got) == {"a", "b"} and list(failed) == ["c"] and "boom" in str(failed["c"])
+    # a's blocks: rounds 1, 2, 3 (times 1, 5, 6); b's: 2, 4, 7.
+    assert (got["a"].samples, got["a"].calls, got["a"].median) == (3, 6, 5.0)
+    assert got["b"].median == 4.0
+    # One round where do_bench times each call alone, or for a single step.
+    order.clear()
+    got, _ = timing.measure_interleaved({"a": steps["a"]}, "cpu", min_time=0.1, max_time=1.0)
+    assert order == ["a"]

@@ -1,7 +1,8 @@
 """Runs benchmark cases: one :class:`Row` per (case, device, size, CPU threads).
 
 Per variant: a first, untimed call (it compiles; its output is kept for the
-cross-check against torchops's), then :func:`torchops.bench.timing.measure`.
+cross-check against torchops's); then all variants are timed together by
+:func:`torchops.bench.timing.measure_interleaved`.
 A variant's failure becomes a note in the row; it never stops the run.
 """
 
@@ -18,7 +19,7 @@ from typing import Callable, TextIO
 import torch
 
 from torchops.bench.cases import VARIANTS, Case, Size
-from torchops.bench.timing import Measurement, Roofline, input_sets, measure
+from torchops.bench.timing import Measurement, Roofline, input_sets, measure_interleaved
 
 # torch's default intra-op thread count, captured before any row changes it.
 ALL_THREADS = torch.get_num_threads()
@@ -182,7 +183,7 @@ def _run_row(case: Case, device: str, size: Size, row: Row, opts: Options,
         set_bytes = sum(t.numel() * t.element_size() for t in _tensors(sets[0]))
         sets += [case.make_inputs(size, device) for _ in range(input_sets(device, set_bytes) - 1)]
     diff_inputs = [[t for t in _tensors(s) if t.requires_grad] for s in sets]
-    grads, outputs = None, {}
+    grads, outputs, steps = None, {}, {}
     with _deterministic(case.deterministic):
         for name, fn in variants.items():
             try:
@@ -197,17 +198,27 @@ def _run_row(case: Case, device: str, size: Size, row: Row, opts: Options,
                     continue
                 outputs[name] = [t.detach() for t in _tensors(out)]
                 del out
-                step = (lambda i: fn(*sets[i])) if grads is None else (
-                    lambda i: torch.autograd.grad([t for t in _tensors(fn(*sets[i]))
-                                                   if t.requires_grad], diff_inputs[i], grads))
-                row.results[name] = measure(step, device, len(sets), **opts.timing(device))
+                # fn and grads bound now: the steps are called after the loop.
+                steps[name] = (lambda i, fn=fn: fn(*sets[i])) if grads is None else (
+                    lambda i, fn=fn, g=grads: torch.autograd.grad(
+                        [t for t in _tensors(fn(*sets[i])) if t.requires_grad],
+                        diff_inputs[i], g))
             except Exception as e:  # noqa: BLE001  (one variant's failure is a note)
-                msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-                row.notes.append(f"{name}: {type(e).__name__}: {msg}")
+                row.notes.append(_failure_note(name, e))
+        if steps:
+            results, failed = measure_interleaved(steps, device, len(sets),
+                                                  **opts.timing(device))
+            row.results.update(results)
+            row.notes += [_failure_note(name, e) for name, e in failed.items()]
     if "torchops" in outputs and len(outputs) > 1:
         bad = [f"vs {n}: {d}" for n, o in outputs.items()
                if n != "torchops" and (d := _compare(outputs["torchops"], o, size.dtype))]
         row.check = "MISMATCH " + "; ".join(bad) if bad else "ok"
+
+
+def _failure_note(name: str, e: Exception) -> str:
+    msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+    return f"{name}: {type(e).__name__}: {msg}"
 
 
 @contextlib.contextmanager

@@ -5,7 +5,8 @@ before every call (a cold L2 at any problem size) and times each call alone
 with CUDA events.  Elsewhere: ``torch.utils.benchmark.Timer.adaptive_autorange``,
 which times blocks of calls (synchronising the accelerator around each) until
 they agree; it cannot flush between calls, so the calls rotate through enough
-input sets to overflow the last-level cache.  The caller makes the first call
+input sets to overflow the last-level cache, and the variants of a row are
+timed in interleaved rounds (measure_interleaved).  The caller makes the first call
 (compilation, autotuning), so it is never timed.
 """
 
@@ -50,35 +51,86 @@ def _do_bench() -> Callable | None:
     return do_bench
 
 
-def measure(step: Callable[[int], object], device: str, n_sets: int = 1, *,
-            min_time: float, max_time: float) -> Measurement:
-    """Time ``step(i)``, ``i`` the input set, for about ``min_time`` seconds
-    (at most ``max_time`` with the Timer)."""
+def _time(step: Callable[[int], object], device: str, n_sets: int, min_time: float,
+          max_time: float) -> tuple[list[float], int, str]:
+    """Seconds per call of each timed call or block of calls, how many calls
+    were timed, and the method's name."""
     if device == "cuda" and _do_bench() is not None:
         # Budgets in ms; "all" returns every call's time, for quartiles and counts.
         ms = _do_bench()(lambda: step(0), warmup=250 * min_time, rep=1e3 * min_time,
                          return_mode="all")
-        times, calls, method = [float(t) / 1e3 for t in ms], len(ms), "do_bench"
-    else:
-        # Untimed calls first (50 ms, or a third of the timing budget if
-        # less), so that the row's first variant does not alone meet threads
-        # and cores that the input sets' creation (one thread) left idle.  A
-        # precaution, not a cure: H200 host, 256^3 at 2 threads, three
-        # fresh runs each, torchops (timed first) against torch.mm 0.59 to
-        # 0.83x without, 0.75 to 0.89x with it.
-        warm_until = time.perf_counter() + min(0.05, min_time / 3)
-        i = 0
-        while time.perf_counter() < warm_until:
-            step(i % n_sets)
-            i += 1
-        sets = itertools.cycle(range(n_sets))
-        # num_threads: Timer would otherwise run on one thread.
-        m = Timer("step(next(sets))", globals={"step": step, "sets": sets},
-                  num_threads=torch.get_num_threads()
-                  ).adaptive_autorange(min_run_time=min_time, max_run_time=max_time)
-        times, calls, method = list(m.times), len(m.times) * m.number_per_run, f"rotate x{n_sets}"
+        return [float(t) / 1e3 for t in ms], len(ms), "do_bench"
+    # Untimed calls first (50 ms, or a third of the timing budget if
+    # less), so that the row's first variant does not alone meet threads
+    # and cores that the input sets' creation (one thread) left idle.  A
+    # precaution, not a cure: H200 host, 256^3 at 2 threads, three
+    # fresh runs each, torchops (timed first) against torch.mm 0.59 to
+    # 0.83x without, 0.75 to 0.89x with it.
+    warm_until = time.perf_counter() + min(0.05, min_time / 3)
+    i = 0
+    while time.perf_counter() < warm_until:
+        step(i % n_sets)
+        i += 1
+    sets = itertools.cycle(range(n_sets))
+    # num_threads: Timer would otherwise run on one thread.
+    m = Timer("step(next(sets))", globals={"step": step, "sets": sets},
+              num_threads=torch.get_num_threads()
+              ).adaptive_autorange(min_run_time=min_time, max_run_time=max_time)
+    return list(m.times), len(m.times) * m.number_per_run, f"rotate x{n_sets}"
+
+
+def _summary(times: list[float], calls: int, method: str) -> Measurement:
     q = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else times * 3
     return Measurement(q[1], q[0], q[2], len(times), calls, method)
+
+
+def measure(step: Callable[[int], object], device: str, n_sets: int = 1, *,
+            min_time: float, max_time: float) -> Measurement:
+    """Time ``step(i)``, ``i`` the input set, for about ``min_time`` seconds
+    (at most ``max_time`` with the Timer)."""
+    return _summary(*_time(step, device, n_sets, min_time, max_time))
+
+
+# Rounds of measure_interleaved on the Timer's path.  The CPU rows run on
+# shared hosts whose speed drifts by tens of percent within a minute: timed
+# one after the other, torchops and torch.mm can meet different speeds (H200
+# machines' hosts, 2026-11-27, 1024^3 float32 on one thread, five bench runs
+# of one commit: 0.75x, 0.84x, 0.94x, 0.96x and 0.99x to torch.mm, though
+# each variant's own IQR was under 10% in four of them).
+ROUNDS = 3
+
+
+def measure_interleaved(steps: dict[str, Callable[[int], object]], device: str,
+                        n_sets: int = 1, *, min_time: float, max_time: float,
+                        rounds: int = ROUNDS) -> tuple[dict[str, Measurement],
+                                                       dict[str, Exception]]:
+    """:func:`measure` of every step, their timing interleaved: ``rounds``
+    rounds, each giving every step a ``1 / rounds`` share of the budget, in
+    an order that reverses from round to round (A B, B A, A B), so a drift of
+    the machine's speed falls on all of them alike; each step's blocks of all
+    rounds make one measurement.  One round with do_bench, which times
+    every call alone on a device of its own.  Returns the measurements and,
+    apart, the exception of each step that raised (not timed further)."""
+    if (device == "cuda" and _do_bench() is not None) or len(steps) < 2:
+        rounds = 1
+    rounds = max(1, rounds)
+    parts: dict[str, tuple[list[float], int, str]] = {}
+    failed: dict[str, Exception] = {}
+    names = list(steps)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            if name in failed:
+                continue
+            try:
+                times, calls, method = _time(steps[name], device, n_sets, min_time / rounds,
+                                             max_time / rounds)
+            except Exception as e:  # noqa: BLE001  (the caller reports it)
+                failed[name] = e
+                parts.pop(name, None)
+                continue
+            t0, c0, _ = parts.get(name, ([], 0, method))
+            parts[name] = (t0 + times, c0 + calls, method)
+    return {n: _summary(*parts[n]) for n in names if n in parts}, failed
 
 
 def input_sets(device: str, set_bytes: int) -> int:
