@@ -95,7 +95,7 @@ def measure(step: Callable[[int], object], device: str, n_sets: int = 1, *,
 # shared hosts whose speed drifts by tens of percent within a minute: timed
 # one after the other, torchops and torch.mm can meet different speeds (H200
 # machines' hosts, 2026-11-27, 1024^3 float32 on one thread, five bench runs
-# of one commit: 0.75x, 0.84x, 0.94x, 0.96x and 0.99x to torch.mm, though
+# of the same kernel: 0.75x, 0.84x, 0.94x, 0.96x and 0.99x to torch.mm, though
 # each variant's own IQR was under 10% in four of them).
 ROUNDS = 3
 
