@@ -276,31 +276,48 @@ def test_row_best_is_the_fastest_alternative():
     assert row.best() == "compiled" and row.speedup(row.best()) == 2.0
 
 
-def test_interleaved_rounds_alternate_order_and_pool_blocks(monkeypatch):
-    """Each step is timed in every round, in an order that reverses from round
-    to round; the blocks of all rounds make one measurement; a step that raises
-    is reported apart and not timed again."""
-    order = []
+def test_interleaved_blocks_alternate_order_and_stop_like_adaptive_autorange(monkeypatch):
+    """One block of each step a pass, the order reversing from pass to pass;
+    steps whose blocks agree stop after four blocks and min_time; blocks that
+    disagree run until max_time; a step that raises is reported apart and
+    never timed again, the others go on."""
+    blocks, seconds = [], {"a": [0.01], "b": [0.01], "c": [0.01], "noisy": [0.01, 0.03]}
 
-    def fake_time(step, device, n_sets, min_time, max_time):
-        assert min_time == pytest.approx(0.3 / 3) and max_time == pytest.approx(3.0 / 3)
-        step(0)
-        return [len(order) * 1.0], 2, "rotate x1"
+    class FakeTimer:  # stands in for timeit.Timer: a block "takes" the step's next time
+        def __init__(self, stmt, globals):
+            self.step = globals["step"]
+            self.n = 0
 
-    monkeypatch.setattr(timing, "_time", fake_time)
+        def timeit(self, number):
+            name = self.step(-1)
+            self.n += 1
+            return seconds[name][self.n % len(seconds[name])]
 
-    def bad(i):
-        order.append("c")
-        raise ValueError("boom")
+    monkeypatch.setattr(timing.timeit, "Timer", FakeTimer)
 
-    steps = {"a": lambda i: order.append("a"), "b": lambda i: order.append("b"), "c": bad}
-    got, failed = timing.measure_interleaved(steps, "cpu", min_time=0.3, max_time=3.0, rounds=3)
-    assert order == ["a", "b", "c", "b", "a", "a", "b"]
+    def step(name, fail=False):
+        def call(i):
+            if i == -1:  # a timed block (the untimed warm-up calls pass a set index)
+                blocks.append(name)
+                if fail:
+                    raise ValueError("boom")
+            return name
+        return call
+
+    got, failed = timing.measure_interleaved(
+        {"a": step("a"), "b": step("b"), "c": step("c", fail=True)}, "cpu",
+        min_time=0.03, max_time=1.0)
+    assert blocks == ["a", "b", "c", "b", "a", "a", "b", "b", "a"]
     assert set(got) == {"a", "b"} and list(failed) == ["c"] and "boom" in str(failed["c"])
-    # a's blocks: rounds 1, 2, 3 (times 1, 5, 6); b's: 2, 4, 7.
-    assert (got["a"].samples, got["a"].calls, got["a"].median) == (3, 6, 5.0)
-    assert got["b"].median == 4.0
-    # One round where do_bench times each call alone, or for a single step.
-    order.clear()
-    got, _ = timing.measure_interleaved({"a": steps["a"]}, "cpu", min_time=0.1, max_time=1.0)
-    assert order == ["a"]
+    assert got["a"].samples == 4 and got["a"].calls >= 4 and got["a"].method == "rotate x1"
+    blocks.clear()
+    got, failed = timing.measure_interleaved({"a": step("a"), "noisy": step("noisy")}, "cpu",
+                                             min_time=0.03, max_time=0.2)
+    assert not failed and blocks[:4] == ["a", "noisy", "noisy", "a"]
+    assert got["a"].samples == got["noisy"].samples == 10  # noisy's 0.2 s spent: 5 x (0.03 + 0.01)
+    # One step, or do_bench: measured alone (measure's path, no interleaving).
+    calls = []
+    monkeypatch.setattr(timing, "measure", lambda st, *a, **k: calls.append(st(-1)) or "m")
+    got, failed = timing.measure_interleaved({"a": step("a")}, "cpu", min_time=0.1,
+                                             max_time=1.0)
+    assert got == {"a": "m"} and calls == ["a"] and not failed

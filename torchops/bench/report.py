@@ -104,7 +104,7 @@ def markdown_report(rows: list[Row], meta: dict, case_notes: dict[str, str]) -> 
         "Times are medians over many repeats with cold caches (CUDA: `triton.testing.do_bench`, "
         "which flushes the L2 before every call; CPU: `torch.utils.benchmark`, rotating through "
         "input sets larger than the last-level cache, the variants of a row timed in "
-        "interleaved rounds; docs/benchmarks.md explains the method); "
+        "interleaved blocks; docs/benchmarks.md explains the method); "
         "IQR is the interquartile range relative to the median. `vs X` is the time of X divided "
         "by the time of torchops: above 1, torchops is faster; `vs best` compares with the "
         "fastest alternative of the row. Throughput and % of the roofline are torchops's: "

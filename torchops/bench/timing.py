@@ -2,12 +2,14 @@
 
 CUDA with Triton: ``triton.testing.do_bench``, which zeroes a 256 MB buffer
 before every call (a cold L2 at any problem size) and times each call alone
-with CUDA events.  Elsewhere: ``torch.utils.benchmark.Timer.adaptive_autorange``,
-which times blocks of calls (synchronising the accelerator around each) until
-they agree; it cannot flush between calls, so the calls rotate through enough
-input sets to overflow the last-level cache, and the variants of a row are
-timed in interleaved rounds (measure_interleaved).  The caller makes the first call
-(compilation, autotuning), so it is never timed.
+with CUDA events.  CPU: blocks of calls with the standard library's timeit,
+the blocks of a row's variants interleaved (measure_interleaved), under
+``torch.utils.benchmark``'s stop rule.  A lone variant, and CUDA without
+Triton: ``torch.utils.benchmark.Timer.adaptive_autorange`` (synchronising
+the accelerator around each block).  Neither can flush a cache between
+calls, so the calls rotate through enough input sets to overflow the
+last-level cache.  The caller makes the first call (compilation,
+autotuning), so it is never timed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import math
 import os
 import statistics
 import time
+import timeit
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -91,46 +94,81 @@ def measure(step: Callable[[int], object], device: str, n_sets: int = 1, *,
     return _summary(*_time(step, device, n_sets, min_time, max_time))
 
 
-# Rounds of measure_interleaved on the Timer's path.  The CPU rows run on
-# shared hosts whose speed drifts by tens of percent within a minute: timed
-# one after the other, torchops and torch.mm can meet different speeds (H200
-# machines' hosts, 2026-11-27, 1024^3 float32 on one thread, five bench runs
-# of the same kernel: 0.75x, 0.84x, 0.94x, 0.96x and 0.99x to torch.mm, though
-# each variant's own IQR was under 10% in four of them).
-ROUNDS = 3
+# Why measure_interleaved alternates: the CPU rows run on shared hosts whose
+# speed drifts by tens of percent within a minute, so timed one after the
+# other, torchops and torch.mm can meet different speeds (H200 machines'
+# hosts, 2026-11-27, 1024^3 float32 on one thread, five bench runs of the same
+# kernel: 0.75x, 0.84x, 0.94x, 0.96x and 0.99x to torch.mm, though each
+# variant's own IQR was under 10% in four of them).  Blocks of about
+# min_time / BLOCKS_PER_MIN seconds; the stop rule is adaptive_autorange's.
+BLOCKS_PER_MIN, AGREE = 8, 0.1
 
 
 def measure_interleaved(steps: dict[str, Callable[[int], object]], device: str,
                         n_sets: int = 1, *, min_time: float, max_time: float,
-                        rounds: int = ROUNDS) -> tuple[dict[str, Measurement],
-                                                       dict[str, Exception]]:
-    """:func:`measure` of every step, their timing interleaved: ``rounds``
-    rounds, each giving every step a ``1 / rounds`` share of the budget, in
-    an order that reverses from round to round (A B, B A, A B), so a drift of
-    the machine's speed falls on all of them alike; each step's blocks of all
-    rounds make one measurement.  One round with do_bench, which times
-    every call alone on a device of its own.  Returns the measurements and,
+                        ) -> tuple[dict[str, Measurement], dict[str, Exception]]:
+    """:func:`measure` of every step, with their blocks of calls interleaved
+    on the Timer's path: one block of each step a pass, in an order that
+    reverses from pass to pass (A B, B A, A B, ...), so a drift of the
+    machine's speed falls on all of them alike.  Passes go on until each step
+    has run ``min_time`` seconds in more than three blocks whose IQR is within
+    10% of their median, or until one has run ``max_time``.  On a GPU (do_bench
+    times every call alone; the Timer synchronises around each block), or for
+    one step, the steps are measured one after the other.  Returns the measurements and,
     apart, the exception of each step that raised (not timed further)."""
-    if (device == "cuda" and _do_bench() is not None) or len(steps) < 2:
-        rounds = 1
-    rounds = max(1, rounds)
-    parts: dict[str, tuple[list[float], int, str]] = {}
     failed: dict[str, Exception] = {}
-    names = list(steps)
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
-            if name in failed:
-                continue
+    # timeit does not synchronise a GPU: only CPU rows are interleaved.
+    if device != "cpu" or len(steps) < 2:
+        got = {}
+        for name, step in steps.items():
             try:
-                times, calls, method = _time(steps[name], device, n_sets, min_time / rounds,
-                                             max_time / rounds)
+                got[name] = measure(step, device, n_sets, min_time=min_time, max_time=max_time)
             except Exception as e:  # noqa: BLE001  (the caller reports it)
                 failed[name] = e
-                parts.pop(name, None)
+        return got, failed
+    timers, number = {}, {}
+    for name, step in steps.items():
+        try:
+            # The untimed calls of _time, which also size the blocks.
+            t0, i = time.perf_counter(), 0
+            while time.perf_counter() < t0 + min(0.05, min_time / 3) or i == 0:
+                step(i % n_sets)
+                i += 1
+            per_call = (time.perf_counter() - t0) / i
+        except Exception as e:  # noqa: BLE001
+            failed[name] = e
+            continue
+        number[name] = max(1, int(min_time / BLOCKS_PER_MIN / per_call))
+        # The standard library's timeit: torch's Timer.timeit would call the
+        # step untimed before every block; the row has set torch's threads.
+        timers[name] = timeit.Timer("step(next(sets))", globals={
+            "step": step, "sets": itertools.cycle(range(n_sets))})
+    blocks: dict[str, list[float]] = {n: [] for n in timers}
+    spent = dict.fromkeys(timers, 0.0)
+
+    def agreed(ts: list[float]) -> bool:
+        if len(ts) < 4:
+            return False
+        q = statistics.quantiles(ts, n=4, method="inclusive")
+        return q[2] - q[0] <= AGREE * q[1]
+
+    order, passes = list(timers), 0
+    while order:
+        for name in order if passes % 2 == 0 else order[::-1]:
+            try:
+                t = timers[name].timeit(number[name])
+            except Exception as e:  # noqa: BLE001
+                failed[name] = e
                 continue
-            t0, c0, _ = parts.get(name, ([], 0, method))
-            parts[name] = (t0 + times, c0 + calls, method)
-    return {n: _summary(*parts[n]) for n in names if n in parts}, failed
+            blocks[name].append(t / number[name])
+            spent[name] += t
+        passes += 1
+        order = [n for n in order if n not in failed]
+        if any(spent[n] >= max_time for n in order) or all(
+                spent[n] >= min_time and agreed(blocks[n]) for n in order):
+            break
+    return {n: _summary(blocks[n], len(blocks[n]) * number[n], f"rotate x{n_sets}")
+            for n in order}, failed
 
 
 def input_sets(device: str, set_bytes: int) -> int:
