@@ -112,10 +112,11 @@ def measure_interleaved(steps: dict[str, Callable[[int], object]], device: str,
     reverses from pass to pass (A B, B A, A B, ...), so a drift of the
     machine's speed falls on all of them alike.  Passes go on until each step
     has run ``min_time`` seconds in more than three blocks whose IQR is within
-    10% of their median, or until one has run ``max_time``.  On a GPU (do_bench
-    times every call alone; the Timer synchronises around each block), or for
-    one step, the steps are measured one after the other.  Returns the measurements and,
-    apart, the exception of each step that raised (not timed further)."""
+    10% of their median, or until one has run ``max_time``.  On a GPU
+    (do_bench times every call alone; the Timer synchronises around each
+    block), or for one step, the steps are measured one after the other.
+    Returns the measurements and, apart, the exception of each step that
+    raised (not timed further)."""
     failed: dict[str, Exception] = {}
     # timeit does not synchronise a GPU: only CPU rows are interleaved.
     if device != "cpu" or len(steps) < 2:
