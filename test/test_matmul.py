@@ -612,7 +612,7 @@ def test_autocast_casts_like_torch_matmul(device, dtype):
 def test_autocast_gradients_reach_float32_leaves(device):
     """A float32 weight used under autocast gets a float32 gradient (through
     the casts' backward), close to the float64 one; the forward compiles
-    with the autocast region inside the graph (fullgraph=True)."""
+    with the autocast region inside the graph (fullgraph=True, dynamic=True)."""
     torch.manual_seed(0)
     x = torch.randn(16, 64, device=device, requires_grad=True)
     w = torch.randn(64, 24, device=device, requires_grad=True)
@@ -630,7 +630,7 @@ def test_autocast_gradients_reach_float32_leaves(device):
     gd = g.bfloat16().double()
     torch.testing.assert_close(gx.double(), gd @ wb.t(), rtol=3e-2, atol=0.3)
     torch.testing.assert_close(gw.double(), xb.t() @ gd, rtol=3e-2, atol=0.3)
-    compiled = torch.compile(step, fullgraph=True)
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
     yc = compiled(x.detach(), w.detach())
     assert yc.dtype == torch.bfloat16
     torch.testing.assert_close(yc.float(), y.detach().float(), rtol=1e-2, atol=1e-2)

@@ -54,6 +54,20 @@ def _do_bench() -> Callable | None:
     return do_bench
 
 
+def _warm_up(step: Callable[[int], object], n_sets: int, min_time: float) -> float:
+    """Untimed calls first (50 ms, or a third of the timing budget if less),
+    so that the row's first variant does not alone meet threads and cores
+    that the input sets' creation (one thread) left idle.  A precaution, not
+    a cure: H200 host, 256^3 at 2 threads, three fresh runs each, torchops
+    (timed first) against torch.mm 0.59 to 0.83x without, 0.75 to 0.89x with
+    it.  Returns the seconds per call."""
+    t0, i = time.perf_counter(), 0
+    while time.perf_counter() < t0 + min(0.05, min_time / 3) or i == 0:
+        step(i % n_sets)
+        i += 1
+    return (time.perf_counter() - t0) / i
+
+
 def _time(step: Callable[[int], object], device: str, n_sets: int, min_time: float,
           max_time: float) -> tuple[list[float], int, str]:
     """Seconds per call of each timed call or block of calls, how many calls
@@ -63,17 +77,7 @@ def _time(step: Callable[[int], object], device: str, n_sets: int, min_time: flo
         ms = _do_bench()(lambda: step(0), warmup=250 * min_time, rep=1e3 * min_time,
                          return_mode="all")
         return [float(t) / 1e3 for t in ms], len(ms), "do_bench"
-    # Untimed calls first (50 ms, or a third of the timing budget if
-    # less), so that the row's first variant does not alone meet threads
-    # and cores that the input sets' creation (one thread) left idle.  A
-    # precaution, not a cure: H200 host, 256^3 at 2 threads, three
-    # fresh runs each, torchops (timed first) against torch.mm 0.59 to
-    # 0.83x without, 0.75 to 0.89x with it.
-    warm_until = time.perf_counter() + min(0.05, min_time / 3)
-    i = 0
-    while time.perf_counter() < warm_until:
-        step(i % n_sets)
-        i += 1
+    _warm_up(step, n_sets, min_time)
     sets = itertools.cycle(range(n_sets))
     # num_threads: Timer would otherwise run on one thread.
     m = Timer("step(next(sets))", globals={"step": step, "sets": sets},
@@ -130,12 +134,7 @@ def measure_interleaved(steps: dict[str, Callable[[int], object]], device: str,
     timers, number = {}, {}
     for name, step in steps.items():
         try:
-            # The untimed calls of _time, which also size the blocks.
-            t0, i = time.perf_counter(), 0
-            while time.perf_counter() < t0 + min(0.05, min_time / 3) or i == 0:
-                step(i % n_sets)
-                i += 1
-            per_call = (time.perf_counter() - t0) / i
+            per_call = _warm_up(step, n_sets, min_time)  # also sizes the blocks
         except Exception as e:  # noqa: BLE001
             failed[name] = e
             continue
