@@ -278,9 +278,9 @@ def test_row_best_is_the_fastest_alternative():
 
 def test_interleaved_blocks_alternate_order_and_stop_like_adaptive_autorange(monkeypatch):
     """One block of each step a pass, the order reversing from pass to pass;
-    steps whose blocks agree stop after four blocks and min_time; blocks that
-    disagree run until max_time; a step that raises is reported apart and
-    never timed again, the others go on."""
+    a step whose blocks agree leaves after four blocks and min_time, one whose
+    blocks disagree runs on alone until max_time; a step that raises is
+    reported apart and never timed again, the others go on."""
     blocks, seconds = [], {"a": [0.01], "b": [0.01], "c": [0.01], "noisy": [0.01, 0.03]}
 
     class FakeTimer:  # stands in for timeit.Timer: a block "takes" the step's next time
@@ -313,8 +313,10 @@ def test_interleaved_blocks_alternate_order_and_stop_like_adaptive_autorange(mon
     blocks.clear()
     got, failed = timing.measure_interleaved({"a": step("a"), "noisy": step("noisy")}, "cpu",
                                              min_time=0.03, max_time=0.2)
-    assert not failed and blocks[:4] == ["a", "noisy", "noisy", "a"]
-    assert got["a"].samples == got["noisy"].samples == 10  # noisy's 0.2 s spent: 5 x (0.03 + 0.01)
+    assert not failed and blocks[:8] == ["a", "noisy", "noisy", "a"] * 2
+    assert blocks[8:] == ["noisy"] * 6  # a agreed after 4 blocks; noisy to max_time alone
+    assert got["a"].samples == 4
+    assert got["noisy"].samples == 10  # its 0.2 s spent: 5 x (0.03 + 0.01)
     # One step, or do_bench: measured alone (measure's path, no interleaving).
     calls = []
     monkeypatch.setattr(timing, "measure", lambda st, *a, **k: calls.append(st(-1)) or "m")
