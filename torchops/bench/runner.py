@@ -240,9 +240,12 @@ def _row_setting(size: Size):
                 os.environ[k] = v
 
 
-def _progress_line(i: int, n: int, row: Row) -> str:
-    head = f"[{i}/{n}] {row.device}{f' {row.threads}thr' if row.threads else ''} {row.case} " \
-           f"{row.size} {row.dtype}:"
+def _progress_line(i: int, n: int, row: Row, secs: float | None = None) -> str:
+    # The row's wall time (compilation, checks and timing): what the GPU
+    # check's time budget has to cover.
+    took = f" [{secs:.1f} s]" if secs is not None else ""
+    head = f"[{i}/{n}]{took} {row.device}{f' {row.threads}thr' if row.threads else ''} " \
+           f"{row.case} {row.size} {row.dtype}:"
     if not row.results:
         return f"{head} {'skipped: ' * row.skipped}{'; '.join(row.notes) or 'nothing timed'}"
     times = [f"{v} {fmt_time(row.seconds(v))}" + (f" ({row.speedup(v):.2f}x)" if v != "torchops"
@@ -274,7 +277,8 @@ def run(cases: list[Case], devices: list[str], opts: Options) -> tuple[list[Row]
         rows.append(row := Row(case.name, case.op, device, size.label,
                                str(size.dtype).removeprefix("torch."), threads, case.backward,
                                case.deterministic))
-        if case.missing() or time.monotonic() - start > deadline:
+        row_start = time.monotonic()
+        if case.missing() or row_start - start > deadline:
             row.skipped = True
             row.notes.append(case.missing() or f"not run: its share of the "
                              f"{opts.time_budget:.0f} s time budget was spent")
@@ -297,5 +301,6 @@ def run(cases: list[Case], devices: list[str], opts: Options) -> tuple[list[Row]
                 torch.set_num_threads(ALL_THREADS)
                 if device == "cuda":
                     torch.cuda.empty_cache()
-        print(_progress_line(i, len(todo), row), file=opts.progress, flush=True)
+        print(_progress_line(i, len(todo), row, None if row.skipped else
+                             time.monotonic() - row_start), file=opts.progress, flush=True)
     return rows, {d: r.to_dict() for d, r in rooflines.items()}
