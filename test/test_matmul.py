@@ -27,10 +27,12 @@ from torchops import references
 torch.manual_seed(0)
 shapes = [(None, 1, 1, 1), (None, 7, 1, 5), (None, 1, 300, 1), (None, 97, 300, 33),
           (None, 6, 256, 32), (None, 5, 257, 31), (None, 13, 700, 17), (3, 19, 23, 29),
-          # M <= 8 streams B (no packing), four rows a pass: column slices,
-          # vector tails, K % 4, one and two passes
+          # M <= 8 streams B (no packing), up to eight rows a pass, and so
+          # do 13-16 rows in two passes (9-12 are packed): column slices,
+          # vector tails, K % 4
           (None, 1, 701, 4101), (3, 1, 333, 37), (2, 1, 4, 70), (2, 3, 41, 70),
-          (None, 8, 129, 2051), (None, 9, 130, 45),
+          (None, 8, 129, 2051), (None, 9, 130, 45), (None, 16, 515, 2051),
+          (2, 14, 67, 70),
           # A read in place; rows 4 KB apart (K = 1024 floats, 512 doubles)
           # too where C has at most 512 columns, else packed; last row panels
           # of 2, 4 and 8 rows

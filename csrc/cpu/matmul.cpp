@@ -478,8 +478,8 @@ inline __attribute__((always_inline)) void gemm_part(
   }
 }
 
-// Few rows of C (M <= kStreamRows: a vector or a small batch of them times a
-// matrix): packing would copy all of B to use each element M times, and pad
+// Few rows of C (a vector or a small batch of them times a matrix; few_rows
+// says how few): packing would copy all of B to use each element M times, and pad
 // A to a kMr-row tile, so B is streamed instead, row by row (each row's
 // slice contiguous, which the hardware prefetcher follows), into running
 // sums that stay in L1: up to kStreamPass rows of C per pass over B (8 x
@@ -490,7 +490,15 @@ inline __attribute__((always_inline)) void gemm_part(
 // the 2-core development machine, 0.40x of MKL at 4 x 1024 x 1024 on the
 // H200's host (docs/design.md has the streaming kernel's numbers).
 // Same order of products as the packed kernel: each sum over k in turn.
-constexpr int64_t kStreamRows = 8;
+// Up to 8 rows take one pass over B; 13-16 rows two (few_rows), since the
+// prefetch below (2026-11-27) made the second pass cheap.  16 x 1024 x 1024,
+// ratio to torch.mm at 1 / 2 threads, packed -> two passes, one process per
+// setting, interleaved blocks: development machine (AMD EPYC, AVX-512)
+// 1.02x -> 1.74x / 1.28x -> 1.98x; H200 machine's host (Xeon, AVX-512) 1.01x
+// -> 1.14x / 0.92x -> 0.95x (16 threads 0.61x -> 0.69x), 16 x 4096 x 4096
+// 1.20x -> 1.41x / 0.86x -> 0.99x / 0.75x -> 0.89x.  Not 9-12 rows: 12 x 1024
+// x 1024 on that host went 1.15x -> 1.10x / 1.17x -> 0.99x / 0.90x -> 0.63x
+// (one tile of 12 packed rows against passes of 8 and 4).
 constexpr int64_t kStreamPass = 8;
 constexpr int64_t kStreamSums = 2048;  // running sums per pass (8 KB of floats, 16 of doubles)
 // B's rows kStreamAhead on are prefetched into L2 while four rows are
@@ -522,9 +530,18 @@ inline bool col_major_view(const at::Tensor& t) {
 }
 
 // Whether the few-row kernels (RowsTimesMatrix, RowsDotMatrix) take the call,
-// given B as gemm_operand left it.
-inline bool few_rows(const MatmulShape& s, const at::Tensor& b) {
-  return s.m <= (row_major_view(b) ? kStreamRows : kDotRows);
+// given B as gemm_operand left it and the packed kernel's tile rows.
+inline bool few_rows(const MatmulShape& s, const at::Tensor& b, int64_t tile) {
+  if (!row_major_view(b)) {
+    return s.m <= kDotRows;
+  }
+  if (s.m <= kStreamPass) {
+    return true;
+  }
+  // Two passes over B where they leave fewer rows idle than the packed
+  // kernel's register tiles of `tile` rows: 13-16 rows (tiles of 12 or 6:
+  // 24 or 18 rows, against 16), not 9-12.
+  return s.m <= 2 * kStreamPass && (s.m + tile - 1) / tile * tile >= 2 * kStreamPass;
 }
 
 // c[r, 0 .. n) = a[r, 0 .. k) @ B for r < MR (a, c leading dims lda, ldc;
@@ -1090,7 +1107,7 @@ void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
   const Mat<acc_t> am = mat_of<acc_t>(a, s.batched), bm = mat_of<acc_t>(b, s.batched);
   acc_t* cp = c.mutable_data_ptr<acc_t>();
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  if (few_rows(s, b)) {
+  if (few_rows(s, b, kMr)) {
     // Column slices of whole vectors, at most a pass's block wide, shared
     // out over the threads (and the batch).
     constexpr int64_t L = lanes<acc_t, W>();
@@ -1203,8 +1220,6 @@ at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
   }
   // The rows of A are read as vectors by the few-row kernels (RowsTimesMatrix,
   // RowsDotMatrix): a column-major A of their few rows is copied.
-  const at::Tensor b = gemm_operand(b_in.to(acc), /*row_major_only=*/false);
-  const at::Tensor a = gemm_operand(a_in.to(acc), /*row_major_only=*/few_rows(s, b));
   // TORCHOPS_TESTING_MATMUL_NARROW=1 takes the 32-byte path on an AVX-512
   // CPU too, so the tests cover both paths on one machine (read per call: a
   // getenv is noise beside a matmul).  TORCHOPS_TESTING_CPU_CACHES="L1,L2,L3"
@@ -1212,6 +1227,9 @@ at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
   // the block sizes are derived from, so tests can force many small blocks.
   const char* narrow = std::getenv("TORCHOPS_TESTING_MATMUL_NARROW");
   const bool wide = cpu_has_avx512() && !(narrow && narrow[0] == '1');
+  const at::Tensor b = gemm_operand(b_in.to(acc), /*row_major_only=*/false);
+  const at::Tensor a = gemm_operand(
+      a_in.to(acc), /*row_major_only=*/few_rows(s, b, wide ? tile_rows<64>() : tile_rows<32>()));
   if (acc == at::kDouble) {
     wide ? batched_gemm<double, 64>(a, b, c, s) : batched_gemm<double, 32>(a, b, c, s);
   } else {
