@@ -164,9 +164,8 @@ def measure_interleaved(steps: dict[str, Callable[[int], object]], device: str,
             spent[name] += t
         passes += 1
         # A step leaves the rotation once done (adaptive_autorange's rule, per
-        # step): keeping every step in until all agree made a row cost its
-        # slowest variant's max_time over and over (the GPU check's CPU rows
-        # outgrew its time budget: 19 of 56 rows not run, H200 host).
+        # step, on its own blocks): no more blocks of a step that has agreed
+        # while another, noisier or slower, still has to.
         order = [n for n in order if n not in failed and spent[n] < max_time
                  and not (spent[n] >= min_time and agreed(blocks[n]))]
     return {n: _summary(blocks[n], len(blocks[n]) * number[n], f"rotate x{n_sets}")
