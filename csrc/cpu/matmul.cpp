@@ -1218,8 +1218,6 @@ at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
   if (c.numel() == 0 || s.k == 0) {
     return c.zero_().to(dtype);
   }
-  // The rows of A are read as vectors by the few-row kernels (RowsTimesMatrix,
-  // RowsDotMatrix): a column-major A of their few rows is copied.
   // TORCHOPS_TESTING_MATMUL_NARROW=1 takes the 32-byte path on an AVX-512
   // CPU too, so the tests cover both paths on one machine (read per call: a
   // getenv is noise beside a matmul).  TORCHOPS_TESTING_CPU_CACHES="L1,L2,L3"
@@ -1227,6 +1225,9 @@ at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
   // the block sizes are derived from, so tests can force many small blocks.
   const char* narrow = std::getenv("TORCHOPS_TESTING_MATMUL_NARROW");
   const bool wide = cpu_has_avx512() && !(narrow && narrow[0] == '1');
+  // The rows of A are read as vectors by the few-row kernels (RowsTimesMatrix,
+  // RowsDotMatrix): a column-major A of their few rows is copied.  Whether
+  // they take the call depends on the path's tile rows, hence after `wide`.
   const at::Tensor b = gemm_operand(b_in.to(acc), /*row_major_only=*/false);
   const at::Tensor a = gemm_operand(
       a_in.to(acc), /*row_major_only=*/few_rows(s, b, wide ? tile_rows<64>() : tile_rows<32>()));
