@@ -159,6 +159,8 @@ CORRECTNESS = [  # (batch or None, m, n, k)
     (None, 300, 520, 136), (3, 520, 264, 72),
     # split-K of the CUDA-core path: few output tiles, long k with a partial last split
     (3, 50, 60, 3001), (None, 2, 3, 70001),
+    # decode's cluster split-K with B K-major and a 2-column last slice
+    (None, 16, 2050, 4096),
 ]
 
 
@@ -347,6 +349,10 @@ CFG_BENCH = {  # path -> [(label, batch, m, n, k, dtype key, layout)] for --cfgs
         ("f16 16x4096x4096", None, 16, 4096, 4096, "f16", "nn"),
         ("f32 16x4096x4096", None, 16, 4096, 4096, "f32", "nn"),
         ("bf16 4x8192x8192", None, 4, 8192, 8192, "bf16", "nn"),
+        # short K or narrow N: a few steps per warp, latency more than bandwidth
+        ("bf16 16x1024x4096", None, 16, 4096, 1024, "bf16", "nn"),
+        ("bf16 1x1024x4096", None, 1, 4096, 1024, "bf16", "nn"),
+        ("bf16 16x4096x1024 W^T", None, 16, 1024, 4096, "bf16", "nt"),
     ],
 }
 HBM_BYTES_PER_S = 4.8e12  # H200
@@ -371,7 +377,7 @@ def cfg_list(lib, name, spec):
     return out, lib.dev_cfg_env().decode()
 
 
-def run_cfgs(name, lib, spec, do_check, do_bench):
+def run_cfgs(name, lib, spec, do_check, do_bench, only=None):
     """Each config of a path's harness table, picked through the env var the .so
     reads at each call: the correctness list per config (the config's dtypes),
     then timings on CFG_BENCH[name]."""
@@ -391,6 +397,8 @@ def run_cfgs(name, lib, spec, do_check, do_bench):
             print(f"{'case':22s} {'cfg':46s} {'ours TF/s':>9s} {'torch TF/s':>10s} {'ratio':>6s} "
                   f"{'ours GB/s':>9s} {'%HBM':>5s} {'torch %HBM':>10s}")
             for label, batch, m, n, k, dkey, layout in CFG_BENCH[name]:
+                if only and not any(o in label for o in only):
+                    continue
                 dtype = DTYPES[dkey][0]
                 sa = (batch, m, k) if batch else (m, k)
                 sb = (batch, k, n) if batch else (k, n)
@@ -481,7 +489,7 @@ def main():
         if cfg_path not in libs:
             return 1
         return 1 if run_cfgs(cfg_path, libs[cfg_path], cfg_spec, not args.bench_only,
-                             not args.no_bench) else 0
+                             not args.no_bench, [o for o in args.only.split(",") if o]) else 0
     fails = 0 if args.bench_only else check(libs, seed=0)[0]
     if not args.no_bench:
         bench(libs, args.sweep, [o for o in args.only.split(",") if o])
