@@ -34,12 +34,16 @@
 # (the commit to name in the reports where the checkout has no .git),
 # GPU_CHECK_PART (below).
 #
-# GPU_CHECK_PART=tests, then GPU_CHECK_PART=bench: the check in two
-# commands, each with the whole budget, for when the benchmarks no longer
-# fit beside the tests in one (every CPU row included).  "tests" runs every
-# step but bench (its precompile fills the compile caches a bench on the
-# same machine reads); "bench" runs wheels, env, build-aot (incremental on
-# the same machine) and bench.  The default, "all", is every step in one.
+# GPU_CHECK_PART=tests, then GPU_CHECK_PART=bench, then
+# GPU_CHECK_PART=racecheck: the check in three commands, each with the whole
+# budget, for when the benchmarks and racecheck no longer fit beside the
+# tests in one (every CPU row included; racecheck needs ~300 s after its own
+# build, on a 16-core H200/H100 machine on 2026-11-27).  "tests" runs every
+# step but racecheck and bench (its precompile fills the compile caches a
+# bench on the same machine reads); "bench" runs wheels, env, build-aot
+# (incremental on the same machine) and bench; "racecheck" runs wheels, env,
+# jit-build (with every core) and racecheck.  The default, "all", is every
+# step in one.
 set -uo pipefail
 PART=${GPU_CHECK_PART:-all}
 cd "$(dirname "$0")/.."
@@ -65,9 +69,11 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 case "$PART" in
   all) STEPS=(wheels env build-aot jit-build precompile tests memcheck racecheck bench) ;;
-  tests) STEPS=(wheels env build-aot jit-build precompile tests memcheck racecheck) ;;
+  tests) STEPS=(wheels env build-aot jit-build precompile tests memcheck) ;;
   bench) STEPS=(wheels env build-aot bench) ;;
-  *) echo "gpu_check: GPU_CHECK_PART must be all, tests or bench, not '$PART'" >&2; exit 2 ;;
+  racecheck) STEPS=(wheels env jit-build racecheck) ;;
+  *) echo "gpu_check: GPU_CHECK_PART must be all, tests, bench or racecheck, not '$PART'" >&2
+     exit 2 ;;
 esac
 has_step() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 rm -f "$OUT"/{summary.txt,gpu_check.log,bench.csv,bench.json,bench.png,performance.md}
@@ -155,6 +161,37 @@ finished env
 # The steps that need a complete environment (a function, so a failed env
 # step can skip straight to the summary, marking them as failed).
 run_steps() {
+# The JIT build is also racecheck's library: built without setmaxnreg, on
+# which racecheck's instrumented kernels deadlock (csrc/cuda/matmul/tma.cuh).
+JIT_ENV=(TORCHOPS_PREBUILT=0 TORCHOPS_CUDA=1 TORCHOPS_CACHE_DIR="$TMP/jit-cache"
+         TORCHOPS_TESTING_NO_SETMAXNREG=1)
+# run_racecheck LIMIT: racecheck on the JIT build, or why it cannot run.
+run_racecheck() {
+  if [ "$(cat "$TMP/jit-build.rc" 2>/dev/null)" != 0 ]; then
+    cannot racecheck "no JIT build to run (the jit-build step failed or ran out of time)"
+    return
+  fi
+  step racecheck "$1" env "${JIT_ENV[@]}" \
+    "$SANITIZER" --tool racecheck --kernel-name kns=torchops --error-exitcode 99 --print-limit 20 \
+    "$PY" -m pytest test/test_ops.py test/test_matmul.py test/test_roi.py test/test_deform.py \
+    -q -p no:cacheprovider -m cuda -k "$RACECHECK_K"
+}
+
+if [ "$PART" = racecheck ]; then
+  say "jit-build: the racecheck build, every core ..."
+  step jit-build "$(cap 300 "$(left)")" env "${JIT_ENV[@]}" MAX_JOBS="$(nproc)" \
+    "$PY" scripts/smoke.py --expect jit-built
+  finished jit-build
+  if ! command -v "$SANITIZER" > /dev/null; then
+    cannot racecheck "compute-sanitizer not found"
+  else
+    say "racecheck (at most $(( $(left) - 10 ))s) ..."
+    run_racecheck "$(cap 99999 "$(( $(left) - 10 ))")"
+  fi
+  finished racecheck
+  return 0
+fi
+
 # --- build-aot ------------------------------------------------------------------------------
 say "build-aot: pip install -e . (CPU + CUDA libraries) ..."
 step build-aot "$(cap 300 "$(left)")" env TORCHOPS_CUDA=1 MAX_JOBS="$(nproc)" bash -c \
@@ -170,10 +207,6 @@ WINDOW=$(( $(left) - (${#STEPS[@]} == 9 ? 200 : 10) ))
 [ "$WINDOW" -lt 60 ] && WINDOW=60
 say "jit-build, precompile, tests, memcheck+racecheck in parallel (at most ${WINDOW}s) ..."
 WSTART=$(date +%s)
-# The JIT build is also racecheck's library: built without setmaxnreg, on
-# which racecheck's instrumented kernels deadlock (csrc/cuda/matmul/tma.cuh).
-JIT_ENV=(TORCHOPS_PREBUILT=0 TORCHOPS_CUDA=1 TORCHOPS_CACHE_DIR="$TMP/jit-cache"
-         TORCHOPS_TESTING_NO_SETMAXNREG=1)
 ( step jit-build "$(cap 300 "$WINDOW")" env "${JIT_ENV[@]}" MAX_JOBS=8 \
     "$PY" scripts/smoke.py --expect jit-built ) &
 JIT_PID=$!
@@ -199,21 +232,16 @@ if command -v "$SANITIZER" > /dev/null; then
       --tool memcheck --kernel-name kns=torchops --error-exitcode 99 --print-limit 20 \
       "$PY" -m pytest test/test_ops.py test/test_roi.py test/test_matmul.py test/test_deform.py \
       test/test_masked_conv2d.py test/test_upsample.py -q -p no:cacheprovider -m cuda -k "$MEMCHECK_K"
-    # racecheck runs the JIT build (above), once it is there.
-    while [ ! -f "$TMP/jit-build.rc" ] && [ "$(left)" -gt 10 ]; do sleep 2; done
-    if [ "$(cat "$TMP/jit-build.rc" 2>/dev/null)" = 0 ]; then
-      step racecheck "$(cap 300 "$(( WINDOW - ($(date +%s) - WSTART) ))")" env "${JIT_ENV[@]}" \
-        "$SANITIZER" --tool racecheck --kernel-name kns=torchops --error-exitcode 99 --print-limit 20 \
-        "$PY" -m pytest test/test_ops.py test/test_matmul.py test/test_roi.py test/test_deform.py \
-        -q -p no:cacheprovider -m cuda -k "$RACECHECK_K"
-    else
-      cannot racecheck "no JIT build to run (the jit-build step failed or ran out of time)"
+    # racecheck ("all" only) runs the JIT build (above), once it is there.
+    if has_step racecheck; then
+      while [ ! -f "$TMP/jit-build.rc" ] && [ "$(left)" -gt 10 ]; do sleep 2; done
+      run_racecheck "$(cap 300 "$(( WINDOW - ($(date +%s) - WSTART) ))")"
     fi
   ) &
   SAN_PID=$!
 else
   cannot memcheck "compute-sanitizer not found"
-  cannot racecheck "compute-sanitizer not found"
+  has_step racecheck && cannot racecheck "compute-sanitizer not found"
   SAN_PID=
 fi
 # The GPU-side suite: every test marked cuda (the opdb tests on the GPU, the
@@ -235,7 +263,10 @@ step tests "$TESTS_LIMIT" env TORCHOPS_TEST_PROFILE=full bash -c "
 finished tests
 wait "$JIT_PID"; finished jit-build
 wait "$PRE_PID"; finished precompile
-if [ -n "$SAN_PID" ]; then wait "$SAN_PID"; finished memcheck; finished racecheck; fi
+if [ -n "$SAN_PID" ]; then
+  wait "$SAN_PID"; finished memcheck
+  has_step racecheck && finished racecheck
+fi
 fi
 has_step bench || return 0
 
