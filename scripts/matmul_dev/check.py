@@ -160,7 +160,7 @@ CORRECTNESS = [  # (batch or None, m, n, k)
     # split-K of the CUDA-core path: few output tiles, long k with a partial last split
     (3, 50, 60, 3001), (None, 2, 3, 70001),
     # decode's cluster split-K with B K-major and a 2-column last slice
-    (None, 16, 2050, 4096),
+    (None, 16, 1026, 4096), (None, 16, 2050, 4096),
 ]
 
 
@@ -353,6 +353,12 @@ CFG_BENCH = {  # path -> [(label, batch, m, n, k, dtype key, layout)] for --cfgs
         ("bf16 16x1024x4096", None, 16, 4096, 1024, "bf16", "nn"),
         ("bf16 1x1024x4096", None, 1, 4096, 1024, "bf16", "nn"),
         ("bf16 16x4096x1024 W^T", None, 16, 1024, 4096, "bf16", "nt"),
+        ("bf16 1x4096x1024 W^T", None, 1, 1024, 4096, "bf16", "nt"),
+        ("bf16 16x8192x1024 W^T", None, 16, 1024, 8192, "bf16", "nt"),
+        ("bf16 16x16384x1024 W^T", None, 16, 1024, 16384, "bf16", "nt"),
+        ("bf16 16x1024x1024 W^T", None, 16, 1024, 1024, "bf16", "nt"),
+        ("bf16 16x4096x1536 W^T", None, 16, 1536, 4096, "bf16", "nt"),
+        ("bf16 16x14336x4096 W^T", None, 16, 4096, 14336, "bf16", "nt"),
     ],
 }
 HBM_BYTES_PER_S = 4.8e12  # H200
