@@ -360,11 +360,12 @@ __device__ __forceinline__ void fence_acq_rel_gpu() {
 // CTA takes a contiguous half of the outputs, and where the slice's width
 // allows a thread reads four columns per split with one 16-byte remote load,
 // both splits' loads issued before the sums (a remote load is a round trip
-// of hundreds of cycles, paid once per element by the loop below; H200, bf16
-// 16x4096x4096 19.64 -> 19.25 us, f16 19.81 -> 18.95).  Not for float32: in
+// of hundreds of cycles, paid once per element by the loop below).  H200,
+// old against new in one process, three runs: bf16 16x4096x4096 +0.9-2.1%,
+// f16 +2.4-4.5%, 1 and 8 rows level (docs/design.md).  Not for float32: in
 // the float kernels its registers joined the main loop's allocation (16 rows:
-// 176 registers -> 128 and a spill, 2.4x slower); not inlined it cost the
-// half kernels 2-6% more than it saved.
+// 176 registers -> 128 and a spill, 2.4x slower); made a non-inlined
+// function, it left the half kernels 1-6% slower than before.
 template <typename T>
 __device__ __forceinline__ bool cluster_sum_quads(T* c, int m, int n, int n0, int w) {
   if constexpr (std::is_same<T, float>::value) {
