@@ -478,13 +478,13 @@ def test_cuda_sm90_each_tile(shape, layout, dtype):
 # Small shapes for compute-sanitizer (memcheck and racecheck in the GPU
 # check): every path, tails in every dimension, each layout, batched; 3 x
 # 1024 x 4096 splits K in two, which decode sums inside a cluster on Hopper
-# (5 x 4096 x 2050 too where B is K-major: 65 slices of 32 columns, the last
+# (5 x 4096 x 1026 too where B is K-major: 65 slices of 16 columns, the last
 # 2 wide, take the cluster's per-element sum instead of the 4-column one).
 # On sm90 the small ones take 64x64 tiles (64x32 where B is K-major), 256 x
 # 72 x 2560 64x128, 32 x 2048 x 1024 64x128 split K-wise in four.
 SANITIZER_SHAPES = [(None, 1, 1, 1), (None, 5, 33, 17), (None, 16, 264, 136), (2, 130, 72, 264),
                     (None, 129, 257, 129), (3, 64, 64, 64), (None, 3, 1024, 4096),
-                    (None, 256, 72, 2560), (None, 32, 2048, 1024), (None, 5, 4096, 2050)]
+                    (None, 256, 72, 2560), (None, 32, 2048, 1024), (None, 5, 4096, 1026)]
 
 
 @cuda

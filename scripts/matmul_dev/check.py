@@ -160,7 +160,7 @@ CORRECTNESS = [  # (batch or None, m, n, k)
     # split-K of the CUDA-core path: few output tiles, long k with a partial last split
     (3, 50, 60, 3001), (None, 2, 3, 70001),
     # decode's cluster split-K with B K-major and a 2-column last slice (of
-    # 16-column CTA slices in config 36, of 32-column ones in the automatic one)
+    # 16-column CTA slices in the automatic one, of 32-column ones in config 36)
     (None, 16, 1026, 4096), (None, 16, 2050, 4096),
 ]
 

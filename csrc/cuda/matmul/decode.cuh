@@ -152,16 +152,16 @@ template <class C> constexpr Geom geom_of() { return {C::NW, C::BKT, C::BNG, C::
 // 0.99-1.01x; 1x4096x4096 1.00-1.04x against 0.97-1.01x, f16 16 rows
 // 0.99-1.01x against 0.98-1.01x.  float32 keeps UF 2 (1.38-1.40x either
 // way; K12's UF 4 ran 1.35-1.36x).
-// Next, once through the GPU check: B k-contiguous (nn.Linear's weight) in
-// 16 columns a CTA (BKT 2, K17), not 32: twice the column slices, so half the
+// B k-contiguous (nn.Linear's weight) takes 16 columns a CTA (BKT 2), not
+// the 32 of K12's shape (kept as K17): twice the column slices, so half the
 // split-K; where that leaves two splits they are one cluster, no second
-// kernel.  Harness only so far (H200, 2026-11-27, configs 36 against 0, two
-// passes, ratio to cuBLAS, BKT 4 -> 2, bf16, M x K x N): 16x4096x1536
+// kernel.  H200, 2026-11-27, harness (16 columns then config 36, 32 then 0;
+// two passes, ratio to cuBLAS, 32 -> 16 columns, bf16, M x K x N): 16x4096x1536
 // 0.68 -> 0.98x, 16x4096x1024 0.86-0.87 -> 0.97-1.02x, 1x4096x1024 0.87 ->
 // 1.00-1.06x, 16x8192x1024 0.86-0.87 -> 0.92-0.96x, 16x16384x1024 0.88 ->
 // 0.98x, 16x4096x4096 1.01-1.03 -> 1.06-1.08x, 16x14336x4096 1.00-1.01 ->
 // 1.04-1.06x, 16x1024x1024 1.04-1.11x either way.
-using K0 = KCfg<8, 4, 1, 4, 4, 2, 3, 1>;
+using K0 = KCfg<8, 2, 1, 4, 4, 2, 3, 1>;
 #ifdef TORCHOPS_MATMUL_DEV
 using K1 = KCfg<16, 4, 1, 2, 2, 2, 1, 1>;  // nc.L1::no_allocate loads
 using K2 = KCfg<16, 4, 1, 2, 2, 2, 2, 1>;  // + L2::256B prefetch
@@ -179,7 +179,7 @@ using K13 = KCfg<16, 2, 2, 2, 2, 2, 3, 1>;  // K6 with nc + L2 evict-first polic
 using K14 = KCfg<4, 4, 1, 8, 8, 4, 3, 1>;   // 4 warps, u8, nc + L2 evict-first policy
 using K15 = KCfg<8, 4, 1, 6, 6, 4, 3, 1>;   // 8 warps, u6, nc + L2 evict-first policy
 using K16 = KCfg<16, 4, 1, 2, 2, 2, 0, 1>;  // the automatic one until 2026-11-27
-using K17 = KCfg<8, 2, 1, 4, 4, 2, 3, 1>;   // K0 with 16-column bk CTAs (see K0)
+using K17 = KCfg<8, 4, 1, 4, 4, 2, 3, 1>;   // K0 with 32-column bk CTAs (auto until 2026-11-28)
 constexpr int kKCfgs = 18;
 constexpr Geom kGeoms[kKCfgs] = {geom_of<K0>(), geom_of<K1>(), geom_of<K2>(), geom_of<K3>(),
                                  geom_of<K4>(), geom_of<K5>(), geom_of<K6>(), geom_of<K7>(),
@@ -195,7 +195,7 @@ struct DevCfg {
 };
 constexpr int kDevCfgs = 38;
 constexpr DevCfg kDevCfgs_[kDevCfgs] = {
-    {0, 0, 0, "w8 u4 nc L2 ef (f32 u2), split auto (auto)"},
+    {0, 0, 0, "w8 bk16c u4 nc L2 ef (f32 u2), split auto (auto)"},
     {16, 0, 1, "w16 u2 cs, split auto, 1 kernel"},
     {16, 1, 0, "w16 u2 cs, no split"},
     {16, 2, 1, "w16 u2 cs, split 2, 1 kernel"},
@@ -230,9 +230,9 @@ constexpr DevCfg kDevCfgs_[kDevCfgs] = {
     {14, 0, 0, "w4 u8 nc L2 evict-first, split auto"},
     {15, 0, 0, "w8 u6 nc L2 evict-first, split auto"},
     {16, 0, 0, "w16 u2 cs, split auto (auto until 2026-11-27)"},
-    {0, 2, 0, "w8 u4 nc L2 ef, split 2"},
-    {17, 0, 0, "w8 bk16c u4 nc L2 ef, split auto"},
-    {17, 2, 0, "w8 bk16c u4 nc L2 ef, split 2"},
+    {0, 2, 0, "w8 bk16c u4 nc L2 ef, split 2"},
+    {17, 0, 0, "w8 bk32c u4 nc L2 ef, split auto"},
+    {17, 2, 0, "w8 bk32c u4 nc L2 ef, split 2"},
 };
 #else
 constexpr int kKCfgs = 1;
