@@ -195,9 +195,13 @@ CASES: list[Case] = [
          flops=lambda a: 2.0 * a[0].numel() * a[1].shape[-1],
          note="The eager reference is the vendor BLAS (torch.mm/bmm), i.e. the peer. "
               "Datasheet peaks, H200/H100 SXM: 989 TFLOP/s dense bf16/fp16, 495 TF32, 67 fp32."),
-    # Decode: one to 16 rows against a 4096 x 4096 weight, bound by reading B.
+    # Decode: one to 16 rows against a weight, bound by reading B; the targets'
+    # row-major 4096 x 4096, then a linear layer's layout (x @ W.T) and a short
+    # K, which split-K and the column slices trade against each other.
     Case(name="matmul decode", op="matmul", inputs=inputs.matrices, compile=False, sizes={
-        "cuda": [_mm(4096, bf16, m=16, quick=True), _mm(4096, bf16, m=1)]},
+        "cuda": [_mm(4096, bf16, m=16, quick=True), _mm(4096, bf16, m=1),
+                 _mm(4096, bf16, m=16, wt=True), _mm(1024, bf16, m=16, k=4096, wt=True),
+                 _mm(4096, bf16, m=16, k=1024)]},
          reference=torch.matmul, reference_name="torch.matmul (cuBLAS)",
          bytes=lambda a: sum(t.numel() * t.element_size() for t in a)
          + a[0].shape[0] * a[1].shape[1] * a[0].element_size(),
