@@ -44,8 +44,29 @@
 # (incremental on the same machine) and bench; "racecheck" runs wheels, env,
 # jit-build (with every core) and racecheck.  The default, "all", is every
 # step in one.
+#
+# GPU_CHECK_OPS=<families> (a comma list of the op database's families:
+# basic, boxes, roi, losses, deform, masked_conv, upsample; `python
+# scripts/gpu_check_families.py --list` maps them to ops and test files):
+# one family's check in one command on a fresh machine, build included.  It
+# runs wheels, env, build-aot, then tests (the gates, and the family's
+# CUDA-side tests: its own test file and the op database's generic tests,
+# the fuzzer's included, selected with -k by op name), memcheck and
+# racecheck on the family's tests, and bench on the family's rows only,
+# merged into docs/performance.md (python -m torchops bench --merge-doc:
+# other rows stay, each row names the run that measured it).  racecheck
+# runs on the normal build, the setmaxnreg kernels uninstrumented; for the
+# families whose ops run those kernels (basic, deform) a JIT build without
+# setmaxnreg goes beside build-aot, each with half the cores, and racecheck
+# runs on it.  GPU_CHECK_BENCH_RESERVE (default 150) is the seconds kept for
+# the bench.  docs/benchmarks.md says which families a change needs.
+#
+# GPU_CHECK_DRY_RUN=1: print every step's command and the summary without
+# running anything (no GPU needed): the plan of a configuration.
 set -uo pipefail
 PART=${GPU_CHECK_PART:-all}
+OPS=${GPU_CHECK_OPS:-}
+DRY=${GPU_CHECK_DRY_RUN:-0}
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${1:-gpu-check}
@@ -75,6 +96,25 @@ case "$PART" in
   *) echo "gpu_check: GPU_CHECK_PART must be all, tests, bench or racecheck, not '$PART'" >&2
      exit 2 ;;
 esac
+FAMILY_SETMAXNREG=0
+if [ -n "$OPS" ]; then
+  if [ "$PART" != all ]; then
+    echo "gpu_check: GPU_CHECK_OPS runs the family's whole check; leave GPU_CHECK_PART unset" >&2
+    exit 2
+  fi
+  PLAN=$("$PY" scripts/gpu_check_families.py --shell "$OPS") || exit 2
+  eval "$PLAN"
+  if [ "$FAMILY_SETMAXNREG" = 1 ]; then
+    STEPS=(wheels env jit-build build-aot tests memcheck racecheck bench)
+  else
+    STEPS=(wheels env build-aot tests memcheck racecheck bench)
+  fi
+  PART="ops $FAMILY_NAMES"
+  # The family's share of the sanitizer runs: their usual selection, on the
+  # family's tests (its own file, and its ops' ids in test_ops.py).
+  MEMCHECK_K="($MEMCHECK_K) and ($FAMILY_K)"
+  RACECHECK_K="($RACECHECK_K) and ($FAMILY_K)"
+fi
 has_step() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 rm -f "$OUT"/{summary.txt,gpu_check.log,bench.csv,bench.json,bench.png,performance.md}
 
@@ -91,8 +131,13 @@ step() {
   local t0
   t0=$(date +%s)
   echo "\$ $*" > "$TMP/$name.log"
-  timeout -k 20 "$limit" "$@" >> "$TMP/$name.log" 2>&1
-  echo $? > "$TMP/$name.rc"
+  if [ "$DRY" = 1 ]; then
+    printf '[dry run] %s (limit %s s):' "$name" "$limit"; printf ' %q' "$@"; echo
+    echo 0 > "$TMP/$name.rc"
+  else
+    timeout -k 20 "$limit" "$@" >> "$TMP/$name.log" 2>&1
+    echo $? > "$TMP/$name.rc"
+  fi
   echo $(( $(date +%s) - t0 )) > "$TMP/$name.secs"
   echo "$limit" > "$TMP/$name.limit"
 }
@@ -165,24 +210,41 @@ run_steps() {
 # which racecheck's instrumented kernels deadlock (csrc/cuda/matmul/tma.cuh).
 JIT_ENV=(TORCHOPS_PREBUILT=0 TORCHOPS_CUDA=1 TORCHOPS_CACHE_DIR="$TMP/jit-cache"
          TORCHOPS_TESTING_NO_SETMAXNREG=1)
-# run_racecheck LIMIT: racecheck on the JIT build, or why it cannot run.
+# The sanitizers' test files: every family's, or the named families' own.
+SAN_FILES=(test/test_ops.py test/test_roi.py test/test_matmul.py test/test_deform.py
+           test/test_masked_conv2d.py test/test_upsample.py)
+RACE_FILES=(test/test_ops.py test/test_matmul.py test/test_roi.py test/test_deform.py)
+if [ -n "$OPS" ]; then
+  read -r -a SAN_FILES <<< "test/test_ops.py $FAMILY_OWN_FILES"
+  RACE_FILES=("${SAN_FILES[@]}")
+fi
+# run_racecheck LIMIT: racecheck on the JIT build, or why it cannot run.  A
+# family whose ops never run the setmaxnreg kernels racechecks the normal
+# build instead, those kernels left uninstrumented (they cannot deadlock
+# racecheck then, and are not the family's).
 run_racecheck() {
-  if [ "$(cat "$TMP/jit-build.rc" 2>/dev/null)" != 0 ]; then
+  local on=("${JIT_ENV[@]}") skip=()
+  if [ -n "$OPS" ] && [ "$FAMILY_SETMAXNREG" = 0 ]; then
+    on=(TORCHOPS_CUDA=1)
+    skip=(--kernel-name-exclude "kns=$SETMAXNREG_KERNELS")
+  elif [ "$(cat "$TMP/jit-build.rc" 2>/dev/null)" != 0 ]; then
     cannot racecheck "no JIT build to run (the jit-build step failed or ran out of time)"
     return
   fi
-  step racecheck "$1" env "${JIT_ENV[@]}" \
-    "$SANITIZER" --tool racecheck --kernel-name kns=torchops --error-exitcode 99 --print-limit 20 \
-    "$PY" -m pytest test/test_ops.py test/test_matmul.py test/test_roi.py test/test_deform.py \
-    -q -p no:cacheprovider -m cuda -k "$RACECHECK_K"
+  step racecheck "$1" env "${on[@]}" \
+    "$SANITIZER" --tool racecheck --kernel-name kns=torchops "${skip[@]}" --error-exitcode 99 \
+    --print-limit 20 "$PY" -m pytest "${RACE_FILES[@]}" -q -p no:cacheprovider -m cuda \
+    -k "$RACECHECK_K"
 }
+# What has compute-sanitizer (a dry run needs none).
+have_sanitizer() { [ "$DRY" = 1 ] || command -v "$SANITIZER" > /dev/null; }
 
 if [ "$PART" = racecheck ]; then
   say "jit-build: the racecheck build, every core ..."
   step jit-build "$(cap 300 "$(left)")" env "${JIT_ENV[@]}" MAX_JOBS="$(nproc)" \
     "$PY" scripts/smoke.py --expect jit-built
   finished jit-build
-  if ! command -v "$SANITIZER" > /dev/null; then
+  if ! have_sanitizer; then
     cannot racecheck "compute-sanitizer not found"
   else
     say "racecheck (at most $(( $(left) - 10 ))s) ..."
@@ -193,8 +255,20 @@ if [ "$PART" = racecheck ]; then
 fi
 
 # --- build-aot ------------------------------------------------------------------------------
+# A family run that racechecks the JIT build makes both builds at once, each
+# with half the cores: the longest translation units, not the core count,
+# bound either build.
+AOT_JOBS=$(nproc)
+JIT_PID=
+if [ -n "$OPS" ] && has_step jit-build; then
+  AOT_JOBS=$(( $(nproc) / 2 > 1 ? $(nproc) / 2 : 1 ))
+  say "jit-build: the racecheck build, beside build-aot ..."
+  ( step jit-build "$(cap 330 "$(left)")" env "${JIT_ENV[@]}" MAX_JOBS="$AOT_JOBS" \
+      "$PY" scripts/smoke.py --expect jit-built ) &
+  JIT_PID=$!
+fi
 say "build-aot: pip install -e . (CPU + CUDA libraries) ..."
-step build-aot "$(cap 300 "$(left)")" env TORCHOPS_CUDA=1 MAX_JOBS="$(nproc)" bash -c \
+step build-aot "$(cap 300 "$(left)")" env TORCHOPS_CUDA=1 MAX_JOBS="$AOT_JOBS" bash -c \
   "'$PY' -m pip install --disable-pip-version-check --no-build-isolation --no-deps --no-index -e . \
    && '$PY' scripts/smoke.py --expect prebuilt"
 finished build-aot
@@ -203,13 +277,19 @@ if has_step tests; then
 # --- jit-build, tests, memcheck + racecheck: at the same time -----------------------------------
 # The benchmarks need the machine to themselves afterwards: keep ~200 s for
 # them (when this command runs them).
-WINDOW=$(( $(left) - (${#STEPS[@]} == 9 ? 200 : 10) ))
+RESERVE=10
+has_step bench && RESERVE=$([ -n "$OPS" ] && echo "${GPU_CHECK_BENCH_RESERVE:-150}" || echo 200)
+WINDOW=$(( $(left) - RESERVE ))
 [ "$WINDOW" -lt 60 ] && WINDOW=60
-say "jit-build, precompile, tests, memcheck+racecheck in parallel (at most ${WINDOW}s) ..."
+say "$(has_step precompile && echo 'jit-build, precompile, ')tests, memcheck+racecheck in parallel (at most ${WINDOW}s) ..."
 WSTART=$(date +%s)
+if [ -z "$OPS" ]; then
 ( step jit-build "$(cap 300 "$WINDOW")" env "${JIT_ENV[@]}" MAX_JOBS=8 \
     "$PY" scripts/smoke.py --expect jit-built ) &
 JIT_PID=$!
+fi
+PRE_PID=
+if has_step precompile; then
 # Fill torch.compile's on-disk caches (inductor's FX graph cache, Triton's and
 # the C++ kernels') with every compiled variant the benchmarks will time, so
 # the bench step below compiles from them instead of spending its budget.
@@ -221,7 +301,8 @@ PRE_LIMIT=$(cap 300 "$WINDOW")
     --compile-only --time-budget $(( PRE_LIMIT > 60 ? PRE_LIMIT - 40 : PRE_LIMIT / 2 )) \
     ${GPU_CHECK_BENCH_ARGS:-} ) &
 PRE_PID=$!
-if command -v "$SANITIZER" > /dev/null; then
+fi
+if have_sanitizer; then
   (
     # No caching allocator: an out-of-bounds access lands outside any
     # allocation instead of inside a cached block.
@@ -230,11 +311,12 @@ if command -v "$SANITIZER" > /dev/null; then
     # about PyTorch's own kernels.
     step memcheck "$(cap 240 "$WINDOW")" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SANITIZER" \
       --tool memcheck --kernel-name kns=torchops --error-exitcode 99 --print-limit 20 \
-      "$PY" -m pytest test/test_ops.py test/test_roi.py test/test_matmul.py test/test_deform.py \
-      test/test_masked_conv2d.py test/test_upsample.py -q -p no:cacheprovider -m cuda -k "$MEMCHECK_K"
+      "$PY" -m pytest "${SAN_FILES[@]}" -q -p no:cacheprovider -m cuda -k "$MEMCHECK_K"
     # racecheck ("all" only) runs the JIT build (above), once it is there.
     if has_step racecheck; then
-      while [ ! -f "$TMP/jit-build.rc" ] && [ "$(left)" -gt 10 ]; do sleep 2; done
+      while has_step jit-build && [ ! -f "$TMP/jit-build.rc" ] && [ "$(left)" -gt 10 ]; do
+        sleep 2
+      done
       run_racecheck "$(cap 300 "$(( WINDOW - ($(date +%s) - WSTART) ))")"
     fi
   ) &
@@ -254,15 +336,19 @@ fi
 XDIST=""
 "$PY" -c "import xdist" 2> /dev/null && XDIST="-n ${GPU_CHECK_TEST_WORKERS:-4} --dist loadgroup"
 TESTS_LIMIT=$(cap 330 "$WINDOW")
+# A family's CUDA side: its own file whole, the generic files' tests of its
+# ops (-k matches the module name and the test ids, which name the op).
+CUDA_SIDE="test --ignore test/test_loader_cache.py"
+[ -n "$OPS" ] && CUDA_SIDE="$FAMILY_TEST_FILES -k '$FAMILY_K'"
 # shellcheck disable=SC2086
 step tests "$TESTS_LIMIT" env TORCHOPS_TEST_PROFILE=full bash -c "
   '$PY' -m pytest test/test_gates.py test/test_loader.py test/test_model.py -q -p no:cacheprovider \
     -rfEs -m 'not slow' ${GPU_CHECK_TEST_ARGS:-} && echo &&
-  '$PY' -m pytest test -q -p no:cacheprovider -rfEs --durations=15 -m 'cuda and not slow' \
-    --ignore test/test_loader_cache.py $XDIST ${GPU_CHECK_TEST_ARGS:-}"
+  '$PY' -m pytest $CUDA_SIDE -q -p no:cacheprovider -rfEs --durations=15 -m 'cuda and not slow' \
+    $XDIST ${GPU_CHECK_TEST_ARGS:-}"
 finished tests
-wait "$JIT_PID"; finished jit-build
-wait "$PRE_PID"; finished precompile
+if [ -n "$JIT_PID" ]; then wait "$JIT_PID"; finished jit-build; fi
+if [ -n "$PRE_PID" ]; then wait "$PRE_PID"; finished precompile; fi
 if [ -n "$SAN_PID" ]; then
   wait "$SAN_PID"; finished memcheck
   has_step racecheck && finished racecheck
@@ -276,10 +362,13 @@ if [ "$BENCH_LIMIT" -lt 30 ]; then
   cannot bench "no time left of the ${BUDGET}s budget"
 else
   say "bench: cuda then cpu (at most ${BENCH_LIMIT}s) ..."
+  # A family's rows only, merged into the report (the other rows stay).
+  FAMILY_BENCH=()
+  [ -n "$OPS" ] && FAMILY_BENCH=(--op "$FAMILY_OPS" --merge-doc)
   # shellcheck disable=SC2086
   step bench "$BENCH_LIMIT" "$PY" -m torchops bench --device cuda,cpu --out "$OUT" \
     --write-doc docs/performance.md --time-budget $(( BENCH_LIMIT - 60 )) --strict \
-    ${GPU_CHECK_BENCH_ARGS:-}
+    "${FAMILY_BENCH[@]}" ${GPU_CHECK_BENCH_ARGS:-}
   finished bench
   [ -f docs/performance.md ] && cp docs/performance.md "$OUT/performance.md"
 fi

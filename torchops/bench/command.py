@@ -43,6 +43,8 @@ def add_parser(sub) -> None:
     add("--out", default="bench-results", metavar="DIR",
         help="folder for bench.csv, bench.json, bench.png (default: %(default)s)")
     add("--write-doc", metavar="PATH", help="also write the report as Markdown (performance.md)")
+    add("--merge-doc", action="store_true", help="with --write-doc: merge this run's sections "
+        "into the existing file (the others stay; a 'run' column names each row's run)")
     add("--strict", action="store_true", help="exit with status 1 when torchops failed on a row "
         "or its output disagreed with an alternative's")
     add("--list", action="store_true", help="list the rows that would run, and exit")
@@ -114,6 +116,8 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     from torchops.bench.runner import ALL_THREADS, Options, plan, run
 
     devices, threads = _parse(args)
+    if args.merge_doc and not args.write_doc:
+        raise SystemExit("bench: --merge-doc merges into the file --write-doc names; give both")
     try:
         cases = registry.select([n.strip() for spec in args.op or [] for n in spec.split(",")
                                  if n.strip()])
@@ -153,7 +157,12 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     if args.write_doc:
         written.append(Path(args.write_doc))
         written[-1].parent.mkdir(parents=True, exist_ok=True)
-        written[-1].write_text(markdown, encoding="utf-8")
+        doc = markdown
+        if args.merge_doc and written[-1].exists():
+            from torchops.bench.merge import merge
+
+            doc = merge(written[-1].read_text(encoding="utf-8"), markdown)
+        written[-1].write_text(doc, encoding="utf-8")
     print(markdown)
     print("bench: wrote " + ", ".join(map(str, written)), file=sys.stderr)
     return 1 if args.strict and report.failed_rows(rows) else 0
