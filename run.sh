@@ -24,7 +24,8 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   # shellcheck disable=SC2086
   pip_install "torch==${TORCHOPS_TORCH_VERSION:-2.13.0}" ${TORCHOPS_TORCH_PIP_ARGS:-}
 fi
-"$PY" - <<'PYEOF'
+# (torch warns at import when numpy, which it does not need here, is missing)
+"$PY" -W "ignore:Failed to initialize NumPy:UserWarning" - <<'PYEOF'
 import sys, torch
 v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 if v < (2, 10):

@@ -13,9 +13,6 @@ CUDA.
 import os as _os
 import sys as _sys
 
-from torchops._build import VERSION as __version__
-from torchops import _loader
-
 
 def _running_the_cli() -> bool:
     # `doctor` and `build` must run when loading fails -- that is when they are
@@ -30,6 +27,18 @@ def _running_the_cli() -> bool:
         name = name.removesuffix(suffix)
     return _sys.argv[0] == "-m" or name == "torchops"
 
+
+if _running_the_cli():
+    # Without numpy installed (it is optional for torch and for torchops),
+    # `import torch` warns "Failed to initialize NumPy" in every process.
+    # The command-line tools do not need numpy: that one warning is noise in
+    # their output.  Library users keep every warning.
+    import warnings as _warnings
+
+    _warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+
+from torchops._build import VERSION as __version__  # noqa: E402
+from torchops import _loader  # noqa: E402
 
 try:
     _loader.load()

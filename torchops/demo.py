@@ -1,116 +1,257 @@
-"""A short tour of torchops: every op once, checked against its pure-PyTorch
-reference (torchops.references) computed in float64."""
+"""A short tour of torchops: every op and every module, beside its reference.
+
+Each line calls one op (or module) through the public API and prints:
+
+* ``max|err|``: the largest difference from the same call computed in float64
+  by the pure-PyTorch formulas of :mod:`torchops.references` (integer outputs,
+  the indices nms keeps, must be identical);
+* ``torchops`` and ``reference``: steady-state times of the call and of its
+  reference on the same inputs, measured in this run with
+  ``torch.utils.benchmark.Timer.blocked_autorange`` (warm: the first call,
+  which may allocate or compile, is not timed).  The reference is the peer
+  users would otherwise call (torchvision, where installed) or, failing one,
+  the same call with every torchops operator computed by its formula.
+
+The sizes are small, so the whole tour takes seconds; ``python -m torchops
+bench`` measures at realistic sizes, with cold caches.
+"""
 
 from __future__ import annotations
 
-import time
+import copy
+import importlib.util
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.benchmark import Timer
 
 import torchops
 from torchops import references
 
-
-def _devices(device: str | None) -> list[str]:
-    if device:
-        return [device]
-    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# Seconds of timed calls per line and variant: enough for a stable median of
+# the small calls below, short enough for the whole tour to take seconds.
+MIN_RUN_TIME = 0.05
 
 
-def _report(name: str, got: torch.Tensor, want: torch.Tensor, seconds: float) -> None:
+class ReferenceMode(TorchDispatchMode):
+    """Computes every ``torch.ops.torchops`` operator called inside it by its
+    formula in :mod:`torchops.references` (same arguments, same outputs), so
+    that a module or a wrapper runs unchanged around the reference.  Forward
+    only: the references' autograd is theirs, not the ops' backward ops."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        namespace, _, name = func.name().partition("::")
+        if namespace == "torchops":
+            return getattr(references, name.split(".")[0])(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+@dataclass
+class Line:
+    label: str
+    args: Callable[[str, torch.dtype], tuple]   # (device, dtype) -> the call's arguments
+    call: Callable                              # the public torchops call
+    peer: Callable | None = None                # torchvision's, same arguments
+    peer_name: str = ""
+
+
+def _has_torchvision() -> bool:
+    return importlib.util.find_spec("torchvision") is not None
+
+
+def _float64(args: tuple) -> tuple:
+    return tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                 for a in args)
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _check(got: torch.Tensor, want: torch.Tensor) -> str:
+    if not got.is_floating_point():
+        return "identical" if torch.equal(got.cpu(), want.cpu().to(got.dtype)) else "DIFFERENT"
     err = (got.double() - want.double()).abs().max().item() if got.numel() else 0.0
-    timing = f"  {seconds * 1e3:7.2f} ms" if seconds else ""
-    print(f"  {name:44s} shape={tuple(got.shape)!s:16s} dtype={str(got.dtype):15s} "
-          f"max|err|={err:.2e}{timing}")
+    return f"max|err|={err:.1e}"
+
+
+def _time(fn: Callable, device: str) -> float:
+    fn()  # untimed: allocations, lazy initialisation, compilation
+    if device == "cuda":
+        torch.cuda.synchronize()
+    # Timer synchronises CUDA around its blocks.
+    return Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=MIN_RUN_TIME).median
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:8.3f} ms"
+
+
+def _show(line: Line, device: str, dtype: torch.dtype = torch.float32) -> None:
+    torch.manual_seed(0)
+    args = line.args(device, dtype)
+    with torch.no_grad():
+        got = _first(line.call(*args))
+        with ReferenceMode():
+            want = _first(line.call(*_float64(args)))
+        ours = _time(lambda: line.call(*args), device)
+        if line.peer is not None:
+            ref, ref_name = _time(lambda: line.peer(*args), device), line.peer_name
+        else:
+            def in_reference_mode():
+                with ReferenceMode():
+                    return line.call(*args)
+            ref, ref_name = _time(in_reference_mode, device), "references"
+    print(f"  {line.label:52s} {str(dtype)[6:]:8s} {_check(got, want):17s} "
+          f"torchops {_ms(ours)}  {ref_name} {_ms(ref)} ({ref / ours:.1f}x)")
+
+
+# --- inputs -----------------------------------------------------------------------------------
+
+def _boxes(n: int, device: str, dtype: torch.dtype, size: float = 400.0) -> torch.Tensor:
+    xy = torch.rand(n, 2) * size
+    wh = torch.rand(n, 2) * size / 8 + 4
+    return torch.cat([xy, xy + wh], 1).to(device, dtype)
+
+
+def _rois(k: int, n_images: int, side: int, device: str, dtype: torch.dtype) -> torch.Tensor:
+    """(k, 5) rows (batch index, x1, y1, x2, y2) inside a side x side image."""
+    xy = torch.rand(k, 2) * side * 0.7
+    wh = torch.rand(k, 2) * side * 0.3 + 2
+    batch = torch.randint(0, n_images, (k, 1)).to(torch.float32)
+    return torch.cat([batch, xy, xy + wh], 1).to(device, dtype)
+
+
+def _lines() -> list[Line]:
+    tv = _has_torchvision()
+    if tv:
+        import torchvision.ops as tvo
+
+    def peer(fn, name):
+        return dict(peer=fn, peer_name=name) if tv else {}
+
+    def deform_args(dev, dt, mask=True):
+        x = torch.randn(2, 16, 24, 24)
+        w = torch.randn(32, 16, 3, 3) / 12
+        off = torch.randn(2, 18, 24, 24)
+        m = torch.rand(2, 9, 24, 24)
+        return tuple(t.to(dev, dt) for t in (x, off, w, torch.randn(32), m))
+
+    return [
+        Line("matmul (256x384 @ 384x128)",
+             lambda dev, dt: (torch.randn(256, 384, device=dev, dtype=dt),
+                              torch.randn(384, 128, device=dev, dtype=dt)),
+             torchops.matmul, peer=torch.matmul, peer_name="torch.matmul"),
+        Line("matmul (8x64x32 @ 8x32x96, b transposed)",
+             lambda dev, dt: (torch.randn(8, 64, 32, device=dev, dtype=dt),
+                              torch.randn(8, 96, 32, device=dev, dtype=dt).transpose(1, 2)),
+             torchops.matmul, peer=torch.matmul, peer_name="torch.matmul"),
+        Line("d_sigmoid (2^20 elements)",
+             lambda dev, dt: (torch.randn(1 << 20, device=dev, dtype=dt),), torchops.d_sigmoid),
+        Line("nms (500 boxes, IoU 0.5)",
+             lambda dev, dt: (_boxes(500, dev, dt), torch.rand(500, device=dev, dtype=dt), 0.5),
+             torchops.nms, **peer(lambda *a: tvo.nms(*a), "torchvision")),
+        Line("batched_nms (500 boxes, 5 classes)",
+             lambda dev, dt: (_boxes(500, dev, dt), torch.rand(500, device=dev, dtype=dt),
+                              torch.randint(0, 5, (500,), device=dev), 0.5),
+             torchops.batched_nms, **peer(lambda *a: tvo.batched_nms(*a), "torchvision")),
+        Line("box_iou (300 x 200)",
+             lambda dev, dt: (_boxes(300, dev, dt), _boxes(200, dev, dt)),
+             torchops.box_iou, **peer(lambda *a: tvo.box_iou(*a), "torchvision")),
+        Line("roi_align (64 RoIs on 2x64x50x50, 7x7)",
+             lambda dev, dt: (torch.randn(2, 64, 50, 50, device=dev, dtype=dt),
+                              _rois(64, 2, 50, dev, dt)),
+             lambda x, r: torchops.roi_align(x, r, 7, 1.0, 2, True),
+             **peer(lambda x, r: tvo.roi_align(x, r, 7, 1.0, 2, True), "torchvision")),
+        Line("roi_pool (8 RoIs on 2x64x50x50, 7x7)",
+             lambda dev, dt: (torch.randn(2, 64, 50, 50, device=dev, dtype=dt),
+                              _rois(8, 2, 50, dev, dt)),
+             lambda x, r: torchops.roi_pool(x, r, 7, 1.0),
+             **peer(lambda x, r: tvo.roi_pool(x, r, 7, 1.0), "torchvision")),
+        Line("deform_roi_pool (64 RoIs on 2x64x50x50, 7x7)",
+             lambda dev, dt: (torch.randn(2, 64, 50, 50, device=dev, dtype=dt),
+                              _rois(64, 2, 50, dev, dt),
+                              torch.randn(64, 2, 7, 7, device=dev, dtype=dt)),
+             lambda x, r, o: torchops.deform_roi_pool(x, r, o, 7, 1.0, 2, 0.1)),
+        Line("sigmoid_focal_loss (4096x80, mean)",
+             lambda dev, dt: (torch.randn(4096, 80, device=dev, dtype=dt),
+                              (torch.rand(4096, 80) < 0.05).to(dev, dt)),
+             lambda x, t: torchops.sigmoid_focal_loss(x, t, 0.25, 2.0, "mean"),
+             **peer(lambda x, t: tvo.sigmoid_focal_loss(x, t, 0.25, 2.0, "mean"), "torchvision")),
+        Line("deform_conv2d (2x16x24x24 -> 32, 3x3, DCNv2)",
+             deform_args,
+             lambda x, o, w, b, m: torchops.deform_conv2d(x, o, w, b, padding=1, mask=m),
+             **peer(lambda x, o, w, b, m: tvo.deform_conv2d(x, o, w, b, padding=1, mask=m),
+                    "torchvision")),
+        Line("masked_conv2d (2x32x40x40 -> 32, 3x3, 25% selected)",
+             lambda dev, dt: (torch.randn(2, 32, 40, 40, device=dev, dtype=dt),
+                              torch.rand(2, 40, 40, device=dev) < 0.25,
+                              torch.randn(32, 32, 3, 3, device=dev, dtype=dt) / 17,
+                              torch.randn(32, device=dev, dtype=dt)),
+             lambda x, m, w, b: torchops.masked_conv2d(x, m, w, b, padding=1)),
+        Line("carafe (2x32x24x24, k 5, scale 2)",
+             lambda dev, dt: (torch.randn(2, 32, 24, 24, device=dev, dtype=dt),
+                              F.softmax(torch.randn(2, 25, 48, 48, device=dev, dtype=dt), 1)),
+             lambda x, m: torchops.carafe(x, m, 5, 1, 2)),
+    ]
+
+
+def _module_lines(device: str) -> list[Line]:
+    """Every module of torchops.modules, its parameters initialised as in the
+    library it replaces; float64 copies compute the reference."""
+    torch.manual_seed(0)
+    m = torchops
+    x_roi = lambda dev, dt: (torch.randn(2, 16, 32, 32, device=dev, dtype=dt),  # noqa: E731
+                             _rois(8, 2, 32, dev, dt))
+    mods = [
+        ("RoIAlign(7, 0.5, 2, aligned=True)", m.RoIAlign(7, 0.5, 2, aligned=True), x_roi),
+        ("RoIPool(7, 0.5)", m.RoIPool(7, 0.5), x_roi),
+        ("DeformConv2d(16, 32, 3, padding=1)", m.DeformConv2d(16, 32, 3, padding=1),
+         lambda dev, dt: (torch.randn(2, 16, 24, 24, device=dev, dtype=dt),
+                          torch.randn(2, 18, 24, 24, device=dev, dtype=dt))),
+        ("ModulatedDeformConv2dPack(16, 32, 3, padding=1)",
+         m.ModulatedDeformConv2dPack(16, 32, 3, padding=1),
+         lambda dev, dt: (torch.randn(2, 16, 24, 24, device=dev, dtype=dt),)),
+        ("DeformRoIPool(7, 0.5)", m.DeformRoIPool(7, 0.5), x_roi),
+        ("DeformRoIPoolPack(7, 16)", m.DeformRoIPoolPack(7, 16), x_roi),
+        ("ModulatedDeformRoIPoolPack(7, 16)", m.ModulatedDeformRoIPoolPack(7, 16), x_roi),
+        ("MaskedConv2d(32, 32, 3, padding=1)", m.MaskedConv2d(32, 32, 3, padding=1),
+         lambda dev, dt: (torch.randn(2, 32, 40, 40, device=dev, dtype=dt),
+                          torch.rand(2, 40, 40, device=dev) < 0.25)),
+        ("CARAFEPack(32, 2)", m.CARAFEPack(32, 2),
+         lambda dev, dt: (torch.randn(2, 32, 24, 24, device=dev, dtype=dt),)),
+    ]
+    assert {type(mod).__name__ for _, mod, _ in mods} == set(torchops.modules.__all__), \
+        "the demo lists every module of torchops.modules"
+    lines = []
+    for label, mod, args in mods:
+        mod = mod.to(device)
+        mod64 = copy.deepcopy(mod).double()
+
+        def call(*a, mod=mod, mod64=mod64):
+            floating = [t for t in a if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            return (mod64 if floating and floating[0].dtype == torch.float64 else mod)(*a)
+        lines.append(Line(label, args, call))
+    return lines
 
 
 def run(device: str | None = None) -> None:
-    torch.manual_seed(0)
-    for dev in _devices(device):
-        print(f"device {dev}:")
-        for dtype in (torch.float32, torch.float64, torch.bfloat16):
-            a = torch.randn(256, 384, device=dev, dtype=dtype)
-            b = torch.randn(384, 128, device=dev, dtype=dtype)
-            t0 = time.perf_counter()
-            c = torchops.matmul(a, b)
-            if dev == "cuda":
-                torch.cuda.synchronize()
-            _report(f"matmul (256x384 @ 384x128, {dtype})", c,
-                    references.matmul(a.double(), b.double()), time.perf_counter() - t0)
-        a = torch.randn(8, 64, 32, device=dev)
-        b = torch.randn(8, 96, 32, device=dev).transpose(1, 2)  # non-contiguous
-        t0 = time.perf_counter()
-        c = torchops.matmul(a, b)
-        _report("matmul batched, transposed b", c, references.matmul(a.double(), b.double()),
-                time.perf_counter() - t0)
-
-        z = torch.randn(1 << 20, device=dev, requires_grad=True)
-        t0 = time.perf_counter()
-        y = torchops.d_sigmoid(z)
-        y.sum().backward()
-        seconds = time.perf_counter() - t0
-        zd = z.detach().double().requires_grad_()
-        want = references.d_sigmoid(zd)
-        want.sum().backward()
-        _report("d_sigmoid (forward)", y.detach(), want.detach(), seconds)
-        _report("d_sigmoid (gradient)", z.grad, zd.grad, 0.0)
-
-        model = torch.compile(lambda x, w: torchops.d_sigmoid(torchops.matmul(x, w)),
-                              fullgraph=True)
-        x = torch.randn(64, 32, device=dev)
-        w = torch.randn(32, 16, device=dev)
-        t0 = time.perf_counter()
-        out = model(x, w)
-        seconds = time.perf_counter() - t0
-        _report("torch.compile(d_sigmoid(matmul(x, w)))", out,
-                references.d_sigmoid(references.matmul(x.double(), w.double())), seconds)
-
-        _detection(dev)
-
-
-def _detection(dev: str) -> None:
-    g = torch.Generator().manual_seed(1)
-    xy = torch.rand(2000, 2, generator=g) * 400
-    wh = torch.rand(2000, 2, generator=g) * 60 + 4
-    boxes = torch.cat([xy, xy + wh], 1).to(dev)
-    scores = torch.rand(2000, generator=g).to(dev)
-    classes = torch.randint(0, 5, (2000,), generator=g).to(dev)
-    t0 = time.perf_counter()
-    keep = torchops.nms(boxes, scores, 0.5)
-    seconds = time.perf_counter() - t0
-    same = torch.equal(keep.cpu(), references.nms(boxes.cpu(), scores.cpu(), 0.5))
-    print(f"  {'nms (2000 boxes, IoU 0.5)':44s} kept {keep.numel()} boxes, "
-          f"{'the same as' if same else 'NOT the same as'} the reference "
-          f"{seconds * 1e3:7.2f} ms")
-    keep_c = torchops.batched_nms(boxes, scores, classes, 0.5)
-    same = torch.equal(keep_c.cpu(), references.batched_nms(boxes.cpu(), scores.cpu(),
-                                                            classes.cpu(), 0.5))
-    print(f"  {'batched_nms (5 classes)':44s} kept {keep_c.numel()} boxes, "
-          f"{'the same as' if same else 'NOT the same as'} the reference")
-    iou = torchops.box_iou(boxes[:300], boxes[:200])
-    _report("box_iou (300 x 200)", iou,
-            references.box_iou(boxes[:300].double(), boxes[:200].double()), 0.0)
-
-    feats = torch.randn(2, 16, 32, 32, generator=g).to(dev).requires_grad_()
-    rois = torch.cat([torch.tensor([[0.0], [1.0], [0.0]]),
-                      torch.tensor([[2.0, 3.0, 20.0, 25.0], [0.0, 0.0, 31.0, 31.0],
-                                    [5.5, 7.25, 9.0, 30.0]])], 1).to(dev)
-    pooled = torchops.roi_align(feats, rois, output_size=7, spatial_scale=1.0,
-                                sampling_ratio=2, aligned=True)
-    pooled.sum().backward()
-    fd = feats.detach().double().requires_grad_()
-    want = references.roi_align(fd, rois.double(), 1.0, 7, 7, 2, True)
-    want.sum().backward()
-    _report("roi_align (3 RoIs, 7x7)", pooled.detach(), want.detach(), 0.0)
-    _report("roi_align (gradient)", feats.grad, fd.grad, 0.0)
-    mx = torchops.roi_pool(feats.detach(), rois, output_size=(4, 4))
-    _report("roi_pool (3 RoIs, 4x4)", mx,
-            references.roi_pool(fd.detach(), rois.double(), 1.0, 4, 4)[0], 0.0)
-
-    logits = torch.randn(512, 80, generator=g).to(dev).requires_grad_()
-    targets = (torch.rand(512, 80, generator=g) < 0.05).float().to(dev)
-    loss = torchops.sigmoid_focal_loss(logits, targets, alpha=0.25, gamma=2.0, reduction="mean")
-    loss.backward()
-    ref = references.sigmoid_focal_loss(logits.detach().double(), targets.double(), 0.25, 2.0,
-                                        "mean")
-    _report("sigmoid_focal_loss (512x80, mean)", loss.detach(), ref, 0.0)
+    devices = [device] if device else ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    reference = ("torchvision where installed, else torchops.references"
+                 if _has_torchvision() else "torchops.references (torchvision is not installed)")
+    print(f"torchops {torchops.__version__} on torch {torch.__version__}.\n"
+          f"max|err|: against the float64 formulas of torchops.references.  Times: steady "
+          f"state (median of torch.utils.benchmark's blocked_autorange) of torchops and of the "
+          f"reference, {reference}; (Nx): the reference's time over torchops's.")
+    for dev in devices:
+        print(f"device {dev}: ops")
+        for line in _lines():
+            _show(line, dev)
+        _show(_lines()[0], dev, torch.bfloat16)
+        print(f"device {dev}: modules (torchops.modules)")
+        for line in _module_lines(dev):
+            _show(line, dev)
