@@ -123,3 +123,11 @@ def test_merge_keeps_a_section_the_run_did_not_time():
     cut = _report("-")
     merged = merge(full, cut)
     assert "10 us" in merged and "| run 2" not in merged
+
+
+def test_merge_keeps_the_old_rows_a_run_did_not_time():
+    two = "| n=2000 | float32 | - | {t2} | ok |\n"
+    full = _report("10 us", more=two.format(t2="20 us"))
+    cut = _report("7 us", gpu="B", date="day 2", more=two.format(t2="-"))
+    nms = re.search(r"### nms\n(.*?)\n\n", merge(full, cut), re.S).group(1)
+    assert re.search(r"7 us \| ok \|\s+2 \|", nms) and re.search(r"20 us \| ok \|\s+1 \|", nms)

@@ -107,6 +107,24 @@ def _timed(block: Block) -> bool:
     return any(r[col] not in ("-", "skipped", "") for r in table[2:])
 
 
+def _keep_untimed_rows(new: Block, old: Block) -> Block:
+    """`new` with each row it could not time (its time budget ran out: no
+    torchops time) taken from `old`, where both tables have the same
+    columns and `old` has the row (same size, dtype and threads)."""
+    table = lambda b: [ln for ln in b.lines if _is_table(ln)]  # noqa: E731
+    if not table(new) or not table(old) or _cells(table(new)[0]) != _cells(table(old)[0]):
+        return new
+    header = _cells(table(new)[0])
+    if "torchops" not in header:
+        return new
+    col = header.index("torchops")
+    before = {tuple(_cells(ln)[:3]): ln for ln in table(old)[2:]}
+    lines = [before.get(tuple(_cells(ln)[:3]), ln)
+             if _is_table(ln) and _cells(ln)[0] != "size" and _cells(ln)[col] == "-" else ln
+             for ln in new.lines]
+    return Block(new.device, new.case, lines)
+
+
 def _renumber(block: Block, mapping: dict[str, str]) -> Block:
     out = []
     for ln in block.lines:
@@ -137,7 +155,8 @@ def merge(old_text: str, new_text: str) -> str:
     old_blocks = [b if _has_run_column(b) else _with_run_column(b, "1") for b in old.blocks]
     new_run = str(len(old.runs) + 1)
     replace = {(b.device, b.case): _with_run_column(b, new_run) for b in new.blocks if _timed(b)}
-    blocks = [replace.pop((b.device, b.case), b) for b in old_blocks]
+    blocks = [_keep_untimed_rows(replace.pop((b.device, b.case)), b)
+              if (b.device, b.case) in replace else b for b in old_blocks]
     # Sections the old report lacks: after the last block of their device.
     for key, b in replace.items():
         at = max((i for i, o in enumerate(blocks) if o.device == b.device), default=len(blocks) - 1)
