@@ -311,3 +311,106 @@ torchops::roi_align(Tensor input, Tensor rois, float spatial_scale, SymInt poole
 torchops::roi_pool(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width) -> (Tensor, Tensor)  [pt2_compliant_tag]
 torchops::sigmoid_focal_loss(Tensor inputs, Tensor targets, float alpha=0.25, float gamma=2., str reduction="none") -> Tensor  [pt2_compliant_tag]
 """)
+
+
+# --- Comments describe the present -------------------------------------------
+# A comment or docstring in csrc/ or torchops/ says why the code is as it is
+# now.  Dates, machine names, commit hashes and issue numbers belong in git's
+# history (measured figures: docs/performance.md, or a docs/design.md line
+# with the command that reproduces them).  Only comment text is scanned, so a
+# hex constant or a float literal in code is not mistaken for a hash.
+HISTORY_ROOTS = ("csrc", "torchops")
+HISTORY_PATTERNS = (
+    ("a date", re.compile(r"\b20\d\d-\d\d-\d\d\b")),
+    ("a machine name", re.compile(r"\bH[12]00\b")),
+    ("an issue reference", re.compile(r"\bissues?\s*#?\d+", re.IGNORECASE)),
+    # 7-40 lowercase hex digits with at least one digit and one letter.
+    ("a commit hash", re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")),
+)
+
+
+def cpp_comments(text: str) -> list[tuple[int, str]]:
+    """(line, text) of every `//` and `/* */` comment line, string and
+    character literals skipped."""
+    out: list[tuple[int, str]] = []
+    i, line, n = 0, 1, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            line += 1
+            i += 1
+        elif text.startswith("//", i):
+            end = text.find("\n", i)
+            end = n if end < 0 else end
+            out.append((line, text[i:end]))
+            i = end
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            end = n if end < 0 else end + 2
+            for k, part in enumerate(text[i:end].split("\n")):
+                out.append((line + k, part))
+            line += text.count("\n", i, end)
+            i = end
+        elif c in "\"'":
+            if c == "'" and i > 0 and text[i - 1].isalnum():  # digit separator 1'000
+                i += 1
+                continue
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            i = j + 1
+        else:
+            i += 1
+    return out
+
+
+def python_comments(text: str) -> list[tuple[int, str]]:
+    """(line, text) of every `#` comment and every docstring line (a string
+    that is a statement of its own); other string literals are code."""
+    import io
+    import tokenize
+
+    out: list[tuple[int, str]] = []
+    statement_start = True
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            out.append((tok.start[0], tok.string))
+        elif tok.type == tokenize.STRING and statement_start:
+            for k, part in enumerate(tok.string.split("\n")):
+                out.append((tok.start[0] + k, part))
+        if tok.type in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
+            statement_start = True
+        elif tok.type not in (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING):
+            statement_start = False
+    return out
+
+
+def history_in_comments(root: Path, exclude: tuple[str, ...] = ()) -> list[str]:
+    """`path:line: <what>: <comment>` for each comment line under root's
+    HISTORY_ROOTS that carries a date, a machine name, an issue reference or
+    a commit hash.  `exclude`: path prefixes (relative to root) to skip."""
+    problems = []
+    for top in HISTORY_ROOTS:
+        for path in sorted((root / top).rglob("*")):
+            rel = path.relative_to(root).as_posix()
+            if not path.is_file() or rel.startswith(exclude):
+                continue
+            if path.suffix == ".py":
+                comments = python_comments(path.read_text())
+            elif path.suffix in (".h", ".cuh", ".cpp", ".cu"):
+                comments = cpp_comments(path.read_text())
+            else:
+                continue
+            for line, comment in comments:
+                for what, pattern in HISTORY_PATTERNS:
+                    if pattern.search(comment):
+                        problems.append(f"{rel}:{line}: {what}: {comment.strip()}")
+    return problems
+
+
+def test_comments_describe_the_present():
+    problems = history_in_comments(README.parent)
+    assert not problems, (
+        "comments that carry history (dates, machine names, commit hashes, issue numbers); "
+        "say why the code is as it is now, and put measured figures in docs/design.md "
+        "with the command that reproduces them:\n" + "\n".join(problems))

@@ -1,8 +1,8 @@
 // CPU kernels of torchops.d_sigmoid and its backward.
 //
 // float, half and bfloat16 are computed in float with vec_math's exp, so the
-// loops vectorise (a loop calling std::exp stays scalar: it was 2-5x slower
-// than eager PyTorch).  The math uses e = exp(-|z|), which never overflows:
+// loops vectorise (a loop calling std::exp stays scalar, and slower than
+// eager PyTorch).  The math uses e = exp(-|z|), which never overflows:
 //   s (1 - s)            = e / (1 + e)^2            (even in z)
 //   s (1 - s) (1 - 2 s)  = sign(z) e (e - 1) / (1 + e)^3   (odd in z)
 // double keeps libm (common/d_sigmoid.h).

@@ -130,11 +130,8 @@ struct CpuKernels {
   // The share of selected positions from which float32 and float64 hand
   // off to ATen's convolution (oneDNN): the sparse path's work grows with
   // the positions, the gather's above all, while oneDNN's reads the input
-  // once.  Measured (2x256x100x152, 3x3, float32, torch.utils.benchmark,
-  // sparse against oneDNN, ms): 2 threads, 113 / 123 at 35%, 129 / 126 at
-  // 40%, 154 / 126 at 50%, 275 / 114 at 100%; 1 thread, 233 / 283 at 40%,
-  // 265 / 290 at 45%; 16 threads (the H200's host), 17 / 33 at 25% and
-  // 89 / 31 at 100%.  Half types stay sparse (not measured).  Under
+  // once; the two cross between 40% and 50% on the benchmark's layer at 1
+  // and 2 threads (docs/design.md).  Half types stay sparse.  Under
   // torch.use_deterministic_algorithms(True) the forward stays sparse at any
   // density: its result, unlike oneDNN's, does not depend on the thread
   // count.

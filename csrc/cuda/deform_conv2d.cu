@@ -424,10 +424,9 @@ struct Slicing {
   int64_t slices, per_slice;
 };
 
-// The im2col's most channels per thread: 16 for float32 (H100, against the
-// waves rule's 32 at 64 channels and 128 at 256: 2x64x128x128 forward 136
-// against 139 us, 8x256x64x64 with 3xTF32 822 against 856); half types
-// keep the waves rule (16 was slower: 8x256x64x64 bfloat16 344 against 318).
+// The im2col's most channels per thread: 16 for float32, where more
+// channels per thread leave too few threads to hide the samples' latency;
+// half types keep the waves rule, which is faster for them.
 constexpr int64_t kFloatChannelsPerThread = 16;
 
 constexpr int64_t kAnyChannelsPerThread = std::numeric_limits<int64_t>::max();
@@ -581,10 +580,8 @@ void coordinate_grads(const Chunk<scalar_t>& ch, const scalar_t* grad_columns,
 // The input gradient's path outside deterministic mode.  The gather pays a
 // sort of 4 contributions per sample position, shared by the offset group's
 // channels, and then reads where the scatter would add: with many channels
-// per offset group it wins, with few the sort is not paid back.  H200,
-// float32, 3x3, forward + backward: 8x256x64x64 (cpg 256) gather 4.62 ms,
-// atomic 5.26; 2x64x128x128 with cpg 64: 0.99 and 0.96 ms, cpg 32: 1.10
-// and 0.97, cpg 4: 2.46 and 1.20 (before the sort was cub's own).  Its
+// per offset group it wins, with few the sort is not paid back
+// (kGatherMinChannels; docs/design.md).  Its
 // scratch, 24 bytes per contribution with 32-bit keys and float weights, is
 // 24 / cpg times the column buffer's.
 // TORCHOPS_TESTING_DEFORM_INPUT_GRAD=auto|atomic|gather (read at each call)
@@ -610,10 +607,9 @@ InputGradPath input_grad_path(const DeformGeometry& g) {
 // keep the error float32-sized, so results still agree with torchvision's
 // exact float32 within float32 tolerances.  With TF32 off for convolutions,
 // exact float32 (cuBLAS).  Only where it is faster: one weight group, and
-// every GEMM dimension (O, C * kh * kw, images * pixels) at least 256.
-// H200, per GEMM of the 8x256x64x64 layer (exact / three TF32): 256 x 2304
-// x 32768 805 / ~400 us, 2304 x 32768 x 256 940 / ~500, 256 x 2304 x 32768
-// 792 / ~440; at 64 channels (2x64x128x128) three TF32 GEMMs were slower.
+// every GEMM dimension (O, C * kh * kw, images * pixels) at least 256:
+// there three TF32 GEMMs take about half the exact one's time, while at 64
+// channels they are slower.
 constexpr int64_t kSplitMinDim = 256;
 
 bool conv_allows_tf32() {
@@ -686,8 +682,7 @@ void split_backward_gemm(const DeformGemm& d, const at::Tensor& grad3, int64_t n
 // and the bias rides along folded (as folds_bias's).  Pre-split columns
 // (split_gemms, still the backward's) cost a second column buffer, which at
 // 64 output channels made three TF32 products slower than one exact GEMM;
-// split in the kernel they are not (H100 forward: 2x64x128x128 138 -> 115
-// us, 8x256x64x64 830 -> 705; docs/design.md).  Only where the reduction
+// split in the kernel they are faster (docs/design.md).  Only where the reduction
 // is long (C * kh * kw >= kSplitMinDim): small layers keep exact float32.
 // P % 4 == 0: the columns' batch stride must suit TMA.
 bool folds_3xtf32(at::ScalarType ct, const DeformGemm& d) {
@@ -701,13 +696,11 @@ bool folds_3xtf32(at::ScalarType ct, const DeformGemm& d) {
 // GEMM writes weight @ columns + bias straight into the (B, O, P) output.
 // Unfolded, the GEMM writes an (O, B * P) product that a transposing add of
 // the bias copies into the output: a pass over the output, against the
-// fold's reduction, kBiasRows longer.  Where it was measured faster (H100,
-// whole forward): float32 with fewer than kSplitMinDim output channels,
-// 2x64x128x128 131 against 136 us (130 with its writes in the im2col's
-// launch, below).  Not at 256 channels (exact
-// float32 8x256x64x64: 1088 against 1082 us), not for bfloat16 (378
-// against 318 us; 95 against 91 at 2x64x128x128), and only where cuBLAS
-// runs the GEMM (one weight group, not under deterministic algorithms).
+// fold's reduction, kBiasRows longer.  The fold is faster only for
+// float32 with fewer than kSplitMinDim output channels (with its writes
+// in the im2col's launch, below); not at 256 channels, not for bfloat16,
+// and only where cuBLAS runs the GEMM (one weight group, not under
+// deterministic algorithms).
 // Folding only where C * K > kBiasRows keeps the row counts of split
 // columns (2 * C * K) and folded ones (C * K + kBiasRows) apart.  The
 // fold's small writes ride in the im2col's launch (BiasFold).

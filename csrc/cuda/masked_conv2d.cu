@@ -10,8 +10,7 @@
 // zeros, and the columns too when the positions are few (gather_cols_ahead:
 // into a buffer for an eighth of them, the kernel reading the count on the
 // device).  That queued work covers the host's time from the count to the
-// GEMM's launch (H200, 5% of 2x256x100x152: about 30 us, of which cuBLAS's
-// own host time is over 20).
+// GEMM's launch, most of which is cuBLAS's own host path.
 // Where tensor cores may be used and enough positions are selected, the
 // forward hands off to cuDNN instead (kDenseShareTf32).
 // Under CUDA graph capture, where a sync is an error, the count is taken to
@@ -161,8 +160,8 @@ __global__ void __launch_bounds__(kScanThreads)
 // rows at a time, thread v taking column w = v % per_row of row v / per_row:
 // tap w % taps of channels w / taps, w / taps + cstep, ...  A thread's tap,
 // and so its decode, stays fixed, and consecutive threads write consecutive
-// k (coalesced); the index math happens once per row, not per element (the
-// old per-element int64 division made this kernel 615 us at 100% density).
+// k (coalesced); the index math happens once per row, not per element
+// (an int64 division per element would dominate the kernel).
 // Each block walks a contiguous run of rows, so on a dense mask the
 // neighbouring positions' overlapping windows come from L1.
 constexpr int kGatherUnroll = 4;
@@ -275,9 +274,8 @@ __device__ __forceinline__ void for_position_chunks(int64_t p, int64_t channels,
 // back).  A block moves a tile of kTile positions x kTile channels through
 // shared memory: it reads the product channels fastest (coalesced) and
 // writes the output positions fastest, the order whose writes -- a plane
-// apart across channels -- the memory system takes best (H200, 5% of
-// 2x256x100x152: channels-fastest writes took 18.8 us, positions-fastest
-// 12.4).
+// apart across channels -- the memory system takes best (positions-fastest
+// writes fill whole lines of each output plane).
 constexpr int kTile = 32;
 constexpr int kTileRows = kThreads / kTile;
 
@@ -507,7 +505,7 @@ class CountEvent {
 // The share of selected positions from which the forward hands off to
 // cuDNN, where cuDNN may use tensor cores: the sparse path's column traffic
 // grows with the positions (280 MB at 100% of the benchmark's layer) while
-// cuDNN's implicit GEMM reads the input once.  Measured on the H200
+// cuDNN's implicit GEMM reads the input once.  Measured on the bench layer
 // (2x256x100x152, 3x3, per call): float32 with TF32, sparse 204 us and
 // dense 237 us at 25%, 246 and 236 at 30%, 322 and 235 at 50%; bfloat16,
 // sparse 213 us at 25% against a dense 175-180 us at any density.  Exact
@@ -627,9 +625,8 @@ struct CudaKernels {
 
   // The share of the positions whose columns the forward gathers before the
   // host has their count, and the most bytes it allocates for them: the
-  // gather then runs while the count travels to the host (H200, 5% of
-  // 2x256x100x152 with TF32, same process: 76 us a call with it, 80 to 111
-  // without; bfloat16 61 against 73 to 101).  Above the share the buffer goes unused (the kernel
+  // gather then runs while the count travels to the host, which it would
+  // otherwise wait for.  Above the share the buffer goes unused (the kernel
   // exits at once) and the columns are gathered after the count.
   static constexpr int64_t kAheadDivisor = 8;
   static constexpr int64_t kAheadBytes = int64_t(64) << 20;
@@ -689,8 +686,8 @@ struct CudaKernels {
   }
 
   // (G, P, K) @ (G, K, C_out / G) -> (G, P, C_out / G).  cuBLAS runs this
-  // orientation faster: 16 us against 27 (with its split-K reduction) for
-  // (C_out, K) @ (K, P) at 256 x 2304 x 1478, TF32, on the H200.
+  // orientation faster: the other, (C_out, K) @ (K, P), has few output rows
+  // and a long K, which it splits and reduces in a second kernel.
   static at::Tensor forward_gemm(const at::Tensor& weight3, const at::Tensor& cols) {
     if (weight3.size(0) == 1) {
       return op_matmul(cols[0], weight3[0].t()).unsqueeze(0);

@@ -99,9 +99,8 @@ __device__ __forceinline__ void bin_max(const scalar_t* __restrict__ plane,
 // elements): ranges[k * E] is the RoI's image, or -1 when it pools to zeros;
 // then the PH row ranges [lo, hi) and the PW column ranges, clipped to the
 // plane (E = 1 + 2 * (PH + PW)).  Redoing roi_pool_box and roi_pool_bin
-// (float-to-int64 conversions) per element made the forward 67.3 us on the
-// H200 at 2x256x50x50 with 256 RoIs; with the ranges and int32 bin
-// positions it is 50.9 us.
+// (float-to-int64 conversions) per element would cost a quarter of the
+// forward's time on small feature maps.
 __host__ __device__ inline int64_t roi_pool_range_entries(const Params& p) {
   return 1 + 2 * (p.pooled_height + p.pooled_width);
 }
@@ -133,10 +132,8 @@ __global__ void __launch_bounds__(kThreads) roi_pool_ranges_kernel(
 }
 
 // The forward's register cap: 8 blocks of kThreads per SM (<= 32
-// registers), full occupancy for a kernel that waits on loads.  On the H200
-// with the L2 flushed between runs it took the forward from 1124 to 894 us
-// (2x256x200x200, 1000 RoIs) and from 79.0 to 67.2 us (2x256x50x50, 256
-// RoIs); caps of 5 and 6 blocks fell in between.
+// registers), full occupancy for a kernel that waits on loads; caps of 5
+// and 6 blocks are slower.
 constexpr int kForwardMinBlocks = 8;
 
 // plane_t: the type of in-plane offsets, of the ranges and of argmax's
@@ -196,9 +193,8 @@ std::tuple<at::Tensor, at::Tensor> roi_pool(const at::Tensor& input,
                  pooled_height, pooled_width};
   const unsigned int blocks = grid_for(total, kThreads);
   // Thread order: adjacent channels for channels_last inputs (coalesced
-  // reads); otherwise memory order, which measured faster here than the
-  // channels-outer order of roi_align (H200: 1.13 vs 1.21 ms at
-  // 2x256x200x200 with 1000 RoIs, 93 vs 105 us at 2x256x50x50 with 256): a
+  // reads); otherwise memory order, which is faster here than the
+  // channels-outer order of roi_align: a
   // bin's max reads whole pixel rows, which neighbouring bins of one RoI share
   // cache lines with.
   const bool inner = channels_inner(input);
@@ -314,11 +310,10 @@ __global__ void __launch_bounds__(kThreads) roi_pool_run_sums_kernel(
 
 // The atomic scatter's thread order.  Channel-outer keeps the planes being
 // added into in L2 while all RoIs of a channel pass, which pays where the
-// planes do not all fit (H100, fwd+bwd, backward kernel: 2x256x200x200 with
-// 1000 RoIs 205 us against 373 in memory order); where they do, memory
+// planes do not all fit; where they do, memory
 // order spreads each plane's atomics over time instead of sending every
-// RoI of a channel at the same few addresses at once (2x256x50x50 with 256
-// RoIs: 37 us against 42).  `bytes`: the planes' (grad_input's) size.
+// RoI of a channel at the same few addresses at once.  `bytes`: the planes'
+// (grad_input's) size.
 bool memory_order_scatter(int64_t bytes) {
   int dev = 0, l2 = 0;
   C10_CUDA_CHECK(cudaGetDevice(&dev));

@@ -3,9 +3,9 @@
 //
 // Why: each glue file needs torch/autograd.h, torch/library.h and
 // ATen/autocast_mode.h, about 300k lines after preprocessing.  Compiled one
-// by one, each of the 12 glue files took 25-30 s, about 20 s of it in those
-// same headers (two thirds of a 2-core build, which CI runs three times);
-// together they compile in about 40 s.  The glue files stay one per op and
+// by one, each glue file spends most of its time in those same headers, and
+// the glue files alone would take most of a 2-core build; together they parse
+// the headers once.  The glue files stay one per op and
 // are written as if compiled alone (nothing checks that any more: a file
 // leaning on an include of an earlier one still builds here).
 // torchops/_build.py compiles this file instead of them and refuses to build

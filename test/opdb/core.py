@@ -1,7 +1,7 @@
 """The op database's building blocks: OpInfo and its records (Sample,
 ErrorInput, Tol, Skip), and the helpers that make sample tensors.  The
-entries themselves live in one module per family (basic, boxes, roi, losses);
-the package docstring says how to write one."""
+entries themselves live in one module per family (basic, boxes, roi, losses,
+deform, masked_conv, upsample); the package docstring says how to write one."""
 
 from __future__ import annotations
 

@@ -136,7 +136,7 @@ def _argmax_bytes(args) -> float:
 
 bf16, f16 = torch.bfloat16, torch.float16
 SCALING = (1, 2, "all")   # CPU rows that show how an op scales with threads
-# Detection-sized RoI problems: issue 5's comparison sizes, and a small one.
+# Detection-sized RoI problems (two images, 256 channels, 1000 RoIs), and a small one.
 ROI_CUDA = [_rois(2, 256, 200, 200, 1000), _rois(2, 256, 50, 50, 256, quick=True)]
 ROI_CPU = [_rois(2, 256, 100, 100, 256, quick=True, threads=SCALING)]
 ROI_CPU_BWD = [_rois(2, 256, 100, 100, 256, quick=True)]
@@ -171,7 +171,7 @@ DEFORM_ROI_NOTE = ("7x7 bins, sampling_ratio 2, gamma 0.1, spatial_scale 1/8, ze
                    "Peer: torchops.roi_align (aligned=True), the target (within 1.2x).")
 
 CASES: list[Case] = [
-    # The sizes of issue 10's targets.  torch.compile of torch.matmul is the
+    # Square and LLM-shaped products, decode rows included.  torch.compile of torch.matmul is the
     # same cuBLAS/BLAS call: not timed.
     Case(name="matmul", op="matmul", inputs=inputs.matrices, compile=False, sizes={
         "cuda": [_mm(512, quick=True), _mm(2048, tag="exact"), _mm(4096, tag="exact"),
@@ -279,7 +279,7 @@ CASES: list[Case] = [
 ]
 
 
-# --- masked_conv2d: issue 12's guided-anchoring head, 256 -> 256, 3x3, pad 1 ------------------
+# --- masked_conv2d: a guided-anchoring head, 256 -> 256, 3x3, pad 1 -----------------------------
 
 def _masked(density: float, dtype=torch.float32, quick=False, threads=None, train=False):
     """N=2, 256 -> 256 channels at 100x152, `density` of the positions
@@ -423,7 +423,7 @@ def _carafe_bytes(args, backward=False) -> float:
     return _nbytes(x, masks) + out + (out + _nbytes(x, masks) if backward else 0)
 
 
-# mmcv's CARAFEPack defaults (k 5, one group, scale 2) on the FPN level of issue 12.
+# mmcv's CARAFEPack defaults (k 5, one group, scale 2) on an FPN level (256 channels, 100x152).
 CARAFE_CUDA = [_carafe(2, 256, 100, 152), _carafe(2, 256, 100, 152, dtype=bf16),
                _carafe(2, 64, 50, 76, quick=True)]
 CARAFE_CPU = [_carafe(2, 64, 50, 76, quick=True, threads=(2, 16))]

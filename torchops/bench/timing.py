@@ -58,9 +58,8 @@ def _warm_up(step: Callable[[int], object], n_sets: int, min_time: float) -> flo
     """Untimed calls first (50 ms, or a third of the timing budget if less),
     so that the row's first variant does not alone meet threads and cores
     that the input sets' creation (one thread) left idle.  A precaution, not
-    a cure: H200 host, 256^3 at 2 threads, three fresh runs each, torchops
-    (timed first) against torch.mm 0.59 to 0.83x without, 0.75 to 0.89x with
-    it.  Returns the seconds per call."""
+    a cure: it narrows the spread of a row's ratio between fresh runs, but
+    does not remove it.  Returns the seconds per call."""
     t0, i = time.perf_counter(), 0
     while time.perf_counter() < t0 + min(0.05, min_time / 3) or i == 0:
         step(i % n_sets)
@@ -100,10 +99,9 @@ def measure(step: Callable[[int], object], device: str, n_sets: int = 1, *,
 
 # Why measure_interleaved alternates: the CPU rows run on shared hosts whose
 # speed drifts by tens of percent within a minute, so timed one after the
-# other, torchops and torch.mm can meet different speeds (H200 machines'
-# hosts, 2026-11-27, 1024^3 float32 on one thread, five bench runs of the same
-# kernel: 0.75x, 0.84x, 0.94x, 0.96x and 0.99x to torch.mm, though each
-# variant's own IQR was under 10% in four of them).  Blocks of about
+# other, torchops and torch.mm can meet different speeds (one kernel's
+# ratio to torch.mm then moves by a quarter between bench runs, though each
+# variant's own IQR stays under 10%).  Blocks of about
 # min_time / BLOCKS_PER_MIN seconds; the stop rule is adaptive_autorange's.
 BLOCKS_PER_MIN, AGREE = 8, 0.1
 

@@ -1,4 +1,4 @@
-// The data cache sizes one core of this machine can count on, for sizing
+// The data cache sizes one core of the running machine can count on, for sizing
 // cache blocks (csrc/cpu/matmul.cpp).  Read once per process.
 #pragma once
 

@@ -125,10 +125,9 @@ __device__ __forceinline__ void roi_bin_scatter(T* plane,
 }
 
 // The forward's register cap: 5 blocks of kRoiThreads per SM (<= 51
-// registers).  Uncapped it took 60 and ran 4 blocks; on the H200 with the
-// L2 flushed between runs, 5 blocks took roi_align's forward from 371 to
-// 339 us (2x256x200x200, 1000 RoIs) and from 92.6 to 90.0 us (2x256x50x50,
-// 256 RoIs); 6 and 8 blocks were slower again.
+// registers).  Uncapped the kernel takes 60 registers and runs 4 blocks; the
+// fifth block hides more of the loads' latency, while 6 or 8 blocks cost
+// more in spilled registers than they hide.
 constexpr int kRoiForwardMinBlocks = 5;
 
 // With slopes the kernel keeps three sums per thread; it runs uncapped.
@@ -176,11 +175,10 @@ void launch_roi_bins_forward(const at::Tensor& input, const Boxes& boxes,
   }
   const unsigned int blocks = grid_for(total, kRoiThreads);
   const bool inner = channels_inner(input);
-  // In-plane offsets in 32 bits where they fit: on the H200 (L2 flushed
-  // between runs) roi_align's forward went from 90.1 to 75.1 us at
-  // 2x256x50x50 with 256 RoIs and from 338 to 283 us at 2x256x200x200 with
-  // 1000; torchvision's memory order with the same narrowing measured
-  // 74.6 and 380 us.
+  // In-plane offsets in 32 bits where they fit: 64-bit address arithmetic
+  // is most of a sample's instructions.  Channel-major order (RoiOrder)
+  // keeps the planes in use in L2, which memory order does not on large
+  // feature maps.
   const bool narrow = plane_fits_int32(input);
   with_index_type(total, blocks, kRoiThreads, [&](auto index) {
     using index_t = decltype(index);
@@ -218,8 +216,7 @@ __global__ void __launch_bounds__(kRoiThreads) roi_bins_backward_atomic_kernel(
   for (index_t i = grid_start<index_t>(); i < total; i += grid_stride<index_t>()) {
     // Memory order, as torchvision: the forward's channels-outer order
     // would aim every thread in flight at one channel plane, and atomics to
-    // the same addresses serialise (H200, roi_align forward + backward at
-    // 2x256x50x50 with 256 RoIs: 415 us channels-outer, 341 us memory order).
+    // the same addresses serialise.
     const RoiBin b = roi_bin_of<RoiOrder::kMemory, index_t>(
         i, static_cast<index_t>(g.channels),
         static_cast<index_t>(g.pooled_height),

@@ -123,9 +123,8 @@ __global__ void __launch_bounds__(kRoiThreads) roi_contributions_kernel(
 }
 
 // Whether the gather is the backward even when determinism is not asked
-// for.  With a fixed sampling ratio it is also the faster one (H200, fp32,
-// roi_align at 7x7 bins, sampling_ratio 2, forward + backward: 1.05 vs 2.21
-// ms with atomics at 2x256x200x200 with 1000 RoIs), so it is the default
+// for.  With a fixed sampling ratio it is also the faster one (atomics to
+// the few pixels a RoI's bins share serialise; docs/design.md), so it is the default
 // there while its scratch (24 to 48 bytes per contribution) stays within a
 // few times grad_input's own size.  Adaptive sampling would need a device
 // sync to size the contribution list: atomics by default then.

@@ -16,9 +16,8 @@
 //
 // cub directly, in one allocation, rather than at::sort + searchsorted +
 // index_select: a few launches instead of about twenty.  Small cases are
-// bound by host time: roi_align forward+backward at 2x256x50x50 with 256
-// RoIs spent 190 us of host time per call in at::sort alone (H100), more
-// than the GPU's whole work.
+// bound by host time, and at::sort's host path alone took longer than the
+// GPU's whole work there.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -4,11 +4,10 @@
 //   a @ b ~ hi_a @ hi_b + hi_a @ lo_b + lo_a @ hi_b,
 // dropping lo_a @ lo_b (2^-22 of |a||b|) and lo's own rounding (2^-22).
 // Every product is then exact in the tensor cores, so the error is
-// float32-sized: on an H200, max error / max |result| against float64 was
-// 0.6-3e-5 at K = 2304-32768 where exact float32 had 0.2-2e-6, and TF32
-// alone 3e-4.  Three TF32 GEMMs still beat one exact float32 GEMM on CUDA
-// cores (495 against 67 TFLOP/s at peak on Hopper) once every dimension is
-// a few hundred.  The callers choose how to lay out the parts so that the
+// float32-sized (a few times exact float32's, against TF32 alone's 2^-11;
+// test_deform.py bounds it).  Three TF32 GEMMs still beat one exact float32
+// GEMM on CUDA cores (Hopper's TF32 tensor-core peak is about seven times
+// its float32 FMA peak) once every dimension is a few hundred.  The callers choose how to lay out the parts so that the
 // three products need few launches (see deform_conv2d.cu); the sm90
 // matmul path's 3xTF32 mode splits inside its kernel instead, so that the
 // large operand is never stored twice (cuda/matmul/sm90.cuh).
