@@ -125,3 +125,35 @@ def assert_matches_reference(op: OpInfo, s: Sample, got, want, dtype: torch.dtyp
                                        msg=lambda m: f"{where}: {m}")
         else:
             torch.testing.assert_close(g, w, atol=0, rtol=0, msg=lambda m: f"{where}: {m}")
+
+
+@contextlib.contextmanager
+def _global_setting(get, set_, value):
+    """A process-wide torch setting at `value` inside the block, restored after."""
+    before = get()
+    set_(value)
+    try:
+        yield
+    finally:
+        set_(before)
+
+
+def num_threads(n: int):
+    """The CPU kernels run on `n` threads inside the block."""
+    return _global_setting(torch.get_num_threads, torch.set_num_threads, n)
+
+
+def deterministic(on: bool = True):
+    """torch.use_deterministic_algorithms(on) inside the block."""
+    return _global_setting(torch.are_deterministic_algorithms_enabled,
+                           torch.use_deterministic_algorithms, on)
+
+
+def at_thread_counts(fn, counts=(1, 2, 3)) -> list:
+    """fn()'s result at each CPU thread count, for the checks that a CPU
+    result does not depend on it."""
+    results = []
+    for n in counts:
+        with num_threads(n):
+            results.append(fn())
+    return results

@@ -6,12 +6,11 @@ backward, bfloat16 against float64 and CPU/CUDA agreement."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 import torchops
+from op_testing import deterministic
 from torchops.references import deform_conv2d as _reference
 
 OP = torch.ops.torchops.deform_conv2d.default
@@ -218,16 +217,6 @@ def test_cuda_matches_torchvision(name, kw, dtype, path, monkeypatch):
         torch.testing.assert_close(g, t, atol=tol * scale, rtol=tol, msg=what)
 
 
-@contextlib.contextmanager
-def _deterministic():
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before)
-
-
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
 def test_cuda_deterministic_backward_is_bitwise_reproducible(dtype, monkeypatch):
@@ -241,7 +230,7 @@ def test_cuda_deterministic_backward_is_bitwise_reproducible(dtype, monkeypatch)
                     dtype=dtype, seed=3)
     grad = torch.randn(4, 16, 24, 20, device="cuda", dtype=dtype)
     atomic = BACKWARD(grad, *args)
-    with _deterministic():
+    with deterministic():
         first = BACKWARD(grad, *args)
         second = BACKWARD(grad, *args)
     assert all(torch.equal(a, b) for a, b in zip(first, second)), "not bitwise equal"
@@ -350,7 +339,7 @@ def test_cuda_float32_forward_3xtf32_in_kernel(o, c, h, w, budget, use_mask, mon
         exact = OP(*args32)
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):
         got = OP(*args32)
-        with _deterministic():
+        with deterministic():
             det = [OP(*args32) for _ in range(2)]
     for out in (exact, got, det[0]):
         assert out.dtype == torch.float32 and out.is_contiguous()
@@ -369,7 +358,7 @@ def test_cuda_deterministic_backward_chunked(monkeypatch):
     monkeypatch.setenv(BUDGET, "1")
     args = _problem(n=3, c=6, o=4, groups=2, og=3, device="cuda", seed=4)
     grad = torch.randn(3, 4, 9, 8, dtype=torch.float64)
-    with _deterministic():
+    with deterministic():
         got = BACKWARD(grad.cuda(), *args)
     cpu = BACKWARD(grad, *[a.cpu() if isinstance(a, torch.Tensor) else a for a in args])
     for a, b in zip(got, cpu):

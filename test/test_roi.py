@@ -5,12 +5,11 @@ backwards, CPU/CUDA agreement and equivalence with torchvision."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 import torchops
+from op_testing import at_thread_counts, deterministic
 from opdb import random_rois as _random_rois
 from torchops.references import roi_align as _roi_align_ref
 
@@ -29,14 +28,14 @@ def _problem(n=2, c=8, h=24, w=20, k=40, scale=0.5, device="cpu", dtype=torch.fl
     return x, rois, scale
 
 
-@contextlib.contextmanager
-def _deterministic(on: bool = True):
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(on)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before)
+def _cuda_problem(dtype, layout):
+    """The CPU-vs-CUDA tests' problem on the GPU, its input in `layout`."""
+    x, rois, scale = _problem(c=6, k=30, device="cuda", dtype=dtype)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif layout == "sliced":
+        x = torch.cat([x, x], dim=1)[:, 1::2]
+    return x, rois, scale
 
 
 def _align_grad(x, rois, scale, ph, pw, sr, aligned, grad_out):
@@ -122,15 +121,8 @@ def test_cpu_backward_is_thread_count_independent():
     x, rois, scale = _problem(c=16, k=60, device="cpu")
     g_align = _features((60, 16, 4, 3), "cpu", seed=1)
     g_pool = _features((60, 16, 3, 3), "cpu", seed=2)
-    threads = torch.get_num_threads()
-    results = []
-    try:
-        for n in (1, 2, 3):
-            torch.set_num_threads(n)
-            results.append((_align_grad(x, rois, scale, 4, 3, 0, True, g_align),
-                            _pool_grad(x, rois, scale, 3, 3, g_pool)))
-    finally:
-        torch.set_num_threads(threads)
+    results = at_thread_counts(lambda: (_align_grad(x, rois, scale, 4, 3, 0, True, g_align),
+                                        _pool_grad(x, rois, scale, 3, 3, g_pool)))
     for a, p in results[1:]:
         assert torch.equal(a, results[0][0])
         assert torch.equal(p, results[0][1])
@@ -243,7 +235,7 @@ def test_cuda_roi_align_deterministic_backward(dtype, sampling_ratio, aligned):
     g = _features((rois.shape[0], x.shape[1], 7, 7), "cuda", dtype, seed=3)
     args = (rois, scale, 7, 7, sampling_ratio, aligned)
     atomic = _align_grad(x, *args, g)
-    with _deterministic():
+    with deterministic():
         first = _align_grad(x, *args, g)
         second = _align_grad(x, *args, g)
     assert first.dtype == dtype
@@ -267,7 +259,7 @@ def test_cuda_roi_align_default_backward_is_the_gather_when_cheap():
     g = _features((rois.shape[0], x.shape[1], 7, 7), "cuda", seed=6)
     args = (rois, scale, 7, 7, 2, True)
     first, second = _align_grad(x, *args, g), _align_grad(x, *args, g)
-    with _deterministic():
+    with deterministic():
         strict = _align_grad(x, *args, g)
     assert torch.equal(first, second) and torch.equal(first, strict)
 
@@ -288,7 +280,7 @@ def test_cuda_roi_align_gather_backward_reads_any_grad_layout(c, layout):
          "sliced": _features((k, 2 * c, 7, 9), "cuda", seed=7)[:, ::2, :, 1:8]}[layout]
     assert not g.is_contiguous()
     args = (rois, scale, 7, 7, 2, True)
-    with _deterministic():
+    with deterministic():
         got = _align_grad(x, *args, g)
     assert got.is_contiguous() and got.shape == x.shape
     want = _align_grad(x.double().cpu(), rois.double().cpu(), *args[1:], g.double().cpu())
@@ -313,7 +305,7 @@ def test_cuda_roi_align_gather_backward_with_long_runs_of_untouched_pixels(where
     rois[:, 3:5] = rois[:, 1:3] + 0.1 * torch.tensor([w, h], device="cuda")
     g = _features((rois.shape[0], x.shape[1], 7, 7), "cuda", seed=8)
     args = (rois, scale, 7, 7, 2, True)
-    with _deterministic():
+    with deterministic():
         got = _align_grad(x, *args, g)
     assert torch.equal(got[0], torch.zeros_like(got[0]))
     if where == "nowhere":
@@ -332,7 +324,7 @@ def test_cuda_roi_pool_deterministic_backward(dtype):
     rois[::13, 0] = -1
     g = _features((rois.shape[0], x.shape[1], 7, 7), "cuda", dtype, seed=4)
     atomic = _pool_grad(x, rois, scale, 7, 7, g)
-    with _deterministic():
+    with deterministic():
         first = _pool_grad(x, rois, scale, 7, 7, g)
         second = _pool_grad(x, rois, scale, 7, 7, g)
     assert torch.equal(first, second)
@@ -349,7 +341,7 @@ def test_cuda_deterministic_backward_under_compile():
         return (ALIGN(x, rois, scale, 7, 7, 2, True) * g).sum() + POOL(x, rois, scale, 7, 7)[0].sum()
 
     compiled = torch.compile(step, fullgraph=True)
-    with _deterministic():
+    with deterministic():
         xe = x.clone().requires_grad_()
         step(xe).backward()
         xc = x.clone().requires_grad_()
@@ -379,11 +371,7 @@ def test_cuda_invalid_batch_index_is_empty():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last", "sliced"])
 def test_cuda_matches_cpu(dtype, layout):
-    x, rois, scale = _problem(c=6, k=30, device="cuda", dtype=dtype)
-    if layout == "channels_last":
-        x = x.contiguous(memory_format=torch.channels_last)
-    elif layout == "sliced":
-        x = torch.cat([x, x], dim=1)[:, 1::2]
+    x, rois, scale = _cuda_problem(dtype, layout)
     tol = dict(atol=1e-4, rtol=1e-4) if dtype in (torch.float32, torch.float64) else \
         dict(atol=2e-2, rtol=2e-2)
     for sr, aligned in ((2, True), (0, False)):
@@ -704,14 +692,8 @@ def test_deform_roi_pool_cpu_backward_is_thread_count_independent(sampling_ratio
     x, rois, scale = _problem(c=16, k=300, device="cpu")
     off = _features((300, 2, 4, 3), "cpu", seed=3) * 0.5
     g = _features((300, 16, 4, 3), "cpu", seed=1)
-    threads = torch.get_num_threads()
-    results = []
-    try:
-        for n in (1, 2, 3):
-            torch.set_num_threads(n)
-            results.append(_deform_grads(x, rois, off, scale, 4, 3, sampling_ratio, 0.2, g))
-    finally:
-        torch.set_num_threads(threads)
+    results = at_thread_counts(
+        lambda: _deform_grads(x, rois, off, scale, 4, 3, sampling_ratio, 0.2, g))
     for gx, goff in results[1:]:
         assert torch.equal(gx, results[0][0]) and torch.equal(goff, results[0][1])
 
@@ -763,7 +745,7 @@ def test_cuda_deform_roi_pool_deterministic_backward(dtype, sampling_ratio):
     atomic = _deform_grads(x, *args, g)
     # grad_offset never uses atomics: the same bits on every run.
     assert torch.equal(_deform_grads(x, *args, g)[1], atomic[1])
-    with _deterministic():
+    with deterministic():
         first = _deform_grads(x, *args, g)
         second = _deform_grads(x, *args, g)
     tol = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 2e-3,
@@ -784,11 +766,7 @@ def test_cuda_deform_roi_pool_deterministic_backward(dtype, sampling_ratio):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last", "sliced"])
 def test_cuda_deform_roi_pool_matches_cpu(dtype, layout):
-    x, rois, scale = _problem(c=6, k=30, device="cuda", dtype=dtype)
-    if layout == "channels_last":
-        x = x.contiguous(memory_format=torch.channels_last)
-    elif layout == "sliced":
-        x = torch.cat([x, x], dim=1)[:, 1::2]
+    x, rois, scale = _cuda_problem(dtype, layout)
     off = _features((30, 2, 4, 5), "cuda", dtype, seed=6).transpose(2, 3)  # strided
     tol = dict(atol=1e-4, rtol=1e-4) if dtype in (torch.float32, torch.float64) else \
         dict(atol=2e-2, rtol=2e-2)

@@ -8,11 +8,10 @@ size, scale and dtype they serve."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
+import op_testing
 import torchops
 from opdb import carafe_inputs
 from torchops import references
@@ -63,26 +62,6 @@ def test_carafe_softmax_kernels_keep_constant_features():
     torch.testing.assert_close(inner, torch.full_like(inner, 2.5))
 
 
-@contextlib.contextmanager
-def _threads(n):
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-@contextlib.contextmanager
-def _deterministic(on: bool):
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(on)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before)
-
-
 def _grads(f, m, k, g, s, grad):
     return BACKWARD(grad, f, m, k, g, s)
 
@@ -92,10 +71,10 @@ def test_carafe_cpu_backward_is_independent_of_threads(dtype):
     k, g, s = 5, 2, 2
     f, m = carafe_inputs((2, 6, 7, 9), k, g, s, "cpu", dtype)
     grad = torch.randn(2, 6, 14, 18).to(dtype)
-    with _threads(1):
+    with op_testing.num_threads(1):
         one = _grads(f, m, k, g, s, grad)
         out1 = CARAFE(f, m, k, g, s)
-    with _threads(2):
+    with op_testing.num_threads(2):
         two = _grads(f, m, k, g, s, grad)
         out2 = CARAFE(f, m, k, g, s)
     torch.testing.assert_close(out1, out2, rtol=0, atol=0)
@@ -186,7 +165,7 @@ def test_carafe_cuda_backward_is_bitwise_repeatable(deterministic, dtype):
     k, g, s = 5, 1, 2
     f, m = carafe_inputs((2, 64, 50, 76), k, g, s, "cuda", dtype)
     grad = torch.randn(2, 64, 100, 152, device="cuda").to(dtype)
-    with _deterministic(deterministic):
+    with op_testing.deterministic(deterministic):
         first = _grads(f, m, k, g, s, grad)
         for _ in range(3):
             again = _grads(f, m, k, g, s, grad)

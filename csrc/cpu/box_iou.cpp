@@ -30,6 +30,7 @@
 #endif
 
 #include "common/box_iou.h"
+#include "common/register_kernels.h"
 
 namespace torchops::cpu {
 namespace {
@@ -272,10 +273,7 @@ std::tuple<at::Tensor, at::Tensor> box_iou_backward(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(torchops, CPU, m) {
-  m.impl("box_iou", &box_iou);
-  m.impl("_box_iou_backward", &box_iou_backward);
-}
+TORCHOPS_REGISTER_KERNELS(CPU, box_iou)
 
 }  // namespace torchops::cpu
 

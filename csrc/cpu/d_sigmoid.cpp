@@ -6,15 +6,14 @@
 //   s (1 - s)            = e / (1 + e)^2            (even in z)
 //   s (1 - s) (1 - 2 s)  = sign(z) e (e - 1) / (1 + e)^3   (odd in z)
 // double keeps libm (common/d_sigmoid.h).
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <type_traits>
 
-#include "common/d_sigmoid.h"
+#include "common/d_sigmoid_steps.h"
+#include "common/register_kernels.h"
 #include "cpu/common/parallel.h"
 #include "cpu/common/vec_math.h"
 
@@ -82,62 +81,47 @@ void map_in_float(const scalar_t* const (&ins)[N], scalar_t* out, int64_t n,
   });
 }
 
-at::Tensor d_sigmoid(const at::Tensor& z_in) {
-  check_d_sigmoid(z_in, c10::DeviceType::CPU);
-  const at::Tensor z = z_in.contiguous();
-  at::Tensor out = at::empty(z.sizes(), z.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, z.scalar_type(), "torchops.d_sigmoid", [&] {
-        const scalar_t* zp = z.const_data_ptr<scalar_t>();
-        scalar_t* op = out.mutable_data_ptr<scalar_t>();
-        if constexpr (std::is_same_v<scalar_t, double>) {
-          parallel_range(z.numel(), [&](int64_t begin, int64_t end) {
-            for (int64_t i = begin; i < end; ++i) {
-              op[i] = d_sigmoid_value(zp[i]);
-            }
-          });
-        } else {
-          const scalar_t* const ins[1] = {zp};
-          map_in_float(ins, op, z.numel(), [](const float* const* in, float* o, int64_t n) {
-            value_loop(in[0], o, n);
-          });
-        }
-      });
-  return out;
-}
+struct CpuKernels {
+  static constexpr c10::DeviceType device = c10::DeviceType::CPU;
 
-at::Tensor d_sigmoid_backward(const at::Tensor& grad_in, const at::Tensor& z_in) {
-  check_d_sigmoid_backward(grad_in, z_in, c10::DeviceType::CPU);
-  const at::Tensor z = z_in.contiguous();
-  const at::Tensor grad = grad_in.contiguous();
-  at::Tensor out = at::empty(z.sizes(), z.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, z.scalar_type(),
-      "torchops._d_sigmoid_backward", [&] {
-        const scalar_t* zp = z.const_data_ptr<scalar_t>();
-        const scalar_t* gp = grad.const_data_ptr<scalar_t>();
-        scalar_t* op = out.mutable_data_ptr<scalar_t>();
-        if constexpr (std::is_same_v<scalar_t, double>) {
-          parallel_range(z.numel(), [&](int64_t begin, int64_t end) {
-            for (int64_t i = begin; i < end; ++i) {
-              op[i] = d_sigmoid_grad(gp[i], zp[i]);
-            }
-          });
-        } else {
-          const scalar_t* const ins[2] = {gp, zp};
-          map_in_float(ins, op, z.numel(), [](const float* const* in, float* o, int64_t n) {
-            grad_loop(in[0], in[1], o, n);
-          });
+  struct NoGuard {};
+  static NoGuard guard(const at::Tensor& /*z*/) { return {}; }
+
+  template <typename scalar_t>
+  static void value(const scalar_t* z, scalar_t* out, int64_t n) {
+    if constexpr (std::is_same_v<scalar_t, double>) {
+      parallel_range(n, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          out[i] = d_sigmoid_value(z[i]);
         }
       });
-  return out;
-}
+    } else {
+      const scalar_t* const ins[1] = {z};
+      map_in_float(ins, out, n, [](const float* const* in, float* o, int64_t len) {
+        value_loop(in[0], o, len);
+      });
+    }
+  }
+
+  template <typename scalar_t>
+  static void grad(const scalar_t* g, const scalar_t* z, scalar_t* out, int64_t n) {
+    if constexpr (std::is_same_v<scalar_t, double>) {
+      parallel_range(n, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          out[i] = d_sigmoid_grad(g[i], z[i]);
+        }
+      });
+    } else {
+      const scalar_t* const ins[2] = {g, z};
+      map_in_float(ins, out, n, [](const float* const* in, float* o, int64_t len) {
+        grad_loop(in[0], in[1], o, len);
+      });
+    }
+  }
+};
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(torchops, CPU, m) {
-  m.impl("d_sigmoid", &d_sigmoid);
-  m.impl("_d_sigmoid_backward", &d_sigmoid_backward);
-}
+TORCHOPS_REGISTER_STEPS(CPU, d_sigmoid, CpuKernels)
 
 }  // namespace torchops::cpu

@@ -17,6 +17,7 @@
 
 #include "common/accumulate.h"
 #include "common/roi_pool.h"
+#include "common/register_kernels.h"
 #include "cpu/common/roi_loops.h"
 
 namespace torchops::cpu {
@@ -168,9 +169,6 @@ at::Tensor roi_pool_backward(const at::Tensor& grad_in,
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(torchops, CPU, m) {
-  m.impl("roi_pool", &roi_pool);
-  m.impl("_roi_pool_backward", &roi_pool_backward);
-}
+TORCHOPS_REGISTER_KERNELS(CPU, roi_pool)
 
 }  // namespace torchops::cpu

@@ -9,15 +9,14 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <limits>
 #include <type_traits>
 #include <vector>
 
-#include "common/sigmoid_focal_loss.h"
+#include "common/sigmoid_focal_loss_steps.h"
+#include "common/register_kernels.h"
 #include "cpu/common/parallel.h"
 #include "cpu/common/vec_math.h"
 
@@ -192,84 +191,47 @@ void loss_grad(const scalar_t* g, at::opmath_type<scalar_t> g_scalar,
   });
 }
 
-at::Tensor sigmoid_focal_loss(
-    const at::Tensor& inputs_in, const at::Tensor& targets_in, double alpha,
-    double gamma, c10::string_view reduction) {
-  const FocalReduction red = check_sigmoid_focal_loss(
-      inputs_in, targets_in, gamma, reduction, c10::DeviceType::CPU);
-  const at::Tensor x = inputs_in.contiguous();
-  const at::Tensor t = targets_in.contiguous();
-  const int64_t n = x.numel();
-  at::Tensor out = red == FocalReduction::None
-      ? at::empty(x.sizes(), x.options())
-      : at::empty({}, x.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, x.scalar_type(), "torchops.sigmoid_focal_loss",
-      [&] {
-        using T = at::opmath_type<scalar_t>;
-        const auto prm = focal_params<T>(alpha, gamma);
-        const scalar_t* xp = x.const_data_ptr<scalar_t>();
-        const scalar_t* tp = t.const_data_ptr<scalar_t>();
-        dispatch_focal_gamma(focal_gamma_kind(gamma), [&](auto kind) {
-          constexpr FocalGamma K = decltype(kind)::value;
-          if (red == FocalReduction::None) {
-            loss_none<K>(xp, tp, out.mutable_data_ptr<scalar_t>(), n, prm);
-            return;
-          }
-          const double sum = loss_sum<K>(xp, tp, n, prm);
-          // The mean of nothing is nan, as in torch.mean.
-          const double value = red == FocalReduction::Sum ? sum
-              : n == 0 ? std::numeric_limits<double>::quiet_NaN()
-                       : sum / static_cast<double>(n);
-          *out.mutable_data_ptr<scalar_t>() = static_cast<scalar_t>(value);
-        });
-      });
-  return out;
-}
+struct CpuKernels {
+  static constexpr c10::DeviceType device = c10::DeviceType::CPU;
 
-at::Tensor sigmoid_focal_loss_backward(
-    const at::Tensor& grad_in, const at::Tensor& inputs_in,
-    const at::Tensor& targets_in, double alpha, double gamma,
-    c10::string_view reduction) {
-  const FocalReduction red = check_sigmoid_focal_loss_backward(
-      grad_in, inputs_in, targets_in, gamma, reduction, c10::DeviceType::CPU);
-  const at::Tensor x = inputs_in.contiguous();
-  const at::Tensor t = targets_in.contiguous();
-  const at::Tensor grad = grad_in.contiguous();
-  const int64_t n = x.numel();
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  if (n == 0) {
-    return out;
+  struct NoGuard {};
+  static NoGuard guard(const at::Tensor& /*inputs*/) { return {}; }
+
+  template <typename scalar_t>
+  static void loss(const FocalCall<scalar_t>& c) {
+    dispatch_focal_gamma(c.kind, [&](auto kind) {
+      constexpr FocalGamma K = decltype(kind)::value;
+      if (c.red == FocalReduction::None) {
+        loss_none<K>(c.x, c.t, c.out, c.n, c.prm);
+        return;
+      }
+      const double sum = loss_sum<K>(c.x, c.t, c.n, c.prm);
+      *c.out = static_cast<scalar_t>(
+          c.red == FocalReduction::Sum ? sum : sum / static_cast<double>(c.n));
+    });
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, x.scalar_type(),
-      "torchops._sigmoid_focal_loss_backward", [&] {
-        using T = at::opmath_type<scalar_t>;
-        const auto prm = focal_params<T>(alpha, gamma);
-        const scalar_t* gp = grad.const_data_ptr<scalar_t>();
-        T g_scalar = 0;
-        if (red != FocalReduction::None) {
-          g_scalar = static_cast<T>(*gp);
-          if (red == FocalReduction::Mean) {
-            g_scalar /= static_cast<T>(n);
-          }
-          gp = nullptr;
-        }
-        dispatch_focal_gamma(focal_gamma_kind(gamma), [&](auto kind) {
-          constexpr FocalGamma K = decltype(kind)::value;
-          loss_grad<K>(gp, g_scalar, x.const_data_ptr<scalar_t>(),
-                       t.const_data_ptr<scalar_t>(),
-                       out.mutable_data_ptr<scalar_t>(), n, prm);
-        });
-      });
-  return out;
-}
+
+  template <typename scalar_t>
+  static void grad(const FocalCall<scalar_t>& c) {
+    using T = at::opmath_type<scalar_t>;
+    const scalar_t* gp = c.grad;
+    T g_scalar = 0;
+    if (c.red != FocalReduction::None) {
+      g_scalar = static_cast<T>(*gp);
+      if (c.red == FocalReduction::Mean) {
+        g_scalar /= static_cast<T>(c.n);
+      }
+      gp = nullptr;
+    }
+    dispatch_focal_gamma(c.kind, [&](auto kind) {
+      constexpr FocalGamma K = decltype(kind)::value;
+      loss_grad<K>(gp, g_scalar, c.x, c.t, c.out, c.n, c.prm);
+    });
+  }
+};
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(torchops, CPU, m) {
-  m.impl("sigmoid_focal_loss", &sigmoid_focal_loss);
-  m.impl("_sigmoid_focal_loss_backward", &sigmoid_focal_loss_backward);
-}
+TORCHOPS_REGISTER_STEPS(CPU, sigmoid_focal_loss, CpuKernels)
 
 }  // namespace torchops::cpu

@@ -21,6 +21,7 @@
 #include <tuple>
 
 #include "common/box_iou.h"
+#include "common/register_kernels.h"
 #include "cuda/common/elementwise.cuh"
 
 namespace torchops::cuda {
@@ -281,9 +282,6 @@ std::tuple<at::Tensor, at::Tensor> box_iou_backward(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
-  m.impl("box_iou", &box_iou);
-  m.impl("_box_iou_backward", &box_iou_backward);
-}
+TORCHOPS_REGISTER_KERNELS(CUDA, box_iou)
 
 }  // namespace torchops::cuda

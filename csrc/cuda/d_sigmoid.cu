@@ -1,62 +1,45 @@
 // CUDA kernels of torchops.d_sigmoid and its backward.
-#include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
-#include "common/d_sigmoid.h"
+#include "common/d_sigmoid_steps.h"
+#include "common/register_kernels.h"
 #include "cuda/common/elementwise.cuh"
 
 namespace torchops::cuda {
 namespace {
 
-at::Tensor d_sigmoid(const at::Tensor& z_in) {
-  check_d_sigmoid(z_in, c10::DeviceType::CUDA);
-  const c10::cuda::CUDAGuard guard(z_in.device());
-  const at::Tensor z = z_in.contiguous();
-  at::Tensor out = at::empty(z.sizes(), z.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, z.scalar_type(), "torchops.d_sigmoid", [&] {
-        using opmath_t = at::opmath_type<scalar_t>;
-        const scalar_t* zp = z.const_data_ptr<scalar_t>();
-        scalar_t* op = out.mutable_data_ptr<scalar_t>();
-        launch_map(z.numel(), op, std::array<const scalar_t*, 1>{zp},
-                   [] __device__(const scalar_t(&v)[1]) {
-                     return static_cast<scalar_t>(
-                         d_sigmoid_value(static_cast<opmath_t>(v[0])));
-                   });
-      });
-  return out;
-}
+struct CudaKernels {
+  static constexpr c10::DeviceType device = c10::DeviceType::CUDA;
 
-at::Tensor d_sigmoid_backward(const at::Tensor& grad_in, const at::Tensor& z_in) {
-  check_d_sigmoid_backward(grad_in, z_in, c10::DeviceType::CUDA);
-  const c10::cuda::CUDAGuard guard(z_in.device());
-  const at::Tensor z = z_in.contiguous();
-  const at::Tensor grad = grad_in.contiguous();
-  at::Tensor out = at::empty(z.sizes(), z.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, z.scalar_type(),
-      "torchops._d_sigmoid_backward", [&] {
-        using opmath_t = at::opmath_type<scalar_t>;
-        const scalar_t* zp = z.const_data_ptr<scalar_t>();
-        const scalar_t* gp = grad.const_data_ptr<scalar_t>();
-        scalar_t* op = out.mutable_data_ptr<scalar_t>();
-        launch_map(z.numel(), op, std::array<const scalar_t*, 2>{gp, zp},
-                   [] __device__(const scalar_t(&v)[2]) {
-                     return static_cast<scalar_t>(d_sigmoid_grad(
-                         static_cast<opmath_t>(v[0]), static_cast<opmath_t>(v[1])));
-                   });
-      });
-  return out;
-}
+  static c10::cuda::CUDAGuard guard(const at::Tensor& z) {
+    return c10::cuda::CUDAGuard(z.device());
+  }
+
+  template <typename scalar_t>
+  static void value(const scalar_t* z, scalar_t* out, int64_t n) {
+    using opmath_t = at::opmath_type<scalar_t>;
+    launch_map(n, out, std::array<const scalar_t*, 1>{z},
+               [] __device__(const scalar_t(&v)[1]) {
+                 return static_cast<scalar_t>(
+                     d_sigmoid_value(static_cast<opmath_t>(v[0])));
+               });
+  }
+
+  template <typename scalar_t>
+  static void grad(const scalar_t* g, const scalar_t* z, scalar_t* out, int64_t n) {
+    using opmath_t = at::opmath_type<scalar_t>;
+    launch_map(n, out, std::array<const scalar_t*, 2>{g, z},
+               [] __device__(const scalar_t(&v)[2]) {
+                 return static_cast<scalar_t>(d_sigmoid_grad(
+                     static_cast<opmath_t>(v[0]), static_cast<opmath_t>(v[1])));
+               });
+  }
+};
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
-  m.impl("d_sigmoid", &d_sigmoid);
-  m.impl("_d_sigmoid_backward", &d_sigmoid_backward);
-}
+TORCHOPS_REGISTER_STEPS(CUDA, d_sigmoid, CudaKernels)
 
 }  // namespace torchops::cuda

@@ -32,6 +32,7 @@
 
 #include "common/accumulate.h"
 #include "common/roi_pool.h"
+#include "common/register_kernels.h"
 #include "cuda/common/roi.cuh"
 
 namespace torchops::cuda {
@@ -406,9 +407,6 @@ at::Tensor roi_pool_backward(const at::Tensor& grad, const at::Tensor& rois_in,
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
-  m.impl("roi_pool", &roi_pool);
-  m.impl("_roi_pool_backward", &roi_pool_backward);
-}
+TORCHOPS_REGISTER_KERNELS(CUDA, roi_pool)
 
 }  // namespace torchops::cuda

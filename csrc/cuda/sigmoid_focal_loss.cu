@@ -17,9 +17,8 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
-#include <limits>
-
-#include "common/sigmoid_focal_loss.h"
+#include "common/sigmoid_focal_loss_steps.h"
+#include "common/register_kernels.h"
 #include "cuda/common/block_reduce.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/vectorized.cuh"
@@ -207,123 +206,84 @@ void dispatch_pack(std::initializer_list<const void*> ptrs, F&& f) {
   }
 }
 
-at::Tensor sigmoid_focal_loss(
-    const at::Tensor& inputs_in, const at::Tensor& targets_in, double alpha,
-    double gamma, c10::string_view reduction) {
-  const FocalReduction red = check_sigmoid_focal_loss(
-      inputs_in, targets_in, gamma, reduction, c10::DeviceType::CUDA);
-  const c10::cuda::CUDAGuard guard(inputs_in.device());
-  const at::Tensor x = inputs_in.contiguous();
-  const at::Tensor t = targets_in.contiguous();
-  const int64_t n = x.numel();
-  if (red != FocalReduction::None && n == 0) {
-    // The mean of nothing is nan, as in torch.mean.
-    return at::empty({}, x.options()).fill_(
-        red == FocalReduction::Mean ? std::numeric_limits<double>::quiet_NaN() : 0.0);
-  }
-  at::Tensor out = red == FocalReduction::None
-      ? at::empty(x.sizes(), x.options())
-      : at::empty({}, x.options());
-  if (n == 0) {
-    return out;
-  }
-  const FocalGamma kind = focal_gamma_kind(gamma);
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, x.scalar_type(), "torchops.sigmoid_focal_loss",
-      [&] {
-        using T = at::opmath_type<scalar_t>;
-        const auto prm = focal_params<T>(alpha, gamma);
-        const scalar_t* xp = x.const_data_ptr<scalar_t>();
-        const scalar_t* tp = t.const_data_ptr<scalar_t>();
-        scalar_t* op = out.mutable_data_ptr<scalar_t>();
-        if (red == FocalReduction::None) {
-          dispatch_pack<scalar_t>({xp, tp, op}, [&](auto v) {
-            constexpr int V = decltype(v)::value;
-            const PackRange r = pack_range<V>(n);
-            focal_loss_none_kernel<scalar_t, V>
-                <<<grid_for(std::max<int64_t>(r.packs, r.tail), kThreads),
-                   kThreads, 0, current_stream()>>>(xp, tp, op, r, prm, kind);
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
-          });
-          return;
-        }
-        const T divisor =
-            red == FocalReduction::Mean ? static_cast<T>(n) : T(1);
-        dispatch_pack<scalar_t>({xp, tp}, [&](auto v) {
-          constexpr int V = decltype(v)::value;
-          const PackRange r = pack_range<V>(n);
-          const int64_t blocks = std::min<int64_t>(
-              ceil_div(std::max<int64_t>(r.packs, r.tail), kThreads),
-              kMaxReduceBlocks);
-          at::Tensor partial;
-          T* pp = nullptr;
-          if (blocks > 1) {
-            partial = at::empty(
-                {blocks}, x.options().dtype(at::toOpMathType(x.scalar_type())));
-            pp = partial.mutable_data_ptr<T>();
-          }
-          focal_loss_sum_kernel<scalar_t, V>
-              <<<static_cast<unsigned int>(blocks), kThreads, 0,
-                 current_stream()>>>(xp, tp, r, prm, kind, pp, op, divisor);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
-          if (blocks > 1) {
-            focal_loss_finish_kernel<scalar_t>
-                <<<1, kFinishThreads, 0, current_stream()>>>(
-                    pp, blocks, op, divisor);
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
-          }
-        });
-      });
-  return out;
-}
+struct CudaKernels {
+  static constexpr c10::DeviceType device = c10::DeviceType::CUDA;
 
-at::Tensor sigmoid_focal_loss_backward(
-    const at::Tensor& grad_in, const at::Tensor& inputs_in,
-    const at::Tensor& targets_in, double alpha, double gamma,
-    c10::string_view reduction) {
-  const FocalReduction red = check_sigmoid_focal_loss_backward(
-      grad_in, inputs_in, targets_in, gamma, reduction, c10::DeviceType::CUDA);
-  const c10::cuda::CUDAGuard guard(inputs_in.device());
-  const at::Tensor x = inputs_in.contiguous();
-  const at::Tensor t = targets_in.contiguous();
-  const at::Tensor grad = grad_in.contiguous();
-  const int64_t n = x.numel();
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  if (n == 0) {
-    return out;
+  static c10::cuda::CUDAGuard guard(const at::Tensor& inputs) {
+    return c10::cuda::CUDAGuard(inputs.device());
   }
-  const FocalGamma kind = focal_gamma_kind(gamma);
-  const bool grad_scalar = red != FocalReduction::None;
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, x.scalar_type(),
-      "torchops._sigmoid_focal_loss_backward", [&] {
-        using T = at::opmath_type<scalar_t>;
-        const auto prm = focal_params<T>(alpha, gamma);
-        const T g_divisor =
-            red == FocalReduction::Mean ? static_cast<T>(n) : T(1);
-        const scalar_t* gp = grad.const_data_ptr<scalar_t>();
-        const scalar_t* xp = x.const_data_ptr<scalar_t>();
-        const scalar_t* tp = t.const_data_ptr<scalar_t>();
-        scalar_t* op = out.mutable_data_ptr<scalar_t>();
-        dispatch_pack<scalar_t>(
-            {grad_scalar ? nullptr : gp, xp, tp, op}, [&](auto v) {
-              constexpr int V = decltype(v)::value;
-              const PackRange r = pack_range<V>(n);
-              focal_loss_grad_kernel<scalar_t, V>
-                  <<<grid_for(std::max<int64_t>(r.packs, r.tail), kThreads),
-                     kThreads, 0, current_stream()>>>(
-                      gp, grad_scalar, g_divisor, xp, tp, op, r, prm, kind);
-              C10_CUDA_KERNEL_LAUNCH_CHECK();
-            });
+
+  template <typename scalar_t>
+  static void loss(const FocalCall<scalar_t>& c) {
+    using T = at::opmath_type<scalar_t>;
+    const scalar_t* xp = c.x;
+    const scalar_t* tp = c.t;
+    scalar_t* op = c.out;
+    const int64_t n = c.n;
+    if (c.red == FocalReduction::None) {
+      dispatch_pack<scalar_t>({xp, tp, op}, [&](auto v) {
+        constexpr int V = decltype(v)::value;
+        const PackRange r = pack_range<V>(n);
+        focal_loss_none_kernel<scalar_t, V>
+            <<<grid_for(std::max<int64_t>(r.packs, r.tail), kThreads),
+               kThreads, 0, current_stream()>>>(xp, tp, op, r, c.prm, c.kind);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
-  return out;
-}
+      return;
+    }
+    const T divisor =
+        c.red == FocalReduction::Mean ? static_cast<T>(n) : T(1);
+    dispatch_pack<scalar_t>({xp, tp}, [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      const PackRange r = pack_range<V>(n);
+      const int64_t blocks = std::min<int64_t>(
+          ceil_div(std::max<int64_t>(r.packs, r.tail), kThreads),
+          kMaxReduceBlocks);
+      at::Tensor partial;
+      T* pp = nullptr;
+      if (blocks > 1) {
+        partial = at::empty(
+            {blocks}, c.options.dtype(c10::CppTypeToScalarType<T>::value));
+        pp = partial.mutable_data_ptr<T>();
+      }
+      focal_loss_sum_kernel<scalar_t, V>
+          <<<static_cast<unsigned int>(blocks), kThreads, 0,
+             current_stream()>>>(xp, tp, r, c.prm, c.kind, pp, op, divisor);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      if (blocks > 1) {
+        focal_loss_finish_kernel<scalar_t>
+            <<<1, kFinishThreads, 0, current_stream()>>>(
+                pp, blocks, op, divisor);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+    });
+  }
+
+  template <typename scalar_t>
+  static void grad(const FocalCall<scalar_t>& c) {
+    using T = at::opmath_type<scalar_t>;
+    const bool grad_scalar = c.red != FocalReduction::None;
+    const T g_divisor =
+        c.red == FocalReduction::Mean ? static_cast<T>(c.n) : T(1);
+    const scalar_t* gp = c.grad;
+    const scalar_t* xp = c.x;
+    const scalar_t* tp = c.t;
+    scalar_t* op = c.out;
+    dispatch_pack<scalar_t>(
+        {grad_scalar ? nullptr : gp, xp, tp, op}, [&](auto v) {
+          constexpr int V = decltype(v)::value;
+          const PackRange r = pack_range<V>(c.n);
+          focal_loss_grad_kernel<scalar_t, V>
+              <<<grid_for(std::max<int64_t>(r.packs, r.tail), kThreads),
+                 kThreads, 0, current_stream()>>>(
+                  gp, grad_scalar, g_divisor, xp, tp, op, r, c.prm, c.kind);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        });
+  }
+};
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
-  m.impl("sigmoid_focal_loss", &sigmoid_focal_loss);
-  m.impl("_sigmoid_focal_loss_backward", &sigmoid_focal_loss_backward);
-}
+TORCHOPS_REGISTER_STEPS(CUDA, sigmoid_focal_loss, CudaKernels)
 
 }  // namespace torchops::cuda

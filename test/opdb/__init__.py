@@ -24,15 +24,16 @@ imported below) and add it to that module's list (BASIC_OPS, BOX_OPS,
 ROI_OPS, LOSS_OPS, DEFORM_OPS, MASKED_CONV_OPS, UPSAMPLE_OPS).  Required
 fields:
 
-``name``            public name (``torchops.<name>``).
-``op``              the overload, ``torch.ops.torchops.<name>.default``.
-``wrapper``         the typed Python wrapper in torchops.ops.
-``reference``       the op's function in torchops.references (pure PyTorch,
-                    the op's arguments), called with every floating tensor of
-                    a sample converted to float64 (integer tensors and scalars
-                    as they are); returns what the op returns (a tensor or a
-                    tuple).  Integer outputs are compared exactly, dtype
-                    included.
+``name``            public name (``torchops.<name>``).  The entry takes
+                    from it, never as arguments: ``op``, the overload
+                    ``torch.ops.torchops.<name>.default``; ``wrapper``, the
+                    typed Python wrapper ``torchops.<name>``; and
+                    ``reference``, ``torchops.references.<name>`` (pure
+                    PyTorch, the op's arguments), called with every floating
+                    tensor of a sample converted to float64 (integer tensors
+                    and scalars as they are), which returns what the op
+                    returns (a tensor or a tuple).  Integer outputs are
+                    compared exactly, dtype included.
 ``sample_inputs``   ``(device, dtype, requires_grad=False) -> iterable of
                     Sample``.  Tensors go in ``Sample.args`` (positionally);
                     scalars (float/int/bool/str) may go in args or kwargs.

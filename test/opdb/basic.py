@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 import torchops
-from torchops import references
 
 from .core import ErrorInput, OpInfo, Sample, Tol, hyp_size, hyp_tensor, make, make_transposed
 
@@ -81,9 +80,6 @@ def _matmul_hypothesis(draw, device, dtype):
 
 MATMUL = OpInfo(
     name="matmul",
-    op=torch.ops.torchops.matmul.default,
-    wrapper=torchops.matmul,
-    reference=references.matmul,
     sample_inputs=_matmul_samples,
     error_inputs=_matmul_errors,
     tols={
@@ -149,9 +145,6 @@ def _d_sigmoid_hypothesis(draw, device, dtype):
 
 D_SIGMOID = OpInfo(
     name="d_sigmoid",
-    op=torch.ops.torchops.d_sigmoid.default,
-    wrapper=torchops.d_sigmoid,
-    reference=references.d_sigmoid,
     sample_inputs=_d_sigmoid_samples,
     error_inputs=_d_sigmoid_errors,
     internal_ops=("_d_sigmoid_backward",),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 import torchops
-from torchops import references
 
 from .core import ErrorInput, OpInfo, Sample
 
@@ -86,17 +85,11 @@ def _nms_errors(device):
     yield from _nms_errors_common("nms", device, lambda n: (0.5,))
 
 
-NMS = OpInfo(
-    name="nms",
-    op=torch.ops.torchops.nms.default,
-    wrapper=torchops.nms,
-    reference=references.nms,
-    sample_inputs=_nms_samples,
-    error_inputs=_nms_errors,
-    differentiable=False,
-    data_dependent_output=True,
-    autocast=True,
-)
+# What nms and batched_nms are alike in: they return indices (no gradient),
+# as many as the data keep, and compute in float32 under autocast.
+_NMS_TRAITS = dict(differentiable=False, data_dependent_output=True, autocast=True)
+
+NMS = OpInfo(name="nms", sample_inputs=_nms_samples, error_inputs=_nms_errors, **_NMS_TRAITS)
 
 
 def _batched_nms_samples(device, dtype, requires_grad=False):
@@ -130,17 +123,8 @@ def _batched_nms_errors(device):
                          r"torchops\.batched_nms.*'idxs'")
 
 
-BATCHED_NMS = OpInfo(
-    name="batched_nms",
-    op=torch.ops.torchops.batched_nms.default,
-    wrapper=torchops.batched_nms,
-    reference=references.batched_nms,
-    sample_inputs=_batched_nms_samples,
-    error_inputs=_batched_nms_errors,
-    differentiable=False,
-    data_dependent_output=True,
-    autocast=True,
-)
+BATCHED_NMS = OpInfo(name="batched_nms", sample_inputs=_batched_nms_samples,
+                     error_inputs=_batched_nms_errors, **_NMS_TRAITS)
 
 
 def _box_iou_samples(device, dtype, requires_grad=False):
@@ -183,9 +167,6 @@ def _box_iou_errors(device):
 
 BOX_IOU = OpInfo(
     name="box_iou",
-    op=torch.ops.torchops.box_iou.default,
-    wrapper=torchops.box_iou,
-    reference=references.box_iou,
     sample_inputs=_box_iou_samples,
     error_inputs=_box_iou_errors,
     internal_ops=("_box_iou_backward",),

@@ -132,9 +132,6 @@ class OpInfo:
     """One operator; see the package docstring for what each field means."""
 
     name: str                                   # public name: torchops.<name>
-    op: torch._ops.OpOverload                   # torch.ops.torchops.<name>.default
-    wrapper: Callable                           # typed Python wrapper
-    reference: Callable                         # pure PyTorch; called on float64 copies
     sample_inputs: Callable[..., Iterable[Sample]]   # (device, dtype, requires_grad) -> samples
     error_inputs: Callable[..., Iterable[ErrorInput]]  # (device) -> invalid calls
     dtypes: dict[str, tuple] = field(default_factory=lambda: {
@@ -182,6 +179,19 @@ class OpInfo:
     # The op's outputs -> what the wrapper returns (roi_pool's wrapper drops
     # argmax).  None: the same outputs.
     wrapper_outputs: Callable[[tuple], tuple] | None = None
+    # Named after the op, so never given: torch.ops.torchops.<name>.default,
+    # the typed Python wrapper torchops.<name>, and the pure-PyTorch
+    # torchops.references.<name> (called on float64 copies).
+    op: torch._ops.OpOverload = field(init=False)
+    wrapper: Callable = field(init=False)
+    reference: Callable = field(init=False)
+
+    def __post_init__(self):
+        import torchops
+        from torchops import references
+        self.op = getattr(torch.ops.torchops, self.name).default
+        self.wrapper = getattr(torchops, self.name)
+        self.reference = getattr(references, self.name)
 
     def tol(self, dtype: torch.dtype) -> Tol:
         return self.tols.get(dtype, DEFAULT_TOLS[dtype])
@@ -238,6 +248,22 @@ def make_transposed(shape, device, dtype, requires_grad=False, **kw) -> torch.Te
     s[-1], s[-2] = s[-2], s[-1]
     base = make(s, device, dtype, **kw).transpose(-1, -2)
     return base.detach().requires_grad_(requires_grad)
+
+
+def make_nchw(shape, layout, device, dtype, requires_grad=False) -> torch.Tensor:
+    """An (N, C, H, W) tensor of `shape` in a memory layout: "contiguous",
+    "channels_last", "transposed" (H and W swapped in memory) or "sliced"
+    (every other channel, and columns 1..W, of a larger tensor)."""
+    if layout == "transposed":
+        return make_transposed(shape, device, dtype, requires_grad)
+    if layout == "channels_last":
+        t = make(shape, device, dtype).contiguous(memory_format=torch.channels_last)
+    elif layout == "sliced":
+        n, c, h, w = shape
+        t = make((n, 2 * c, h, w + 2), device, dtype)[:, ::2, :, 1:w + 1]
+    else:
+        t = make(shape, device, dtype)
+    return t.detach().requires_grad_(requires_grad)
 
 
 def convert(s: Sample, dtype: torch.dtype | None = None, requires_grad: bool | None = None) -> Sample:

@@ -5,11 +5,9 @@ from __future__ import annotations
 import torch
 
 import torchops
-from torchops import references
 
 from .core import ErrorInput, OpInfo, Sample, Tol, make
 
-_OP = torch.ops.torchops.deform_conv2d.default
 _BACKWARD = torch.ops.torchops._deform_conv2d_backward.default
 
 
@@ -133,9 +131,6 @@ def _errors(device):
 
 DEFORM_CONV2D = OpInfo(
     name="deform_conv2d",
-    op=_OP,
-    wrapper=torchops.deform_conv2d,
-    reference=references.deform_conv2d,
     sample_inputs=_samples,
     sample_inputs_compile=_compile_samples,
     error_inputs=_errors,

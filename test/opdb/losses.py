@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 import torchops
-from torchops import references
 
 from .core import ErrorInput, OpInfo, Sample, Tol, make, make_transposed
 
@@ -99,9 +98,6 @@ def _focal_errors(device):
 
 SIGMOID_FOCAL_LOSS = OpInfo(
     name="sigmoid_focal_loss",
-    op=torch.ops.torchops.sigmoid_focal_loss.default,
-    wrapper=torchops.sigmoid_focal_loss,
-    reference=references.sigmoid_focal_loss,
     sample_inputs=_focal_samples,
     error_inputs=_focal_errors,
     internal_ops=("_sigmoid_focal_loss_backward",),

@@ -6,9 +6,8 @@ from __future__ import annotations
 import torch
 
 import torchops
-from torchops import references
 
-from .core import ErrorInput, OpInfo, Sample, Tol, make, make_transposed
+from .core import ErrorInput, OpInfo, Sample, Tol, make, make_nchw, make_transposed
 
 
 def conv_out_size(size: int, k: int, pad: int, stride: int, dil: int) -> int:
@@ -56,19 +55,6 @@ _CASES = [
 ]
 
 
-def _input(shape, layout, device, dtype, requires_grad):
-    if layout == "transposed":
-        return make_transposed(shape, device, dtype, requires_grad)
-    if layout == "channels_last":
-        t = make(shape, device, dtype).contiguous(memory_format=torch.channels_last)
-    elif layout == "sliced":
-        n, c, h, w = shape
-        t = make((n, 2 * c, h, w + 2), device, dtype)[:, ::2, :, 1:w + 1]
-    else:
-        t = make(shape, device, dtype)
-    return t.detach().requires_grad_(requires_grad)
-
-
 def _sample(name, shape, c_out, kernel, padding, stride, dilation, groups, mask_spec, bias,
             layout, device, dtype, requires_grad, seed):
     n, c, h, w = shape
@@ -80,7 +66,7 @@ def _sample(name, shape, c_out, kernel, padding, stride, dilation, groups, mask_
         mask = random_mask((1, oh, ow), device, mdtype, density, seed).expand(-batch, oh, ow)
     else:
         mask = random_mask((batch, oh, ow), device, mdtype, density, seed)
-    x = _input(shape, layout, device, dtype, requires_grad)
+    x = make_nchw(shape, layout, device, dtype, requires_grad)
     weight = make((c_out, c // groups, *kernel), device, dtype, requires_grad)
     if layout == "transposed":  # the weight too, in its own memory order
         weight = make_transposed((c_out, c // groups, *kernel), device, dtype, requires_grad)
@@ -169,9 +155,6 @@ def _errors(device):
 
 MASKED_CONV2D = OpInfo(
     name="masked_conv2d",
-    op=torch.ops.torchops.masked_conv2d.default,
-    wrapper=torchops.masked_conv2d,
-    reference=references.masked_conv2d,
     sample_inputs=_samples,
     sample_inputs_compile=_compile_samples,
     sample_inputs_large=_large_samples,

@@ -10,7 +10,7 @@ import torch
 import torchops
 from torchops import references
 
-from .core import ErrorInput, OpInfo, Sample, Tol, make
+from .core import ErrorInput, OpInfo, Sample, Tol, make, make_nchw
 
 
 def _pool_bins_agree(size: int, pooled: int) -> bool:
@@ -69,22 +69,11 @@ _ROI_CASES = [
 ]
 
 
-def _roi_features(shape, layout, device, dtype, requires_grad):
-    if layout == "channels_last":
-        t = make(shape, device, dtype).contiguous(memory_format=torch.channels_last)
-    elif layout == "sliced":
-        n, c, h, w = shape
-        t = make((n, 2 * c, h, w + 3), device, dtype)[:, ::2, :, 1:w + 1]
-    else:
-        t = make(shape, device, dtype)
-    return t.detach().requires_grad_(requires_grad)
-
-
 def _roi_samples(device, dtype, requires_grad, extra):
     for seed, (name, shape, k, scale, (ph, pw), layout) in enumerate(_ROI_CASES):
         rois = random_rois(shape[0], k, shape[2], shape[3], scale, dtype, device, seed,
                             (ph, pw))
-        x = _roi_features(shape, layout, device, dtype, requires_grad)
+        x = make_nchw(shape, layout, device, dtype, requires_grad)
         for tag, rest in extra(name):
             yield Sample((x, rois, scale, ph, pw, *rest), name=f"{name}{tag}")
 
@@ -246,9 +235,6 @@ def _roi_wrapper_sample(s: Sample) -> Sample:
 
 ROI_ALIGN = OpInfo(
     name="roi_align",
-    op=torch.ops.torchops.roi_align.default,
-    wrapper=torchops.roi_align,
-    reference=references.roi_align,
     sample_inputs=_roi_align_samples,
     sample_inputs_compile=_roi_compile_samples((2, True)),
     error_inputs=_roi_errors("roi_align", (2, False)),
@@ -268,9 +254,6 @@ ROI_ALIGN = OpInfo(
 
 ROI_POOL = OpInfo(
     name="roi_pool",
-    op=torch.ops.torchops.roi_pool.default,
-    wrapper=torchops.roi_pool,
-    reference=references.roi_pool,
     sample_inputs=_roi_pool_samples,
     sample_inputs_compile=_roi_compile_samples(()),
     error_inputs=_roi_errors("roi_pool", ()),
@@ -298,7 +281,7 @@ def _deform_offset(k, ph, pw, device, dtype, requires_grad, transposed=False, sc
 def _deform_roi_pool_samples(device, dtype, requires_grad=False):
     for seed, (name, shape, k, scale, (ph, pw), layout) in enumerate(_ROI_CASES):
         rois = random_rois(shape[0], k, shape[2], shape[3], scale, dtype, device, seed, (ph, pw))
-        x = _roi_features(shape, layout, device, dtype, requires_grad)
+        x = make_nchw(shape, layout, device, dtype, requires_grad)
         off = _deform_offset(k, ph, pw, device, dtype, requires_grad,
                              transposed=layout != "contiguous")
         yield Sample((x, rois, off, scale, ph, pw, 2, 0.1), name=name)
@@ -410,9 +393,6 @@ def _deform_roi_pool_wrapper_sample(s: Sample) -> Sample:
 
 DEFORM_ROI_POOL = OpInfo(
     name="deform_roi_pool",
-    op=torch.ops.torchops.deform_roi_pool.default,
-    wrapper=torchops.deform_roi_pool,
-    reference=references.deform_roi_pool,
     sample_inputs=_deform_roi_pool_samples,
     sample_inputs_compile=_deform_roi_pool_compile_samples,
     error_inputs=_deform_roi_pool_errors,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 import torchops
-from torchops import references
 
 from .core import ErrorInput, OpInfo, Sample, Tol, hyp_size, hyp_tensor, make, make_transposed
 
@@ -151,9 +150,6 @@ def _carafe_errors(device):
 
 CARAFE = OpInfo(
     name="carafe",
-    op=torch.ops.torchops.carafe.default,
-    wrapper=torchops.carafe,
-    reference=references.carafe,
     sample_inputs=_carafe_samples,
     sample_inputs_compile=_carafe_compile_samples,
     error_inputs=_carafe_errors,
