@@ -5,9 +5,9 @@
   registry names.
 * Reads go through the two helpers: ``torchops.envs.get`` in Python,
   ``csrc/common/env.h`` in C++ (the matmul harness's own switches excepted).
-* Every ``TORCHOPS_*`` name in the code is a registered variable or a C++
-  macro: a test that sets a misspelt switch fails here, not by testing the
-  default path.
+* Every ``TORCHOPS_*`` variable that tests and scripts set is registered: a
+  test that sets a misspelt switch fails here, not by testing the default
+  path.
 * The README's table and csrc/common/env_registry.h are what the registry
   generates (``python torchops/envs.py --write`` regenerates both).
 * A value that is not allowed raises, naming the variable and the values it
@@ -45,9 +45,14 @@ CPP_HELPER = re.compile(r"\benv::(k[A-Z]\w*)\b")
 CPP_CALL = re.compile(r"\benv::(choice|flag|integer|integers)\(\s*[^;]*?\benv::(k[A-Z]\w*)\b")
 SHELL_READ = re.compile(r"\$\{?" + NAME)
 SHELL_DEFAULT = re.compile(r"\$\{" + NAME + r":-([^}]*)\}")
-TOKEN = re.compile(r"\b" + NAME + r"\b")
-MACRO = [re.compile(r"#\s*(?:define|ifdef|ifndef|undef)\s+" + NAME),
-         re.compile(r"\bdefined\s*\(?\s*" + NAME), re.compile(r"-D" + NAME)]
+# Where Python sets a variable: setenv/delenv, os.environ[...] = , a keyword
+# of dict(os.environ, ...), a dict key, or a constant naming it for later.
+PY_SET = [re.compile(r"\b(?:setenv|delenv)\(\s*[\"']" + NAME),
+          re.compile(r"\benviron\[\s*[\"']" + NAME + r"[\"']\s*\]\s*=[^=]"),
+          re.compile(r"[(,]\s*" + NAME + r"=[^=]"),
+          re.compile(r"[\"']" + NAME + r"[\"']\s*:"),
+          re.compile(r"^\s*\w+\s*=\s*[\"']" + NAME + r"[\"']\s*$", re.M)]
+SHELL_SET = re.compile(r"(?:^|[\s;(\"'])(?:export\s+)?" + NAME + r"=", re.M)
 
 PY_SUFFIXES = (".py",)
 CPP_SUFFIXES = (".cpp", ".h", ".cu", ".cuh", ".hpp", ".c")
@@ -89,12 +94,11 @@ def _shell_code(text: str) -> str:
 
 
 def scan() -> dict:
-    """reads: name -> {(language, path, via helper)}; tokens: name -> {path};
-    macros; shell_defaults: (name, default, path); cpp_calls: (function, constant, path)."""
+    """reads: name -> {(language, path, via helper)}; sets: name -> {path};
+    shell_defaults: (name, default, path); cpp_calls: (function, constant, path)."""
     by_constant = {envs.cpp_name(v): v.name for v in envs.cpp_variables()}
     reads: dict[str, set] = {}
-    tokens: dict[str, set] = {}
-    macros: set[str] = set()
+    sets: dict[str, set] = {}
     shell_defaults, cpp_calls = [], []
 
     def read(name, lang, path, helper):
@@ -102,10 +106,10 @@ def scan() -> dict:
 
     for path, lang in code_files():
         text = path.read_text(errors="replace")
-        for m in TOKEN.finditer(text):
-            tokens.setdefault(m.group(1), set()).add(path.relative_to(ROOT).as_posix())
-        for rx in MACRO:
-            macros.update(rx.findall(text))
+        setters = PY_SET if lang == "python" else [SHELL_SET] if lang == "shell" else []
+        for rx in setters:
+            for name in rx.findall(text):
+                sets.setdefault(name, set()).add(path.relative_to(ROOT).as_posix())
         if path in HELPERS:
             continue
         if lang == "python":
@@ -128,8 +132,7 @@ def scan() -> dict:
                 read(name, lang, path, False)
             shell_defaults += [(n, d, path.relative_to(ROOT).as_posix())
                                for n, d in SHELL_DEFAULT.findall(code)]
-    return dict(reads=reads, tokens=tokens, macros=macros, shell_defaults=shell_defaults,
-                cpp_calls=cpp_calls)
+    return dict(reads=reads, sets=sets, shell_defaults=shell_defaults, cpp_calls=cpp_calls)
 
 
 @pytest.fixture(scope="module")
@@ -171,13 +174,12 @@ def test_reads_go_through_the_helpers(scanned):
     assert not raw, "\n".join(sorted(raw))
 
 
-def test_every_torchops_name_is_a_variable_or_a_macro(scanned):
-    """Names that tests or scripts set, and names in messages and comments,
-    included: a misspelt switch is caught here."""
-    stray = {n: sorted(paths) for n, paths in scanned["tokens"].items()
-             if n not in envs.BY_NAME and n not in scanned["macros"]}
-    assert not stray, (f"TORCHOPS_* names that are neither registered variables "
-                       f"(torchops/envs.py) nor C/C++ macros: {stray}")
+def test_every_variable_set_is_registered(scanned):
+    """What tests and scripts set: a misspelt switch would otherwise test the
+    default path and pass."""
+    stray = {n: sorted(paths) for n, paths in scanned["sets"].items() if n not in envs.BY_NAME}
+    assert not stray, f"TORCHOPS_* variables set but not registered (torchops/envs.py): {stray}"
+    assert len(scanned["sets"]) >= 10, "the scan finds too few settings: is it broken?"
 
 
 def test_cpp_reads_match_the_variables_types(scanned):

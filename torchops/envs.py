@@ -132,7 +132,7 @@ VARIABLES: tuple[EnvVar, ...] = (
        "forces masked_conv2d's forward path: `sparse` (the selected positions only) or "
        "`dense` (the library's convolution, then the mask) (read at each call)",
        default="auto", choices=("auto", "sparse", "dense")),
-    # -- the matmul harness (scripts/matmul_dev/README.md; builds with TORCHOPS_MATMUL_DEV) --
+    # -- the matmul kernel harness (scripts/matmul_dev/README.md; its own builds only) ------
     _v("TORCHOPS_DEV_SM80_CFG", "int", "harness", "C++",
        "the sm80 path's tile config, an index of its harness table", unset="automatic"),
     _v("TORCHOPS_DEV_SIMT_CFG", "int", "harness", "C++",
