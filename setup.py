@@ -36,7 +36,7 @@ _build = _load_build_module()
 
 
 def extensions():
-    want_cuda = os.environ.get("TORCHOPS_CUDA", "auto")
+    want_cuda = _build.envs.get("TORCHOPS_CUDA")
     libs = [_build.CPU]
     if want_cuda != "0":
         try:

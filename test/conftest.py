@@ -18,6 +18,24 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))  # so tests can `import opdb`
 
+
+def _load_envs():
+    # torchops/envs.py by path, as _build.py loads it: importing torchops here
+    # would load (or build) the libraries before any test asks for them.
+    import importlib.util
+
+    module = sys.modules.get("torchops_envs")
+    if module is None:
+        path = os.path.join(os.path.dirname(__file__), os.pardir, "torchops", "envs.py")
+        spec = importlib.util.spec_from_file_location("torchops_envs", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up here
+        spec.loader.exec_module(module)
+    return module
+
+
+envs = _load_envs()
+
 try:
     from hypothesis import HealthCheck, settings
 except ImportError:  # the property tests importorskip it
@@ -40,13 +58,13 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     if config.getoption("--full"):
         os.environ["TORCHOPS_TEST_PROFILE"] = "full"
-    full = os.environ.get("TORCHOPS_TEST_PROFILE", "ci") == "full"
+    full = envs.get("TORCHOPS_TEST_PROFILE") == "full"
     if full and settings is not None and not config.getoption("hypothesis_profile", None):
         settings.load_profile("full")
 
 
 def pytest_report_header(config):
-    return f"torchops test profile: {os.environ.get('TORCHOPS_TEST_PROFILE', 'ci')}"
+    return f"torchops test profile: {envs.get('TORCHOPS_TEST_PROFILE')}"
 
 
 def pytest_collection_modifyitems(config, items):

@@ -177,7 +177,7 @@ def test_cpu_tap_walks(walk, dtype, monkeypatch):
         assert not ALIGN(x, left_of_image, 1.0, 7, 7, 2, False).any()
     if walk == "auto":
         monkeypatch.setenv(switch, "diagonal")
-        with pytest.raises(RuntimeError, match=f"{switch}=diagonal names no tap walk"):
+        with pytest.raises(RuntimeError, match=f"{switch}='diagonal' is not one of auto, sparse"):
             ALIGN(x, rois, 1.0, 7, 7, 2, False)
 
 

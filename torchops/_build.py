@@ -34,6 +34,27 @@ VERSION = "0.1.0"
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
+
+def _envs():
+    """torchops.envs, the registry of environment variables; loaded by path
+    where this module was (importing the package would load the libraries)."""
+    if __package__ == "torchops":
+        from torchops import envs
+
+        return envs
+    module = sys.modules.get("torchops_envs")
+    if module is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("torchops_envs", PACKAGE_DIR / "envs.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up here
+        spec.loader.exec_module(module)
+    return module
+
+
+envs = _envs()
+
 # The architectures built when no GPU can be asked (CI, a build machine, or a
 # JIT build that must not initialise CUDA): Turing .. Hopper (CUDA 13 has no
 # Volta), plus PTX so newer GPUs can still run the code.  Hopper is always
@@ -126,7 +147,7 @@ def _first_line(cmd: list[str]) -> str | None:
 def debug_symbols() -> bool:
     """TORCHOPS_DEBUG_SYMBOLS=1 builds libraries with debug information and
     symbols (AOT and JIT alike; the flags are part of the JIT cache key)."""
-    return os.environ.get("TORCHOPS_DEBUG_SYMBOLS", "0").strip() == "1"
+    return envs.get("TORCHOPS_DEBUG_SYMBOLS")
 
 
 def cxx_compiler() -> str:
@@ -205,9 +226,9 @@ def torch_tag() -> str:
 
 def cache_root() -> Path:
     """$TORCHOPS_CACHE_DIR, else $XDG_CACHE_HOME/torchops, else ~/.cache/torchops."""
-    env = os.environ.get("TORCHOPS_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
+    env = envs.get("TORCHOPS_CACHE_DIR")
+    if env is not None:
+        return env
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "torchops"
@@ -256,7 +277,7 @@ class Library:
                  "-lineinfo"]
         # The GPU check's racecheck build (csrc/cuda/matmul/tma.cuh says
         # why); part of the JIT cache key like every flag.
-        if os.environ.get("TORCHOPS_TESTING_NO_SETMAXNREG") == "1":
+        if envs.get("TORCHOPS_TESTING_NO_SETMAXNREG"):
             flags.append("-DTORCHOPS_NO_SETMAXNREG")
         return flags
 
@@ -281,7 +302,7 @@ class Library:
             return None
         import torch
 
-        if os.environ.get("TORCHOPS_CUDA", "auto") == "0":
+        if envs.get("TORCHOPS_CUDA") == "0":
             return "TORCHOPS_CUDA=0"
         if torch.version.cuda is None:
             return f"this torch ({torch.__version__}) is a CPU-only build"

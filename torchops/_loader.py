@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from torchops import _build
+from torchops import _build, envs
 from torchops._build import Library
 
 __all__ = ["LoadError", "LoadRecord", "load", "records", "jit_cache_dir", "describe_path"]
@@ -75,10 +75,6 @@ class LoadRecord:
     tried: list[str] = field(default_factory=list)
     manifest: dict | None = None
     error: LoadError | None = None
-
-
-def _env_flag(name: str, default: str) -> str:
-    return os.environ.get(name, default).strip().lower()
 
 
 def jit_cache_dir() -> Path:
@@ -310,7 +306,7 @@ def _acquire(lock, sidecar: Path, lib: Library, final: Path) -> None:
 # -- the two sources -------------------------------------------------------------------------
 
 def _try_prebuilt(lib: Library, csrc: Path | None, rec: LoadRecord) -> bool:
-    if _env_flag("TORCHOPS_PREBUILT", "1") == "0":
+    if not envs.get("TORCHOPS_PREBUILT"):
         rec.tried.append("prebuilt: skipped (TORCHOPS_PREBUILT=0)")
         return False
     candidates = lib.prebuilt_candidates()
@@ -447,7 +443,7 @@ def _load_one(lib: Library, verbose: bool, build: bool) -> LoadRecord:
     csrc = _build.find_csrc()
     if _try_prebuilt(lib, csrc, rec):
         return rec
-    jit_off = _env_flag("TORCHOPS_JIT", "1") == "0"
+    jit_off = not envs.get("TORCHOPS_JIT")
     refusal = ""   # the remedy when the cache itself was refused
     if csrc is None:
         rec.tried.append("JIT cache: the C++ sources (csrc/) are not installed, so no "
@@ -517,7 +513,7 @@ def load(verbose: bool = False, build: bool = False) -> dict[str, LoadRecord]:
                 raise
         cuda = _records.get("torchops_cuda")
         if (cuda is not None and cuda.error is not None and not build
-                and _env_flag("TORCHOPS_CUDA", "auto") == "1"):
+                and envs.get("TORCHOPS_CUDA") == "1"):
             raise cuda.error
         if cuda is None or (build and not cuda.loaded):
             reason = _build.CUDA.unavailable_reason()
@@ -533,7 +529,7 @@ def load(verbose: bool = False, build: bool = False) -> dict[str, LoadRecord]:
                     _records["torchops_cuda"] = _load_one(_build.CUDA, verbose, build)
                 except LoadError as e:
                     _records["torchops_cuda"] = _failed("torchops_cuda", e)
-                    if _env_flag("TORCHOPS_CUDA", "auto") == "1":
+                    if envs.get("TORCHOPS_CUDA") == "1":
                         raise
                     import warnings
 

@@ -966,6 +966,11 @@ def masked_conv2d(input: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | No
         _pair(op, stride, "stride"), _pair(op, dilation, "dilation"), groups)
 
 
+# csrc/common/checks.h kMaxConvArgument: the bound on padding, stride and
+# dilation that keeps the kernels' coordinate arithmetic inside int64.
+MAX_CONV_ARGUMENT = 2**31 - 1
+
+
 def _check_conv_list(op: str, name: str, value, low: int) -> None:
     torch._check(len(value) == 2, lambda: f"torchops.{op}: expected '{name}' to have 2 values "
                  "(height, width)")
@@ -973,7 +978,7 @@ def _check_conv_list(op: str, name: str, value, low: int) -> None:
     what = "non-negative" if low == 0 else "positive"
     torch._check(v0 >= low and v1 >= low,
                  lambda: f"torchops.{op}: expected '{name}' to be {what}, but got {[v0, v1]}")
-    torch._check(v0 <= 2**31 - 1 and v1 <= 2**31 - 1,
+    torch._check(v0 <= MAX_CONV_ARGUMENT and v1 <= MAX_CONV_ARGUMENT,
                  lambda: f"torchops.{op}: expected 'padding', 'stride' and 'dilation' to fit "
                  "in int32")
 

@@ -118,4 +118,9 @@ inline at::Tensor new_output(const char* op, c10::IntArrayRef sizes,
   }
 }
 
+// Convolution hyper-parameters (padding, stride, dilation) beyond int32
+// describe no real convolution; bounding them keeps the kernels' coordinate
+// arithmetic inside int64.  torchops/ops.py MAX_CONV_ARGUMENT mirrors it.
+constexpr int64_t kMaxConvArgument = std::numeric_limits<int32_t>::max();
+
 }  // namespace torchops

@@ -19,6 +19,7 @@
 #include <cstdlib>
 
 #include "common/checks.h"
+#include "common/env.h"
 
 namespace torchops {
 
@@ -280,11 +281,7 @@ inline void check_deform_grad(const char* op, c10::DeviceType device,
 constexpr int64_t kColumnBytes = int64_t(256) << 20;
 
 inline int64_t deform_column_bytes() {
-  const char* v = std::getenv("TORCHOPS_TESTING_DEFORM_COLUMN_BYTES");
-  if (v == nullptr || *v == '\0') {
-    return kColumnBytes;
-  }
-  return std::max<int64_t>(1, std::atoll(v));
+  return env::integer("deform_conv2d", env::kTestingDeformColumnBytes).value_or(kColumnBytes);
 }
 
 inline int64_t deform_chunk(int64_t batch, int64_t column_rows, int64_t pixels,

@@ -166,7 +166,7 @@ inline MaskedConvGeometry check_masked_conv2d(
   }
   // Hyper-parameters beyond int32 describe no real convolution; bounding
   // them keeps every coordinate computation below inside int64.
-  const int64_t limit = std::numeric_limits<int32_t>::max();
+  const int64_t limit = kMaxConvArgument;
   TORCH_CHECK(g.pad_h <= limit && g.pad_w <= limit && g.dil_h <= limit && g.dil_w <= limit &&
                   g.stride_h <= limit && g.stride_w <= limit,
               "torchops.", op, ": expected 'padding', 'stride' and 'dilation' to fit in int32");

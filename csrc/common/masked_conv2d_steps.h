@@ -52,7 +52,7 @@
 #include "common/accumulate.h"
 #include "common/masked_conv2d.h"
 #include "common/library_matmul.h"
-#include "common/testing_switch.h"
+#include "common/env.h"
 
 namespace torchops {
 
@@ -81,9 +81,12 @@ struct PendingPositions {
 // forces the forward's path, so that tests reach both on any mask.
 enum class MaskedForwardPath { kAuto, kSparse, kDense };
 
+static_assert(env::value_at(env::kTestingMaskedConvPath, 1, "sparse") &&
+              env::value_at(env::kTestingMaskedConvPath, 2, "dense"));
+
 inline MaskedForwardPath masked_forward_path() {
-  return static_cast<MaskedForwardPath>(testing_switch(
-      "masked_conv2d", "TORCHOPS_TESTING_MASKED_CONV_PATH", {"auto", "sparse", "dense"}));
+  return static_cast<MaskedForwardPath>(
+      env::choice("masked_conv2d", env::kTestingMaskedConvPath));
 }
 
 // Whether the forward hands the call off to the library's convolution:

@@ -18,10 +18,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
+#include "common/env.h"
 #include "common/matmul.h"
 #include "cpu/common/cache_sizes.h"
 #include "cpu/common/parallel.h"
@@ -428,8 +430,8 @@ inline bool read_b_direct(int64_t m, int64_t b_rs, int64_t b_cs, int64_t kc, int
 }
 
 inline int direct_b_switch() {
-  const char* v = std::getenv("TORCHOPS_TESTING_MATMUL_DIRECT_B");
-  return v && v[0] ? (v[0] == '1' ? 1 : 0) : -1;
+  const std::optional<bool> direct = env::flag("matmul", env::kTestingMatmulDirectB);
+  return direct ? int(*direct) : -1;
 }
 
 // One part of C (m x n, leading dim ldc) = A (m x k) @ B (k x n), on one
@@ -1160,11 +1162,11 @@ void batched_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
   // development machine: 6.4 against 6.9-7.0 ms).  TORCHOPS_TESTING_MATMUL_SHARED=1 / 0
   // (read per call) takes / avoids the shared schedule wherever the batch is
   // one matrix, for the tests.
-  const char* force_shared = std::getenv("TORCHOPS_TESTING_MATMUL_SHARED");
+  const std::optional<bool> force_shared = env::flag("matmul", env::kTestingMatmulShared);
   const bool shared =
       s.batch == 1 &&
-      (force_shared && force_shared[0]
-           ? force_shared[0] == '1'
+      (force_shared
+           ? *force_shared
            : gm > 1 && gn > 1 && double(s.m) * double(s.n) * double(s.k) >= kSharedMinWork);
   if (shared) {
     shared_gemm<acc_t, W>(am, bm, cp, s.m, s.n, s.k, threads);
@@ -1223,8 +1225,8 @@ at::Tensor matmul(const at::Tensor& a_in, const at::Tensor& b_in) {
   // getenv is noise beside a matmul).  TORCHOPS_TESTING_CPU_CACHES="L1,L2,L3"
   // (bytes, read once per process: cpu/common/cache_sizes.h) sets the caches
   // the block sizes are derived from, so tests can force many small blocks.
-  const char* narrow = std::getenv("TORCHOPS_TESTING_MATMUL_NARROW");
-  const bool wide = cpu_has_avx512() && !(narrow && narrow[0] == '1');
+  const bool narrow = env::flag("matmul", env::kTestingMatmulNarrow).value_or(false);
+  const bool wide = cpu_has_avx512() && !narrow;
   // The rows of A are read as vectors by the few-row kernels (RowsTimesMatrix,
   // RowsDotMatrix): a column-major A of their few rows is copied.  Whether
   // they take the call depends on the path's tile rows, hence after `wide`.

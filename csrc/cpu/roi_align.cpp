@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/accumulate.h"
+#include "common/env.h"
 #include "common/roi_align.h"
 #include "cpu/common/parallel.h"
 #include "cpu/common/roi_loops.h"
@@ -53,11 +54,10 @@ enum class TapWalk {
 // every RoI walk its taps that way instead of the cheapest way, and a RoI that
 // walk cannot serve raises.  The cost model alone decides which walk a box
 // gets, so without this a test cannot tell which walks its boxes reached, and
-// a walk that computes wrongly could go untested after a retune.  Unset or
-// empty: the cost-based choice.  Read with a bare getenv at each call, so a
-// test can set it in-process: about 15 ns against about 4 us for the smallest
-// call (c10::utils::get_env would take a lock).
-constexpr const char* kWalkSwitch = "TORCHOPS_TESTING_ROI_ALIGN_WALK";
+// a walk that computes wrongly could go untested after a retune.  Unset,
+// empty or auto: the cost-based choice.  Read at each call (common/env.h), so
+// a test can set it in-process.
+constexpr const char* kWalkSwitch = env::kTestingRoiAlignWalk.name;
 
 const char* walk_name(TapWalk walk) {
   switch (walk) {
@@ -72,19 +72,17 @@ const char* walk_name(TapWalk walk) {
 }
 
 std::optional<TapWalk> forced_walk(const char* op) {
-  const char* value = std::getenv(kWalkSwitch);
-  if (value == nullptr || *value == '\0') {
+  const int i = env::choice(op, env::kTestingRoiAlignWalk);
+  if (i == 0) {
     return std::nullopt;
   }
-  const std::string_view v(value);
+  const std::string_view v(env::kTestingRoiAlignWalk.values[i]);
   for (const TapWalk walk : {TapWalk::kSparse, TapWalk::kFour, TapWalk::kDense}) {
     if (v == walk_name(walk)) {
       return walk;
     }
   }
-  TORCH_CHECK(false, "torchops.", op, ": ", kWalkSwitch, "=", v,
-              " names no tap walk (a testing switch: sparse, four or dense; "
-              "unset it for normal use)");
+  TORCH_INTERNAL_ASSERT(false, kWalkSwitch, "=", v, " is allowed but names no tap walk");
 }
 
 template <typename T>

@@ -53,7 +53,7 @@
 #include <type_traits>
 
 #include "common/carafe.h"
-#include "common/testing_switch.h"
+#include "common/env.h"
 #include "common/carafe_steps.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/vectorized.cuh"
@@ -75,9 +75,11 @@ constexpr int kGenericThreads = 256;
 
 enum class PathChoice { kAuto, kGeneric, kTiled };
 
+static_assert(env::value_at(env::kTestingCarafePath, 1, "generic") &&
+              env::value_at(env::kTestingCarafePath, 2, "tiled"));
+
 PathChoice path_choice(const char* op) {
-  return static_cast<PathChoice>(
-      testing_switch(op, "TORCHOPS_TESTING_CARAFE_PATH", {"auto", "generic", "tiled"}));
+  return static_cast<PathChoice>(env::choice(op, env::kTestingCarafePath));
 }
 
 // Raises when the testing switch requires the tiled kernels and `kernel`

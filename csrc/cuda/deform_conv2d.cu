@@ -55,7 +55,7 @@
 #include "common/deform_conv2d.h"
 #include "common/deform_conv2d_steps.h"
 #include "common/deform_gemm.h"
-#include "common/testing_switch.h"
+#include "common/env.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/sorted_gather.cuh"
 #include "cuda/common/split_tf32.cuh"
@@ -589,10 +589,12 @@ void coordinate_grads(const Chunk<scalar_t>& ch, const scalar_t* grad_columns,
 enum class InputGradPath { kAuto, kAtomic, kGather };
 constexpr int64_t kGatherMinChannels = 128;
 
+static_assert(env::value_at(env::kTestingDeformInputGrad, 1, "atomic") &&
+              env::value_at(env::kTestingDeformInputGrad, 2, "gather"));
+
 InputGradPath input_grad_path(const DeformGeometry& g) {
   const auto forced = static_cast<InputGradPath>(
-      testing_switch("deform_conv2d", "TORCHOPS_TESTING_DEFORM_INPUT_GRAD",
-                     {"auto", "atomic", "gather"}));
+      env::choice("deform_conv2d", env::kTestingDeformInputGrad));
   if (forced != InputGradPath::kAuto) {
     return forced;
   }

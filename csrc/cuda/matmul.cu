@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/env.h"
 #include "common/matmul.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/matmul/paths.cuh"
@@ -49,17 +50,17 @@ const PathEntry& kSm80 = gemm::sm80_path;
 const PathEntry& kSimt = gemm::simt_path;
 
 const PathEntry* forced_path() {
-  const char* v = std::getenv("TORCHOPS_TESTING_MATMUL_PATH");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) {
+  const int i = env::choice("matmul", env::kTestingMatmulPath);
+  if (i == 0) {
     return nullptr;
   }
+  const char* v = env::kTestingMatmulPath.values[i];
   for (const PathEntry* p : kPaths) {
     if (std::strcmp(v, p->name) == 0) {
       return p;
     }
   }
-  TORCH_CHECK(false, "torchops.matmul: TORCHOPS_TESTING_MATMUL_PATH='", v,
-              "' is not one of auto, decode, sm90, sm80, simt");
+  TORCH_INTERNAL_ASSERT(false, env::kTestingMatmulPath.name, "=", v, " is allowed but names no path");
 }
 
 DType dtype_of(at::ScalarType t) {

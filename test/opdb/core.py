@@ -5,7 +5,6 @@ deform, masked_conv, upsample); the package docstring says how to write one."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -44,7 +43,9 @@ OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor",
 def full_profile() -> bool:
     """True for the long GPU/nightly runs (``pytest --full`` or
     TORCHOPS_TEST_PROFILE=full): larger samples, more examples."""
-    return os.environ.get("TORCHOPS_TEST_PROFILE", "ci") == "full"
+    from torchops import envs
+
+    return envs.get("TORCHOPS_TEST_PROFILE") == "full"
 
 
 def devices() -> list[str]:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from torchops import envs
+
 DESCRIPTION = """\
 Time every torchops operator against its eager PyTorch reference, torch.compile
 of that reference and the peer library (torchvision, the vendor BLAS) where
@@ -71,8 +73,9 @@ def _git_commit() -> str | None:
     """The checkout's commit; TORCHOPS_COMMIT names it where there is no .git
     (a copied working tree)."""
     root = Path(__file__).resolve().parents[2]
-    if os.environ.get("TORCHOPS_COMMIT") or not (root / ".git").exists():
-        return os.environ.get("TORCHOPS_COMMIT")
+    commit = envs.get("TORCHOPS_COMMIT")
+    if commit is not None or not (root / ".git").exists():
+        return commit
     git = lambda *a: subprocess.run(["git", "-C", str(root), *a],  # noqa: E731
                                     capture_output=True, text=True, timeout=10)
     try:

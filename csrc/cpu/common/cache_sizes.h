@@ -15,6 +15,8 @@
 #include <unistd.h>
 #endif
 
+#include "common/env.h"
+
 namespace torchops::cpu {
 
 // Bytes: L1 data, L2 and L3; a cache shared by several cores counts as this
@@ -100,16 +102,8 @@ inline CacheSizes detect() {
 inline const CacheSizes& cpu_cache_sizes() {
   static const CacheSizes sizes = [] {
     CacheSizes c;
-    if (const char* env = std::getenv("TORCHOPS_TESTING_CPU_CACHES")) {
-      long long v[3];
-      char tail;
-      if (std::sscanf(env, "%lld,%lld,%lld%c", &v[0], &v[1], &v[2], &tail) !=
-          3) {
-        throw std::invalid_argument(
-            "TORCHOPS_TESTING_CPU_CACHES: expected \"L1,L2,L3\" in bytes, "
-            "got \"" + std::string(env) + "\"");
-      }
-      c = {v[0], v[1], v[2]};
+    if (const auto v = env::integers(nullptr, env::kTestingCpuCaches)) {
+      c = {(*v)[0], (*v)[1], (*v)[2]};
     } else {
       c = cache_detail::detect();
     }
