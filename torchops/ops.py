@@ -939,10 +939,10 @@ def masked_conv2d(input: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | No
     fp32_precision``) allows them, which is the default, and exact float32
     otherwise, whatever the matmul precision says; on CPU, exact float32.
     On CUDA, where tensor cores are used (the half types, or float32 under
-    TF32) and at least 30% (float32) or 20% (half types) of the positions
-    are selected, the forward is instead cuDNN's convolution of every
-    position followed by ``torch.where`` (faster from there on; same
-    precision rule, same result at the unselected positions).  An input
+    TF32) and at least 40% of the positions are selected, the forward is
+    instead cuDNN's convolution of every position followed by
+    ``torch.where`` (faster from there on; same precision rule, same result
+    at the unselected positions).  An input
     without elements (no channels, or a zero height or width that the
     padding makes room for) gives the bias, or 0, at the selected
     positions.

@@ -14,7 +14,7 @@
 // GEMM's launch (H200, 5% of 2x256x100x152: about 30 us, of which cuBLAS's
 // own host time is over 20).
 // Where tensor cores are used and enough positions are selected, the
-// forward hands off to cuDNN instead (kDenseShareTf32).
+// forward hands off to cuDNN instead (kDenseShare).
 // Under CUDA graph capture, where a sync is an error, the count is taken to
 // be every position of the batch instead (the list is padded with -1, whose
 // columns are zero and are never read back): the graph then holds a dense
@@ -510,13 +510,13 @@ class CountEvent {
 // The share of selected positions from which the forward hands off to
 // cuDNN, where the convolution runs on tensor cores (half types, or float32
 // under TF32): the sparse path's column traffic grows with the positions
-// while cuDNN's implicit GEMM reads the input once, so past these shares
-// cuDNN's convolution of every position, masked, is the faster (measured
-// on the benchmark's 256-channel 3x3 layer; docs/design.md).  Exact float32
-// and float64 stay sparse: cuDNN's exact convolution was slower than the
-// sparse path even with every position selected.
-constexpr double kDenseShareTf32 = 0.3;
-constexpr double kDenseShareHalf = 0.2;
+// while cuDNN's implicit GEMM reads the input once, so past this share
+// cuDNN's convolution of every position, masked, is the faster.  Measured
+// on the benchmark's 256-channel 3x3 layer, the two cross at about 40% in
+// float32 (TF32) and bfloat16 alike (docs/design.md).  Exact float32 and
+// float64 stay sparse: cuDNN's exact convolution was slower than the sparse
+// path even with every position selected.
+constexpr double kDenseShare = 0.4;
 
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -690,7 +690,7 @@ struct CudaKernels {
                                     conv_allows_tf32());
   }
 
-  // The dense hand-off (see kDenseShareTf32): cuDNN's convolution of every
+  // The dense hand-off (see kDenseShare): cuDNN's convolution of every
   // position, with TF32 as the convolution rule, and so the sparse path's
   // GEMM, has it.
   static bool dense_forward(const at::Tensor& input, const at::Tensor& mask,
@@ -699,10 +699,7 @@ struct CudaKernels {
                             c10::IntArrayRef dilation, int64_t groups,
                             const MaskedConvGeometry& g, const MaskedPositions& pos,
                             const std::optional<at::Tensor>& early_conv, at::Tensor& out) {
-    const at::ScalarType dtype = input.scalar_type();
-    const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
-    const bool dense = masked_conv2d_goes_dense(tensor_cores(input),
-                                                half ? kDenseShareHalf : kDenseShareTf32, pos, g);
+    const bool dense = masked_conv2d_goes_dense(tensor_cores(input), kDenseShare, pos, g);
     if (!pos.padded) {
       DenseStreaks::record(input, g, dense);
     }
