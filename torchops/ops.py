@@ -930,17 +930,21 @@ def masked_conv2d(input: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | No
         groups: divides ``C_in`` and ``C_out``.
 
     The work is proportional to the selected positions: their im2col columns
-    are gathered, multiplied by the weight in one GEMM per group (cuBLAS on
-    CUDA, :func:`torchops.matmul` on CPU and under deterministic
-    algorithms; float32 follows ``torch.set_float32_matmul_precision``:
-    exact by default, TF32 tensor cores with ``"high"``; the half types
-    accumulate in float32), and the products written to the output, whose
-    other positions get 0.  On CUDA, where tensor cores may be used (the
-    half types, or float32 with TF32 allowed) and at least 30% (float32) or
-    20% (half types) of the positions are selected, the forward is instead
-    cuDNN's convolution of every position followed by ``torch.where``
-    (faster from there on; same precision rule, same result at the
-    unselected positions).
+    are gathered, multiplied by the weight in one GEMM per group (the half
+    types accumulate in float32), and the products written to the output,
+    whose other positions get 0.  float32 follows the convolution precision
+    rule, as ``conv2d`` does: on CUDA, TF32 tensor cores exactly where
+    ``torch.backends.cudnn.allow_tf32`` (``torch.backends.cudnn.conv.
+    fp32_precision``) allows them, which is the default, and exact float32
+    otherwise, whatever the matmul precision says; on CPU, exact float32.
+    On CUDA, where tensor cores are used (the half types, or float32 under
+    TF32) and at least 40% of the positions are selected, the forward is
+    instead cuDNN's convolution of every position followed by
+    ``torch.where`` (faster from there on; same precision rule, same result
+    at the unselected positions).  An input
+    without elements (no channels, or a zero height or width that the
+    padding makes room for) gives the bias, or 0, at the selected
+    positions.
     Differentiable with respect to ``input``, ``weight`` and ``bias``; the
     backward is deterministic on CPU and CUDA alike (every input pixel
     gathers its taps; no atomics), so it needs nothing under

@@ -1,10 +1,11 @@
 // The steps of torchops.masked_conv2d and its backward, written once for
-// both devices: each device supplies the five data-parallel kernels (a
-// `Kernels` type with the static functions below); the GEMMs are
-// op_matmul's (common/library_matmul.h): cuBLAS on CUDA, torchops.matmul on
-// CPU and under deterministic algorithms (no cuBLAS workspace
-// configuration needed).  float32 follows torch's matmul precision either
-// way.
+// both devices: each device supplies the data-parallel kernels and its GEMM
+// (a `Kernels` type with the static functions below).  The op is a
+// convolution, so its float32 precision is the convolution's, not the
+// matmul's: on CUDA, TF32 exactly where PyTorch lets conv2d use it
+// (cuda/common/conv_precision.cuh), in the sparse GEMMs and the dense
+// hand-off alike, so the precision never depends on the mask; on CPU,
+// exact whatever the flags.
 //
 //   Kernels::positions(mask, g, meanwhile)       -> MaskedPositions; calls
 //                                                  meanwhile(pending) once,
@@ -16,9 +17,17 @@
 //                                                  of their own capacity
 //   Kernels::clear_output(out)                     with write_output, writes
 //                                                  every element of out
-//   Kernels::dense_forward(input, ..., g, pos, out) -> whether it wrote out
-//                                                  itself, densely (a device
-//                                                  may hand dense masks off)
+//   Kernels::expects_dense(input, g)              whether the device
+//                                                  expects the hand-off
+//                                                  below: its convolution is
+//                                                  then queued while the
+//                                                  count is in flight
+//   Kernels::dense_conv(input, weight, ...)       that convolution
+//   Kernels::dense_forward(input, ..., g, pos, early_conv, out) -> whether
+//                                                  it wrote out itself,
+//                                                  densely (a device may hand
+//                                                  dense masks off), from
+//                                                  early_conv where queued
 //   Kernels::gather_cols(input, pos, g) -> cols     (G, P, K), in the memory
 //                                                  order the device's GEMM
 //                                                  reads best
@@ -27,6 +36,8 @@
 //                                                  orientation the device's
 //                                                  write_output reads
 //   Kernels::write_output(product, bias, pos, g, out)
+//   Kernels::gemm(a, b) -> a @ b                  2-D or batched 3-D, in
+//                                                  the op's precision
 //   Kernels::gather_grad(grad, pos, g, grad_cols)  grad_cols (C_out, P)
 //   Kernels::col2im(grad_cols, pos, g, grad_input) grad_cols (G, K, P)
 //
@@ -65,8 +76,13 @@ namespace torchops {
 struct MaskedPositions {
   at::Tensor positions;
   at::Tensor index_map;
+  bool padded = false;  // P fixed before the mask was read
 
   int64_t count() const { return positions.size(0); }
+  // Whether the mask selects every position of the batch.
+  bool all_selected(const MaskedConvGeometry& g) const {
+    return !padded && count() == g.all_positions();
+  }
 };
 
 // The positions while their count is still on its way to the host: the
@@ -89,35 +105,64 @@ inline MaskedForwardPath masked_forward_path() {
       env::choice("masked_conv2d", env::kTestingMaskedConvPath));
 }
 
-// Whether the forward hands the call off to the library's convolution:
-// where the testing switch says so, or by default where the device finds it
-// `worth` it for this call and at least `share` of the positions are
-// selected.
+// Whether the forward may hand the call off to the library's convolution
+// at all: not where the testing switch says sparse, and by default only
+// where the device finds it `worth` it for this call.  An input without
+// elements (no channels, or a zero height or width that only the padding
+// makes room for) always stays sparse, whose columns are then all zeros:
+// ATen's convolution returns no output channels for the former and rejects
+// the latter, where the op's output is the bias (or zero) at the selected
+// positions.
+inline bool masked_conv2d_can_go_dense(bool worth, const MaskedConvGeometry& g,
+                                       MaskedForwardPath path) {
+  if (g.in_channels == 0 || g.height == 0 || g.width == 0) {
+    return false;
+  }
+  return path == MaskedForwardPath::kDense || (path == MaskedForwardPath::kAuto && worth);
+}
+
+// Whether the forward hands the call off: where it can and the testing
+// switch says dense, or at least `share` of the positions are selected.
 inline bool masked_conv2d_goes_dense(bool worth, double share, const MaskedPositions& pos,
                                      const MaskedConvGeometry& g) {
   const MaskedForwardPath path = masked_forward_path();
+  if (!masked_conv2d_can_go_dense(worth, g, path)) {
+    return false;
+  }
   return path == MaskedForwardPath::kDense ||
-         (path == MaskedForwardPath::kAuto && worth &&
-          static_cast<double>(pos.count()) >= share * static_cast<double>(g.all_positions()));
+         static_cast<double>(pos.count()) >= share * static_cast<double>(g.all_positions());
 }
 
 // The dense hand-off of a device whose library convolution beats the
-// sparse path on dense masks: that convolution of every position (cuDNN,
-// oneDNN), with `allow_tf32` as the sparse path's GEMM would have it so the
-// precision never depends on the mask, then exactly 0 -- where(), not a
-// product, so unread NaNs stay out -- where the mask does not select.
-inline void masked_conv2d_dense(const at::Tensor& input, const at::Tensor& mask,
-                                const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                                c10::IntArrayRef padding, c10::IntArrayRef stride,
-                                c10::IntArrayRef dilation, int64_t groups, bool allow_tf32,
-                                at::Tensor& out) {
+// sparse path on dense masks, in two steps.  First that convolution of
+// every position (cuDNN, oneDNN), with `allow_tf32` as the sparse path's
+// GEMM would have it so the precision never depends on the mask.
+inline at::Tensor masked_conv2d_dense_conv(const at::Tensor& input, const at::Tensor& weight,
+                                           const std::optional<at::Tensor>& bias,
+                                           c10::IntArrayRef padding, c10::IntArrayRef stride,
+                                           c10::IntArrayRef dilation, int64_t groups,
+                                           bool allow_tf32) {
   const c10::OptionalDeviceGuard guard(input.device());
   const auto& ctx = at::globalContext();
   const std::array<int64_t, 2> no_output_padding{0, 0};
-  const at::Tensor conv = at::_convolution(
+  return at::_convolution(
       input, weight, bias, stride, padding, dilation, /*transposed=*/false, no_output_padding,
       groups, ctx.benchmarkCuDNN(), ctx.deterministicCuDNN() || ctx.deterministicAlgorithms(),
       ctx.userEnabledCuDNN(), allow_tf32);
+}
+
+// Then exactly 0 -- where(), not a product, so unread NaNs stay out --
+// where the mask does not select.  Where every position is selected the
+// convolution is the output itself (when contiguous, as `out` is), saving
+// the where's pass over it.
+inline void masked_conv2d_dense_select(const at::Tensor& conv, const at::Tensor& mask,
+                                       const MaskedPositions& pos, const MaskedConvGeometry& g,
+                                       at::Tensor& out) {
+  if (pos.all_selected(g) && conv.is_contiguous() && conv.sizes() == out.sizes()) {
+    out = conv;
+    return;
+  }
+  const c10::OptionalDeviceGuard guard(conv.device());
   const at::Tensor selected = mask.scalar_type() == at::kBool ? mask : at::gt(mask, 0);
   // A zero on the device: a CPU scalar would be a host-to-device copy, which
   // CUDA graph capture forbids.
@@ -141,16 +186,26 @@ at::Tensor masked_conv2d_forward(const at::Tensor& input, const at::Tensor& mask
   // zeros are queued behind the count, so they are written while the host
   // waits, and so are the columns, where the device can (a buffer of some
   // capacity, filled only if the count fits in it).
-  std::optional<at::Tensor> ahead;
+  // Where the device expects the dense hand-off, its convolution is queued
+  // there instead, and the zeros only once the count has said otherwise.
+  std::optional<at::Tensor> ahead, early_conv;
   // Views made before the wait, off the path from the count to the GEMM.
   const at::Tensor weight3 = weight.reshape({g.groups, g.out_per_group(), g.col_rows()});
+  const bool expect_dense = Kernels::expects_dense(input, g);
   const MaskedPositions pos = Kernels::positions(mask, g, [&](const PendingPositions& pending) {
+    if (expect_dense) {
+      early_conv = Kernels::dense_conv(input, weight, bias, padding, stride, dilation, groups);
+      return;
+    }
     Kernels::clear_output(out);
     ahead = Kernels::gather_cols_ahead(input, g, pending);
   });
   if (Kernels::dense_forward(input, mask, weight, bias, padding, stride, dilation, groups, g, pos,
-                             out)) {
+                             early_conv, out)) {
     return out;
+  }
+  if (expect_dense) {
+    Kernels::clear_output(out);
   }
   const at::Tensor cols = ahead.has_value() && ahead->size(1) >= pos.count()
                               ? ahead->narrow(1, 0, pos.count())
@@ -203,14 +258,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> masked_conv2d_backward(
   }
   if (output_mask[1]) {
     // (G, C_out / G, P) @ (G, P, K)
-    grad_weight = op_matmul(grad_groups, Kernels::gather_cols(input, pos, g))
+    grad_weight = Kernels::gemm(grad_groups, Kernels::gather_cols(input, pos, g))
                       .view(weight.sizes());
   }
   if (output_mask[0]) {
     // (G, K, C_out / G) @ (G, C_out / G, P): the columns' gradients, then
     // each input pixel gathers its taps.
     const at::Tensor w = weight.reshape({g.groups, g.out_per_group(), g.col_rows()});
-    const at::Tensor input_cols = op_matmul(w.transpose(1, 2), grad_groups);
+    const at::Tensor input_cols = Kernels::gemm(w.transpose(1, 2), grad_groups);
     Kernels::col2im(input_cols, pos, g, grad_input);
   }
   return {grad_input, grad_weight, grad_bias};

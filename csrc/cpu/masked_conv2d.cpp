@@ -137,21 +137,43 @@ struct CpuKernels {
   // count.
   static constexpr double kDenseShare = 0.45;
 
+  // The count is known before anything is queued: no convolution ahead of it.
+  static bool expects_dense(const at::Tensor& /*input*/, const MaskedConvGeometry& /*g*/) {
+    return false;
+  }
+
+  // Contiguous operands: ATen's CPU convolution crashes on some
+  // channels-last calls (with a bias, a stride, a dilation and groups
+  // together), and the copy is small beside the convolution it feeds.
+  static at::Tensor dense_conv(const at::Tensor& input, const at::Tensor& weight,
+                               const std::optional<at::Tensor>& bias, c10::IntArrayRef padding,
+                               c10::IntArrayRef stride, c10::IntArrayRef dilation,
+                               int64_t groups) {
+    return masked_conv2d_dense_conv(input.contiguous(), weight.contiguous(), bias, padding,
+                                    stride, dilation, groups, /*allow_tf32=*/false);
+  }
+
   static bool dense_forward(const at::Tensor& input, const at::Tensor& mask,
                             const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                             c10::IntArrayRef padding, c10::IntArrayRef stride,
                             c10::IntArrayRef dilation, int64_t groups,
                             const MaskedConvGeometry& g, const MaskedPositions& pos,
-                            at::Tensor& out) {
+                            const std::optional<at::Tensor>& /*early_conv*/, at::Tensor& out) {
     const at::ScalarType dtype = input.scalar_type();
     const bool worth = (dtype == at::kFloat || dtype == at::kDouble) &&
                        !at::globalContext().deterministicAlgorithms();
     if (!masked_conv2d_goes_dense(worth, kDenseShare, pos, g)) {
       return false;
     }
-    masked_conv2d_dense(input, mask, weight, bias, padding, stride, dilation, groups,
-                        /*allow_tf32=*/false, out);
+    masked_conv2d_dense_select(
+        dense_conv(input, weight, bias, padding, stride, dilation, groups), mask, pos, g, out);
     return true;
+  }
+
+  // Exact whatever PyTorch's precision flags say: torchops.matmul on CPU
+  // reads none of them.
+  static at::Tensor gemm(const at::Tensor& a, const at::Tensor& b) {
+    return op_matmul(a, b);
   }
 
   // write_output writes the zeros too, in the same pass.
@@ -160,7 +182,7 @@ struct CpuKernels {
   // (G, C_out / G, K) @ (G, K, P): each output channel's values in a row,
   // which write_output walks plane by plane.
   static at::Tensor forward_gemm(const at::Tensor& weight3, const at::Tensor& cols) {
-    return op_matmul(weight3, cols.transpose(1, 2));
+    return gemm(weight3, cols.transpose(1, 2));
   }
 
   // product: forward_gemm's (G, C_out / G, P).

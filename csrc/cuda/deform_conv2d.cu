@@ -56,6 +56,7 @@
 #include "common/deform_conv2d_steps.h"
 #include "common/deform_gemm.h"
 #include "common/env.h"
+#include "cuda/common/conv_precision.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/sorted_gather.cuh"
 #include "cuda/common/split_tf32.cuh"
@@ -614,20 +615,12 @@ InputGradPath input_grad_path(const DeformGeometry& g) {
 // channels they are slower.
 constexpr int64_t kSplitMinDim = 256;
 
-bool conv_allows_tf32() {
-  return at::globalContext().allowTF32CuDNN(at::Float32Op::CONV);
-}
-
 bool split_gemms(at::ScalarType ct, const DeformGemm& d, int64_t batch) {
   if (ct != at::kFloat || d.groups != 1 || d.out_channels < kSplitMinDim ||
       d.column_rows < kSplitMinDim || batch * d.pixels < kSplitMinDim) {
     return false;
   }
-  int dev = 0, major = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&dev));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  // TF32 tensor cores from sm_80 on (torchops.matmul's sm80 and sm90 paths).
-  return major >= 8 && conv_allows_tf32();
+  return conv_uses_tf32();
 }
 
 // deform_forward_gemm with split columns (2 * CK, B * P), high parts first:

@@ -1,5 +1,6 @@
 // CUDA kernels of torchops.masked_conv2d and its backward: the data-parallel
-// steps of common/masked_conv2d_steps.h (the GEMMs are op_matmul's).
+// steps of common/masked_conv2d_steps.h, and its GEMM (CudaKernels::gemm),
+// whose float32 precision is the convolution rule's.
 //
 // Positions: one pass counts the selected (n, oh, ow) per tile, a second
 // ranks them and writes the position list and the index map.  The number
@@ -11,8 +12,8 @@
 // into a buffer for an eighth of them, the kernel reading the count on the
 // device).  That queued work covers the host's time from the count to the
 // GEMM's launch, most of which is cuBLAS's own host path.
-// Where tensor cores may be used and enough positions are selected, the
-// forward hands off to cuDNN instead (kDenseShareTf32).
+// Where tensor cores are used and enough positions are selected, the
+// forward hands off to cuDNN instead (kDenseShare).
 // Under CUDA graph capture, where a sync is an error, the count is taken to
 // be every position of the batch instead (the list is padded with -1, whose
 // columns are zero and are never read back): the graph then holds a dense
@@ -52,7 +53,9 @@
 
 #include "common/masked_conv2d.h"
 #include "common/masked_conv2d_steps.h"
+#include "cuda/common/conv_precision.cuh"
 #include "cuda/common/roi.cuh"
+#include "cuda/matmul_tf32.h"
 
 namespace torchops::cuda {
 namespace {
@@ -503,22 +506,79 @@ class CountEvent {
 };
 
 // The share of selected positions from which the forward hands off to
-// cuDNN, where cuDNN may use tensor cores: the sparse path's column traffic
-// grows with the positions (280 MB at 100% of the benchmark's layer) while
-// cuDNN's implicit GEMM reads the input once.  Measured on the bench layer
-// (2x256x100x152, 3x3, per call): float32 with TF32, sparse 204 us and
-// dense 237 us at 25%, 246 and 236 at 30%, 322 and 235 at 50%; bfloat16,
-// sparse 213 us at 25% against a dense 175-180 us at any density.  Exact
-// float32 and float64 stay sparse: cuDNN's exact convolution (1.26 ms) was
-// slower than the sparse path even at 100% (1.08 ms).
-constexpr double kDenseShareTf32 = 0.3;
-constexpr double kDenseShareHalf = 0.2;
+// cuDNN, where the convolution runs on tensor cores (half types, or float32
+// under TF32): the sparse path's column traffic grows with the positions
+// while cuDNN's implicit GEMM reads the input once, so past this share
+// cuDNN's convolution of every position, masked, is the faster.  Measured
+// on the benchmark's 256-channel 3x3 layer, the two cross at about 40% in
+// float32 (TF32) and bfloat16 alike (docs/design.md).  Exact float32 and
+// float64 stay sparse: cuDNN's exact convolution was slower than the sparse
+// path even with every position selected.
+constexpr double kDenseShare = 0.4;
 
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
   return status != cudaStreamCaptureStatusNone;
 }
+
+// The dense calls in a row of each layer (device, dtype and geometry).
+// From kDenseStreak of them on, the next call of that layer queues cuDNN's
+// convolution before the host waits for the count, expecting the hand-off
+// again: the device then runs it during the wait instead of idling while
+// the host launches it afterwards.  The count still decides the path, so
+// results never depend on this history; a wrong guess (a layer whose masks
+// turn sparse) costs one unused convolution and resets the streak, and
+// layers whose masks alternate never build one.
+constexpr int kDenseStreak = 2;
+
+class DenseStreaks {
+ public:
+  static int get(const at::Tensor& input, const MaskedConvGeometry& g) {
+    const std::lock_guard<std::mutex> lock(mutex());
+    const auto it = streaks().find(key(input, g));
+    return it == streaks().end() ? 0 : it->second;
+  }
+
+  static void record(const at::Tensor& input, const MaskedConvGeometry& g, bool dense) {
+    const std::lock_guard<std::mutex> lock(mutex());
+    auto& all = streaks();
+    if (!dense) {
+      all.erase(key(input, g));
+      return;
+    }
+    // Bounded: a process that sees ever new layers forgets the old ones.
+    if (all.size() >= kMaxLayers) {
+      all.clear();
+    }
+    int& n = all[key(input, g)];
+    n = std::min(n + 1, kDenseStreak);
+  }
+
+ private:
+  static constexpr size_t kMaxLayers = 1024;
+
+  // A hash of the layer (FNV-1a over its sizes); a collision only mixes two
+  // layers' streaks.
+  static uint64_t key(const at::Tensor& input, const MaskedConvGeometry& g) {
+    uint64_t h = 14695981039346656037ull;
+    for (const int64_t v :
+         {int64_t(input.get_device()), int64_t(input.scalar_type()), g.batch, g.in_channels,
+          g.height, g.width, g.out_channels, g.groups, g.kernel_h, g.kernel_w, g.pad_h, g.pad_w,
+          g.stride_h, g.stride_w, g.dil_h, g.dil_w, int64_t(g.mask_broadcast)}) {
+      h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+    }
+    return h;
+  }
+  static std::mutex& mutex() {
+    static auto* m = new std::mutex;
+    return *m;
+  }
+  static std::unordered_map<uint64_t, int>& streaks() {
+    static auto* s = new std::unordered_map<uint64_t, int>;
+    return *s;
+  }
+};
 
 struct CudaKernels {
   static MaskedPositions positions(
@@ -566,7 +626,7 @@ struct CudaKernels {
         });
     if (padded) {
       meanwhile(PendingPositions{positions, nullptr});
-      return {positions, index_map};
+      return {positions, index_map, /*padded=*/true};
     }
     // The one sync of the call (see the top of the file): `meanwhile`
     // queues its work behind the count, and only then does the host wait,
@@ -595,25 +655,84 @@ struct CudaKernels {
     C10_CUDA_CHECK(cudaMemsetAsync(out.mutable_data_ptr(), 0, out.nbytes(), current_stream()));
   }
 
-  // The dense hand-off (see kDenseShareTf32; masked_conv2d_dense): cuDNN's
-  // convolution of every position, with the TF32 rule of torch's matmuls
-  // (the sparse path's, so the precision never depends on the mask).
+  // Whether a float32 call runs on TF32 tensor cores (the convolution
+  // rule, conv_precision.cuh).
+  static bool uses_tf32(const at::Tensor& t) {
+    return t.scalar_type() == at::kFloat && conv_uses_tf32();
+  }
+
+  // Whether cuDNN's convolution runs on tensor cores, as the hand-off needs.
+  static bool tensor_cores(const at::Tensor& input) {
+    const at::ScalarType dtype = input.scalar_type();
+    return dtype == at::kHalf || dtype == at::kBFloat16 || uses_tf32(input);
+  }
+
+  // The hand-off is expected where the testing switch forces it, under
+  // graph capture (every position counted), or after kDenseStreak dense
+  // calls in a row of the same layer (DenseStreaks).
+  static bool expects_dense(const at::Tensor& input, const MaskedConvGeometry& g) {
+    const MaskedForwardPath path = masked_forward_path();
+    if (!masked_conv2d_can_go_dense(tensor_cores(input), g, path)) {
+      return false;
+    }
+    return path == MaskedForwardPath::kDense ||
+           capturing(c10::cuda::getCurrentCUDAStream(input.get_device()).stream()) ||
+           DenseStreaks::get(input, g) >= kDenseStreak;
+  }
+
+  static at::Tensor dense_conv(const at::Tensor& input, const at::Tensor& weight,
+                               const std::optional<at::Tensor>& bias, c10::IntArrayRef padding,
+                               c10::IntArrayRef stride, c10::IntArrayRef dilation,
+                               int64_t groups) {
+    return masked_conv2d_dense_conv(input, weight, bias, padding, stride, dilation, groups,
+                                    conv_allows_tf32());
+  }
+
+  // The dense hand-off (see kDenseShare): cuDNN's convolution of every
+  // position, with TF32 as the convolution rule, and so the sparse path's
+  // GEMM, has it.
   static bool dense_forward(const at::Tensor& input, const at::Tensor& mask,
                             const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                             c10::IntArrayRef padding, c10::IntArrayRef stride,
                             c10::IntArrayRef dilation, int64_t groups,
                             const MaskedConvGeometry& g, const MaskedPositions& pos,
-                            at::Tensor& out) {
-    const at::ScalarType dtype = input.scalar_type();
-    const bool tf32 = at::globalContext().allowTF32CuBLAS();
-    const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
-    const bool tensor_cores = half || (dtype == at::kFloat && tf32);
-    if (!masked_conv2d_goes_dense(tensor_cores, half ? kDenseShareHalf : kDenseShareTf32, pos,
-                                  g)) {
+                            const std::optional<at::Tensor>& early_conv, at::Tensor& out) {
+    const bool dense = masked_conv2d_goes_dense(tensor_cores(input), kDenseShare, pos, g);
+    if (!pos.padded) {
+      DenseStreaks::record(input, g, dense);
+    }
+    if (!dense) {
       return false;
     }
-    masked_conv2d_dense(input, mask, weight, bias, padding, stride, dilation, groups, tf32, out);
+    masked_conv2d_dense_select(
+        early_conv.has_value()
+            ? *early_conv
+            : dense_conv(input, weight, bias, padding, stride, dilation, groups),
+        mask, pos, g, out);
     return true;
+  }
+
+  // a @ b in the op's precision.  float32 under TF32: cuBLAS where its own
+  // flag (torch.backends.cuda.matmul.allow_tf32) gives TF32 too and
+  // deterministic algorithms are off, else torchops.matmul's TF32 kernels
+  // (deterministic, and free of the matmul flag).  Exact float32: the
+  // thread-local NoTF32Guard holds cuBLAS and torchops.matmul to it
+  // whatever the matmul flag says.  Half types and float64 as op_matmul.
+  static at::Tensor gemm(const at::Tensor& a, const at::Tensor& b) {
+    if (a.scalar_type() != at::kFloat) {
+      return op_matmul(a, b);
+    }
+    if (uses_tf32(a)) {
+      return cublas_tf32(a) ? at::matmul(a, b) : matmul_tf32(a, b);
+    }
+    const at::NoTF32Guard exact;
+    return op_matmul(a, b);
+  }
+
+  // Whether cuBLAS multiplies float32 in TF32 by its own flag, outside
+  // deterministic algorithms.
+  static bool cublas_tf32(const at::Tensor& a) {
+    return at::globalContext().allowTF32CuBLAS() && !deterministic_cuda_gemm(a);
   }
 
   // Stored (G, P, K): read transposed as the forward GEMM's (K, P) operand
@@ -686,13 +805,16 @@ struct CudaKernels {
   }
 
   // (G, P, K) @ (G, K, C_out / G) -> (G, P, C_out / G).  cuBLAS runs this
-  // orientation faster: the other, (C_out, K) @ (K, P), has few output rows
-  // and a long K, which it splits and reduces in a second kernel.
+  // orientation faster than (C_out, K) @ (K, P), whose few output rows and
+  // long K it splits and reduces in a second kernel.  Under TF32 the
+  // product is torchops.matmul's TF32 kernels' (gemm), not cuDNN's 1x1
+  // convolution of the columns: cuDNN builds an execution plan for every new
+  // shape, and the positions' count changes from call to call.
   static at::Tensor forward_gemm(const at::Tensor& weight3, const at::Tensor& cols) {
     if (weight3.size(0) == 1) {
-      return op_matmul(cols[0], weight3[0].t()).unsqueeze(0);
+      return gemm(cols[0], weight3[0].t()).unsqueeze(0);
     }
-    return op_matmul(cols, weight3.transpose(1, 2));
+    return gemm(cols, weight3.transpose(1, 2));
   }
 
   // product: forward_gemm's (G, P, C_out / G).

@@ -236,8 +236,11 @@ at::Tensor matmul_as(const at::Tensor& a_in, const at::Tensor& b_in, bool tf32,
   return c;
 }
 
+// at::NoTF32Guard (thread-local) holds float32 exact as it holds cuBLAS:
+// ops that call torchops.matmul for an exact product rely on it.
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
-  return matmul_as(a, b, at::globalContext().allowTF32CuBLAS());
+  return matmul_as(a, b,
+                   at::globalContext().allowTF32CuBLAS() && !at::NoTF32Guard::should_disable_tf32());
 }
 
 }  // namespace
