@@ -59,7 +59,7 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/common/sorted_gather.cuh"
 #include "cuda/common/split_tf32.cuh"
-#include "cuda/matmul_tf32.h"
+#include "cuda/matmul/matmul_tf32.h"
 
 namespace torchops::cuda {
 namespace {

@@ -1,5 +1,5 @@
-// The matmul paths as the dispatcher (csrc/cuda/matmul.cu) sees them: each is
-// defined in csrc/cuda/matmul_<path>.cu, one translation unit per path, so
+// The matmul paths as the dispatcher (csrc/cuda/matmul/matmul.cu) sees them: each is
+// defined in csrc/cuda/matmul/matmul_<path>.cu, one translation unit per path, so
 // their kernels compile in parallel.  The dispatcher must not include the
 // path headers: their inline host functions instantiate every kernel of the
 // path wherever they are defined.

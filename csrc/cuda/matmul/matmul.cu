@@ -30,7 +30,7 @@
 #include "common/matmul.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/matmul/paths.cuh"
-#include "cuda/matmul_tf32.h"
+#include "cuda/matmul/matmul_tf32.h"
 
 namespace torchops::cuda {
 namespace {
