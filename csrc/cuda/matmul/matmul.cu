@@ -30,7 +30,7 @@
 #include "common/matmul.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/matmul/paths.cuh"
-#include "cuda/matmul/matmul_tf32.h"
+#include "cuda/matmul/api.h"
 
 namespace torchops::cuda {
 namespace {
@@ -241,19 +241,28 @@ at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
-at::Tensor matmul_tf32(const at::Tensor& a, const at::Tensor& b) {
-  TORCH_CHECK(a.scalar_type() == at::kFloat, "torchops.matmul_tf32: float32 only, got ",
-              a.scalar_type());
-  return matmul_as(a, b, /*tf32=*/true);
+TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
+  m.impl("matmul", &matmul);
 }
 
-void matmul_tf32_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+}  // namespace torchops::cuda
+
+// The subsystem's interface for other ops (api.h).
+namespace torchops::matmul {
+
+at::Tensor gemm_tf32(const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(a.scalar_type() == at::kFloat, "torchops.matmul_tf32: float32 only, got ",
               a.scalar_type());
-  matmul_as(a, b, /*tf32=*/true, &out);
+  return cuda::matmul_as(a, b, /*tf32=*/true);
 }
 
-bool matmul_3xtf32_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+void gemm_tf32_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.scalar_type() == at::kFloat, "torchops.matmul_tf32: float32 only, got ",
+              a.scalar_type());
+  cuda::matmul_as(a, b, /*tf32=*/true, &out);
+}
+
+bool gemm_3xtf32_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(a.scalar_type() == at::kFloat, "torchops.matmul_3xtf32: float32 only, got ",
               a.scalar_type());
   const MatmulShape s = check_matmul(a, b, c10::DeviceType::CUDA);
@@ -265,18 +274,14 @@ bool matmul_3xtf32_out(const at::Tensor& out, const at::Tensor& a, const at::Ten
   if (c.numel() == 0 || s.k == 0) {
     return false;
   }
-  const GemmArgs g = args_of(a, b, c, s, /*tf32=*/true);
-  if (!gemm::sm90_3xtf32_path.supports(g)) {
+  const cuda::gemm::GemmArgs g = cuda::args_of(a, b, c, s, /*tf32=*/true);
+  if (!cuda::gemm::sm90_3xtf32_path.supports(g)) {
     return false;
   }
-  run_path(gemm::sm90_3xtf32_path, g, c);
+  cuda::run_path(cuda::gemm::sm90_3xtf32_path, g, c);
   return true;
 }
 
-bool matmul_3xtf32_available() { return is_hopper(); }
+bool gemm_3xtf32_available() { return cuda::is_hopper(); }
 
-TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
-  m.impl("matmul", &matmul);
-}
-
-}  // namespace torchops::cuda
+}  // namespace torchops::matmul

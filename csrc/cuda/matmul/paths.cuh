@@ -20,6 +20,6 @@ extern const PathEntry decode_path;
 extern const PathEntry sm90_path;
 extern const PathEntry sm80_path;
 extern const PathEntry simt_path;
-extern const PathEntry sm90_3xtf32_path;  // opt-in 3xTF32 float32 (matmul_3xtf32_out)
+extern const PathEntry sm90_3xtf32_path;  // opt-in 3xTF32 float32 (matmul::gemm_3xtf32_out)
 
 }  // namespace torchops::cuda::gemm
