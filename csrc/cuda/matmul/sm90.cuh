@@ -45,8 +45,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -783,6 +781,17 @@ struct Choice {
   int tm = kBM;                  // tile rows (64: 16-bit only)
 };
 
+// Choices a tuning harness pins (scripts/matmul_dev); the library leaves
+// them automatic.  splits: with pin_splits, that many k splits (at most one
+// per k block; below 2 none).  tile: where set, may replace the automatic
+// tile and epilogue (returns true and writes them) for a problem it can
+// take.
+struct Pins {
+  bool pin_splits = false;
+  int64_t splits = 0;
+  bool (*tile)(const GemmArgs& g, const Layout& l, TileShape& t, bool& store) = nullptr;
+};
+
 // Split K where the tiles leave SMs idle (small M x N with a long K: weight
 // gradients, masked_conv2d's GEMM, a few dozen rows against a weight) and
 // the time a split saves outweighs what its fp32 partials cost.  At most
@@ -805,7 +814,7 @@ inline int64_t k_blocks(const GemmArgs& g) {
   return (g.k + per_kb - 1) / per_kb;
 }
 
-inline void pick_splits(const GemmArgs& g, Choice& c) {
+inline void pick_splits(const GemmArgs& g, Choice& c, const Pins& pins) {
   const int sms = device_sms();
   const int64_t tiles = g.batch * ((g.m + c.tm - 1) / c.tm) * ((g.n + c.bn - 1) / c.bn);
   const int64_t kb = k_blocks(g);
@@ -821,34 +830,17 @@ inline void pick_splits(const GemmArgs& g, Choice& c) {
       s = t;
     }
   }
-#ifdef TORCHOPS_MATMUL_DEV
-  if (const char* v = std::getenv("TORCHOPS_DEV_SM90_SPLITS")) s = std::min<int64_t>(std::atoi(v), kb);
-#endif
+  if (pins.pin_splits) s = std::min<int64_t>(pins.splits, kb);
   if (s < 2) return;
   c.split_kb = static_cast<int>((kb + s - 1) / s);
   c.splits = static_cast<int>((kb + c.split_kb - 1) / c.split_kb);
   c.tma_store = false;  // partials go straight to the workspace
 }
 
-inline Choice choose(const GemmArgs& g, const Layout& l) {
+inline Choice choose(const GemmArgs& g, const Layout& l, const Pins& pins) {
   TileShape t = pick_tile(g, l);
   bool store = g.n % 8 == 0, pinned = false;
-#ifdef TORCHOPS_MATMUL_DEV
-  // Harness only: TORCHOPS_DEV_SM90="BN,STORE[,TM]" (e.g. "256,0" or
-  // "128,1,64") pins the choice.
-  if (const char* v = std::getenv("TORCHOPS_DEV_SM90")) {
-    int bn = 0, st = 0, tm = kBM;
-    const int got = std::sscanf(v, "%d,%d,%d", &bn, &st, &tm);
-    const bool half = g.dtype != DType::f32;
-    const bool narrow = tm == 64 && (bn == 64 || (bn == 32 && !l.b_n_major));
-    if (got >= 2 && (bn == 128 || bn == 256 || (bn == 192 && half) || narrow) &&
-        (tm == kBM || (tm == 64 && half && (bn == 128 || narrow)))) {
-      t = {tm, bn};
-      store = store && st != 0;
-      pinned = true;
-    }
-  }
-#endif
+  if (pins.tile != nullptr && pins.tile(g, l, t, store)) pinned = true;
   Choice c{t.bn, store && t.bn != 32};  // 64x32: the direct epilogue only
   c.tm = t.tm;
   // The 64x64 and 64x32 tiles are themselves splits (their consumers halve
@@ -864,16 +856,16 @@ inline Choice choose(const GemmArgs& g, const Layout& l) {
   // is short (17-32 x 1024 x 1024 B^T) 64x32 unsplit 5.6-5.7 against 6.0-6.8.
   if (!pinned && c.tm == 64 && c.bn <= 64) {
     Choice split = c;
-    pick_splits(g, split);
+    pick_splits(g, split, pins);
     if (k_blocks(g) >= 32 && (split.splits > 1 || g.m <= 32)) {
       t = pick_tile(g, l, /*narrow=*/false);
       c = Choice{t.bn, store};
       c.tm = t.tm;
-      pick_splits(g, c);
+      pick_splits(g, c, pins);
     }
     return c;
   }
-  pick_splits(g, c);
+  pick_splits(g, c, pins);
   return c;
 }
 
@@ -909,10 +901,10 @@ inline GemmArgs swapped(const GemmArgs& g) {
 }
 
 inline cudaError_t launch_tf32(const GemmArgs& g, const Layout& l, bool store_t, void* ws,
-                               cudaStream_t s) {
+                               cudaStream_t s, const Pins& pins) {
   // fp32 output stored directly; an M-major A through registers.
   using T = Tf32Tag;
-  const Choice c = choose(g, l);
+  const Choice c = choose(g, l, pins);
   const int n = c.splits, kb = c.split_kb;
   if (l.a_m_major) {
     return c.bn == 256 ? launch<T, 256, 1, 0, false>(g, l, store_t, n, kb, ws, s)
@@ -923,8 +915,9 @@ inline cudaError_t launch_tf32(const GemmArgs& g, const Layout& l, bool store_t,
 }
 
 template <typename T>
-cudaError_t launch_t(const GemmArgs& g, const Layout& l, void* ws, cudaStream_t s) {
-  const Choice c = choose(g, l);
+cudaError_t launch_t(const GemmArgs& g, const Layout& l, void* ws, cudaStream_t s,
+                     const Pins& pins) {
+  const Choice c = choose(g, l, pins);
   if (c.tm == 64) {
     if (c.bn == 32) return launch_ab<T, 32, 64>(g, l, c, ws, s);
     return c.bn == 64 ? launch_ab<T, 64, 64>(g, l, c, ws, s) : launch_ab<T, 128, 64>(g, l, c, ws, s);
@@ -970,28 +963,39 @@ inline bool sm90_supports(const GemmArgs& g) {
   return sm90_detail::resolve(g).ok;
 }
 
+namespace sm90_detail {
+
 // Split-K's fp32 partials (none without a split).
-inline size_t sm90_workspace_bytes(const GemmArgs& g) {
-  const sm90_detail::Resolved r = sm90_detail::resolve(g);
+inline size_t workspace_bytes(const GemmArgs& g, const Pins& pins) {
+  const Resolved r = resolve(g);
   if (!r.ok) return 0;
-  const sm90_detail::Choice c = sm90_detail::choose(r.g, r.l);
+  const Choice c = choose(r.g, r.l, pins);
   if (c.splits < 2) return 0;
   return size_t(c.splits) * size_t(g.batch) * size_t(g.m) * size_t(g.n) * sizeof(float);
 }
 
-inline cudaError_t sm90_run(const GemmArgs& g, void* ws, cudaStream_t stream) {
-  using namespace sm90_detail;
+inline cudaError_t run(const GemmArgs& g, void* ws, cudaStream_t stream, const Pins& pins) {
   const Resolved r = resolve(g);
   if (!r.ok) return cudaErrorInvalidValue;
-  if (choose(r.g, r.l).splits > 1 && ws == nullptr) return cudaErrorInvalidValue;
+  if (choose(r.g, r.l, pins).splits > 1 && ws == nullptr) return cudaErrorInvalidValue;
   switch (g.dtype) {
     case DType::f32:
-      return launch_tf32(r.g, r.l, r.store_t, ws, stream);
+      return launch_tf32(r.g, r.l, r.store_t, ws, stream, pins);
     case DType::bf16:
-      return launch_t<Bf16Tag>(r.g, r.l, ws, stream);
+      return launch_t<Bf16Tag>(r.g, r.l, ws, stream, pins);
     default:
-      return launch_t<F16Tag>(r.g, r.l, ws, stream);
+      return launch_t<F16Tag>(r.g, r.l, ws, stream, pins);
   }
+}
+
+}  // namespace sm90_detail
+
+inline size_t sm90_workspace_bytes(const GemmArgs& g) {
+  return sm90_detail::workspace_bytes(g, sm90_detail::Pins{});
+}
+
+inline cudaError_t sm90_run(const GemmArgs& g, void* ws, cudaStream_t stream) {
+  return sm90_detail::run(g, ws, stream, sm90_detail::Pins{});
 }
 
 // The 3xTF32 mode (see the top of this file).  C = A @ B for float32 with
@@ -1052,17 +1056,17 @@ inline bool split3_b_strides(const GemmArgs& g, int64_t& ld, int64_t& bs) {
 }
 
 // The kernel's problem: C^T (n x m) = B^T @ A^T, 64 output columns a tile.
-inline Choice split3_choice(const GemmArgs& g) {
+inline Choice split3_choice(const GemmArgs& g, const Pins& pins) {
   GemmArgs t = g;
   t.m = g.n;
   t.n = 2 * g.m;  // pick_splits counts 128-wide tiles: two per 64 outputs
   Choice c{128, false};
-  pick_splits(t, c);
+  pick_splits(t, c, pins);
   return c;
 }
 
-inline size_t split3_partials_bytes(const GemmArgs& g) {
-  const Choice c = split3_choice(g);
+inline size_t split3_partials_bytes(const GemmArgs& g, const Pins& pins) {
+  const Choice c = split3_choice(g, pins);
   if (c.splits < 2) return 0;
   const size_t b = size_t(c.splits) * size_t(g.batch) * size_t(g.m) * size_t(g.n) * sizeof(float);
   return (b + 255) / 256 * 256;
@@ -1079,18 +1083,19 @@ inline bool sm90_3xtf32_supports(const GemmArgs& g) {
          sm90_supports_device();
 }
 
-inline size_t sm90_3xtf32_workspace_bytes(const GemmArgs& g) {
-  return sm90_detail::split3_partials_bytes(g) + sm90_detail::split3_parts(g).bytes();
+namespace sm90_detail {
+
+inline size_t split3_workspace_bytes(const GemmArgs& g, const Pins& pins) {
+  return split3_partials_bytes(g, pins) + split3_parts(g).bytes();
 }
 
-inline cudaError_t sm90_3xtf32_run(const GemmArgs& g, void* ws, cudaStream_t stream) {
-  using namespace sm90_detail;
+inline cudaError_t split3_run(const GemmArgs& g, void* ws, cudaStream_t stream, const Pins& pins) {
   int64_t ldb = 0, bsb = 0;
   if (!split3_b_strides(g, ldb, bsb) || ws == nullptr) return cudaErrorInvalidValue;
-  const Choice c = split3_choice(g);
+  const Choice c = split3_choice(g, pins);
   const Split3Parts sp = split3_parts(g);
   unsigned char* w = static_cast<unsigned char*>(ws);
-  float* parts = reinterpret_cast<float*>(w + split3_partials_bytes(g));
+  float* parts = reinterpret_cast<float*>(w + split3_partials_bytes(g, pins));
   const int64_t part_rows = sp.batches * sp.rows();
   split3_parts_kernel<<<static_cast<unsigned>(std::min<int64_t>(part_rows, 65535)), 256, 0,
                         stream>>>(g.a, g.k, sp, parts);
@@ -1114,6 +1119,16 @@ inline cudaError_t sm90_3xtf32_run(const GemmArgs& g, void* ws, cudaStream_t str
   kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(ma, mb, ma, g.c, p);
   if (c.splits == 1) return cudaGetLastError();
   return launch_sum_splits<float>(p.ws, g.c, c.splits, g.batch * g.m * g.n, stream);
+}
+
+}  // namespace sm90_detail
+
+inline size_t sm90_3xtf32_workspace_bytes(const GemmArgs& g) {
+  return sm90_detail::split3_workspace_bytes(g, sm90_detail::Pins{});
+}
+
+inline cudaError_t sm90_3xtf32_run(const GemmArgs& g, void* ws, cudaStream_t stream) {
+  return sm90_detail::split3_run(g, ws, stream, sm90_detail::Pins{});
 }
 
 }  // namespace torchops::cuda::gemm
