@@ -22,9 +22,9 @@
 // with two splits, the two CTAs of a column slice run as one thread-block
 // cluster and each sums half of the outputs from both CTAs' shared memory:
 // one kernel, no workspace.  Otherwise the partials go to the workspace,
-// [split][batch][m][n], and a second kernel sums them (or, in
-// the harness's one-kernel variant, the last CTA of a column slice to
-// arrive, through a self-resetting ticket per slice).
+// [split][batch][m][n], and a second kernel sums them (or, in the
+// one-kernel variant a tuning harness may pick, the last CTA of a column
+// slice to arrive, through a self-resetting ticket per slice).
 //
 // A tuning harness (scripts/matmul_dev) runs other kernel shapes and split
 // policies through make_plan's Choice and run_plan.
@@ -135,27 +135,14 @@ struct Geom {
 };
 template <class C> constexpr Geom geom_of() { return {C::NW, C::BKT, C::BNG, C::UK, C::UN, C::UF, C::MINB}; }
 
-// The automatic one: K12's shape for the tensor-core kernels (8 warps, 4
-// loads in flight, nc loads with an L2 evict-first policy) and K10's for
-// float32 (UF 2; those kernels read only UF and LD).  On an H100
-// (2026-11-26, three rounds) K12 and the automatic one of then (K16: 16
-// warps, 2 loads in flight, ld.global.cs) were the same within the spread.
-// On an H200 (2026-11-27, the harness's config sweep twice and the two
-// alone once more, ratio to cuBLAS, K12 against K16) K12 was ahead on the
-// bf16 rows: 16x4096x4096 0.98-1.00x against 0.94-0.99x, with B = W^T
-// 0.99-1.02x against 0.93-0.97x, 4x8192x8192 1.04-1.05x against
-// 0.99-1.01x; 1x4096x4096 1.00-1.04x against 0.97-1.01x, f16 16 rows
-// 0.99-1.01x against 0.98-1.01x.  float32 keeps UF 2 (1.38-1.40x either
-// way; K12's UF 4 ran 1.35-1.36x).
-// B k-contiguous (nn.Linear's weight) takes 16 columns a CTA (BKT 2), not
-// the 32 of K12's shape (kept as K17): twice the column slices, so half the
-// split-K; where that leaves two splits they are one cluster, no second
-// kernel.  H200, 2026-11-27, harness (16 columns then config 36, 32 then 0;
-// two passes, ratio to cuBLAS, 32 -> 16 columns, bf16, M x K x N): 16x4096x1536
-// 0.68 -> 0.98x, 16x4096x1024 0.86-0.87 -> 0.97-1.02x, 1x4096x1024 0.87 ->
-// 1.00-1.06x, 16x8192x1024 0.86-0.87 -> 0.92-0.96x, 16x16384x1024 0.88 ->
-// 0.98x, 16x4096x4096 1.01-1.03 -> 1.06-1.08x, 16x14336x4096 1.00-1.01 ->
-// 1.04-1.06x, 16x1024x1024 1.04-1.11x either way.
+// The automatic shape.  Tensor-core kernels: 8 warps, 4 loads in flight,
+// nc loads with an L2 evict-first policy, the fastest of the harness's
+// candidates on the 16-bit decode rows (16 warps with 2 loads in flight tie
+// or trail it).  float32: UF 2 (those kernels read only UF and LD); UF 4
+// is slower.  A k-contiguous B (nn.Linear's weight) takes 16 columns a CTA
+// (BKT 2), not 32: twice the column slices means half the split-K, and
+// where that leaves two splits they are one cluster with no second kernel,
+// which wins most where N is small (N = 1024..1536).
 using K0 = KCfg<8, 2, 1, 4, 4, 2, 3, 1>;
 
 __device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
@@ -183,11 +170,10 @@ __device__ __forceinline__ uint4 ldb16(const void* p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (LD == 3 || LD == 4) {
     // An L2 policy that marks B's lines first to go, so that streaming B
-    // does not push out what else is cached.  After do_bench's L2 flush (a
-    // 256 MB memset: the L2 full of dirty lines) it times as .cs does on an
-    // H100 (the write-backs cost both alike, cuBLAS too: its GEMV 20.8 us
-    // after that flush, 16.8 after a flush by reads; docs/design.md); the
-    // automatic config (K0) uses it with the nc load (LD 3).
+    // does not push out what else is cached.  Behind an L2 full of dirty
+    // lines (a benchmark's flush by memset) it times as .cs does: the
+    // write-backs cost both alike, cuBLAS too.  The automatic config (K0)
+    // uses it with the nc load (LD 3).
     uint64_t pol;
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     uint4 v;
@@ -280,12 +266,10 @@ __device__ __forceinline__ void fence_acq_rel_gpu() {
 // CTA takes a contiguous half of the outputs, and where the slice's width
 // allows a thread reads four columns per split with one 16-byte remote load,
 // both splits' loads issued before the sums (a remote load is a round trip
-// of hundreds of cycles, paid once per element by the loop below).  H200,
-// old against new in one process, three runs: bf16 16x4096x4096 +0.9-2.1%,
-// f16 +2.4-4.5%, 1 and 8 rows level (docs/design.md).  Not for float32: in
-// the float kernels its registers joined the main loop's allocation (16 rows:
-// 176 registers -> 128 and a spill, 2.4x slower); made a non-inlined
-// function, it left the half kernels 1-6% slower than before.
+// of hundreds of cycles, paid once per element by the loop below).  Not for
+// float32: in the float kernels its registers join the main loop's
+// allocation and push it into spills; as a non-inlined function it would
+// slow the half kernels instead.
 template <typename T>
 __device__ __forceinline__ bool cluster_sum_quads(T* c, int m, int n, int n0, int w) {
   if constexpr (std::is_same<T, float>::value) {
@@ -748,10 +732,8 @@ inline Plan make_plan(const GemmArgs& g, const Choice& ch = kAutomatic) {
   // Hopper, two splits: each pair of splits of a column slice as one
   // cluster, summed through distributed shared memory in split order: one
   // kernel, no workspace, no tickets, the same bits.  It saves the reduce
-  // kernel's launch and the partials' round trip through memory (H200, bf16
-  // 16x4096x4096: 19.3 us against 21.4).  Clusters of 4 and 8 measured
-  // slower (f32 16x4096x4096: 130 us against 76; 4x1024x4096: 17.2 against
-  // 13.4): they do not all fit on the GPU at once.
+  // kernel's launch and the partials' round trip through memory.  Clusters
+  // of 4 and 8 are slower: they do not all fit on the GPU at once.
   pl.cluster = !pl.one_kernel && s == kClusterSplits && device_cc_major() >= 9 && ch.cluster;
   return pl;
 }

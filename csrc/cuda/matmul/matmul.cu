@@ -195,10 +195,8 @@ at::Tensor matmul_as(const at::Tensor& a_in, const at::Tensor& b_in, bool tf32,
       g = args_of(a, b, c, s, tf32);
     }
     // Batched matrices of at most 64 x 64 outputs: sm90's smallest tile
-    // (64x128) would be half empty, and sm80 ran them a little faster (f16
-    // 512 x 64^3: 0.99-1.01x of cuBLAS against 0.92-0.98x).  Wider ones run
-    // faster on sm90's 64-row tiles (bf16 64 x 64x1024x1024: 1.01x against
-    // sm80's 0.71x; H200, harness, docs/design.md).
+    // (64x128) would be half empty, and sm80 runs them a little faster.
+    // Wider ones run faster on sm90's 64-row tiles.
     const bool small_batched = s.batch > 1 && s.m <= 64 && s.n <= 64;
     if (!small_batched && kSm90.supports(g)) {
       run_path(kSm90, g, c);

@@ -13,9 +13,8 @@
 // one is multiplied: one __syncthreads per BK.  Each k step's fragments are
 // read from shared memory during the previous step's FMAs, the first step of
 // the next tile included (read right after the barrier, before the current
-// tile's last FMAs): reading them at the top of each tile stalled every warp
-// of the block on shared-memory latency at once (4096^3: 3129 -> 3079 us;
-// the small tile, which had spilled, 4241 -> 3611 us).
+// tile's last FMAs): reading them at the top of each tile would stall every
+// warp of the block on shared-memory latency at once.
 //
 // Global loads: each thread loads groups of 4 elements consecutive along
 // one dimension of the operand (a template flag picks which, so the
@@ -81,16 +80,14 @@ struct TileCfg {
   }
 };
 
-// The automatic choices, from an H200 sweep (scripts/matmul_dev --cfgs
-// simt:all; ratio to cuBLAS fp32 at 4096^3 / 1000x3000x768):
+// The automatic choices, the fastest of the harness's candidates
+// (scripts/matmul_dev --cfgs simt:all):
 //   float: 128x128x16, 8x8 per thread, one block per SM with up to 255
-//     registers (0.87 / 0.74; 128x128x8 at 2 blocks/SM was 0.77 / 0.65;
-//     128x128x32, 8x16 or 16x8 per thread at 128 threads: 0.81, 0.74, 0.72
-//     at 4096^3); problems that fill GPU waves badly with those tiles take
-//     128x64x8 with 128 threads, 3 blocks/SM (0.74 / 0.88; see
+//     registers (ahead of 128x128x8 at 2 blocks/SM and of 8x16 or 16x8 per
+//     thread at 128 threads); problems that fill GPU waves badly with those
+//     tiles take 128x64x8 with 128 threads, 3 blocks/SM (see
 //     use_small_f32_tiles);
-//   double: 128x64x8, 8x8 per thread, 128 threads (0.31 of cuBLAS, which
-//     uses the FP64 tensor cores; 64x64x16 4x4 was 0.20).
+//   double: 128x64x8, 8x8 per thread, 128 threads (ahead of 64x64x16 4x4).
 using CfgF32 = TileCfg<128, 128, 16, 8, 8, 1>;
 using CfgF32Small = TileCfg<128, 64, 8, 8, 8, 3>;
 using CfgF64 = TileCfg<128, 64, 8, 8, 8, 2>;
@@ -180,8 +177,8 @@ struct Params {
 // A split-K launch's (blockIdx.y is the split): split j sums k in
 // [j * kps, +kps) and stores its partial at ws + j * batch * m * n, laid out
 // like C (sum_splits adds them in split order).  Apart from Params, whose
-// layout alone moved ptxas's register allocation of the unsplit big float
-// tile (2-5% slower with these fields in it).
+// layout alone moves ptxas's register allocation of the unsplit big float
+// tile (it is slower with these fields in it).
 template <typename T>
 struct SplitParams : Params<T> {
   int64_t kps;
@@ -346,8 +343,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) simt_kernel(const P
     // across the tile boundary too: the next tile's first fragments are read
     // right after the barrier, before the current tile's last FMAs, so no warp
     // waits on shared-memory latency at the start of a tile.  Double: one
-    // fragment slot, read at each step (a second slot of doubles spills:
-    // 1024^3 146 -> 162 us), and the barrier after the tile.
+    // fragment slot, read at each step (a second slot of doubles spills),
+    // and the barrier after the tile.
     constexpr bool kAhead = sizeof(Acc) == 4;
     constexpr int kSlots = kAhead ? 2 : 1;
     Acc af[kSlots][TM], bf[kSlots][TN];
@@ -461,10 +458,9 @@ struct Pins {
 // Split-K where the output's blocks fill at most half of the GPU's block
 // slots (C::MIN_BLOCKS per SM) and K is long: as many splits as fill the
 // slots, each at least 64 k (128 for double), at most kMaxSplits.  Returns k
-// per split (a multiple of BK; g.k: no split).  H100, harness, ratio to
-// cuBLAS without -> with: float32 512^3 0.37x -> 0.94x (8 splits; 4: 0.84x),
-// 1024^3 0.71x -> 0.94x (3), 768x768x8192 0.31x -> 0.78x, 256x256x16384
-// 0.05x -> 0.56x; double 512^3 0.19x -> 0.43x (4 splits; 8: 0.39x).
+// per split (a multiple of BK; g.k: no split).  Filling the idle slots
+// more than pays for the partials' round trip on small-M x N problems with a
+// long K (512^3, 768x768x8192, 256x256x16384).
 template <typename C>
 int64_t split_kps(const GemmArgs& g, int64_t min_k, const Pins& pins) {
   const int64_t blocks = g.batch * ((g.m + C::BM - 1) / C::BM) * ((g.n + C::BN - 1) / C::BN);
@@ -554,12 +550,10 @@ inline bool simt_supports(const GemmArgs& g) {
 // The float tile for a problem of `big` CfgF32 tiles (one block per SM) or
 // `small` CfgF32Small tiles (three per SM): the small tile when the big ones
 // leave over a quarter of a single wave's SMs idle, or need a second, mostly
-// idle wave where the small ones fit in one.  From an H200 sweep of 15 shapes
-// (ratio to torch.mm, big / small tile): 2048^3 (256 big tiles) 0.87x /
-// 0.54x; 1280x2560x1024 (200) 0.88x / 0.76x; 1000x3000x768 (192) 0.74x /
-// 0.88x; 1664^2x1024 (169) 0.75x / 0.93x; 2048x1024x4096 (128) 0.92x / 0.79x;
-// 1024^3 (64) 0.63x / 0.71x.  (The rule before, small below two waves of big
-// tiles, ran 2048^3 at 0.47x.)
+// idle wave where the small ones fit in one.  The big tile is faster per
+// output, so it wins wherever its waves are nearly full (2048^3,
+// 1280x2560x1024, 2048x1024x4096); the small one where the big tiles leave
+// a wave a quarter empty or more (1000x3000x768, 1664^2x1024, 1024^3).
 inline bool use_small_f32_tiles(int64_t big, int64_t small, int sms) {
   return 4 * big < 3 * int64_t(sms) || (big > sms && small <= 3 * int64_t(sms));
 }

@@ -52,11 +52,10 @@ struct TileCfg {
 };
 
 // 128x256x64, 3 stages (144 KB): the big-problem tile (warp 64x64: 16 mma
-// per 8 ldmatrix.x4; 64-deep stages halve the barriers per k).  Fastest of
-// nine candidates on an H200 (scripts/matmul_dev --sm80-cfgs: 0.50x of
-// cuBLAS at bf16 4096^3 against 0.41x for 128x256x32 s4; 0.57x on an H100
-// since whole tiles are copied without per-chunk tests).  Sixteen warps of
-// 64x32 (four a scheduler, 128 registers) spill ~100 loads a k-tile.  GPUs
+// per 8 ldmatrix.x4; 64-deep stages halve the barriers per k): the fastest
+// of the harness's candidates (scripts/matmul_dev --sm80-cfgs), 32-deep
+// stages with 4 of them included.  Sixteen warps of 64x32 (four a
+// scheduler, 128 registers) would spill ~100 loads a k-tile.  GPUs
 // with less than 144 KB of shared memory per block (sm_86, sm_89) use the
 // mid tile.
 using CfgBig = TileCfg<128, 256, 64, 2, 4, 3, 1>;
@@ -274,12 +273,11 @@ struct TileChunks {
 
   // The copy of a tile wholly in range (every tile of a big problem but the
   // edges): straight-line cp.async, src at this thread's first chunk.
-  // load_tile's test and branch per chunk cost ~0.9 issued instructions per
-  // mma (ncu, bf16 4096^3) in warps the mma pipe waits on, and recomputing
-  // each stage's source from the operand's base ~0.3 more.  (Measured no
-  // faster: 8 threads a row with several chunks each at immediate offsets,
-  // fewer address registers; spreading a stage's copies over the k-steps,
-  // which pushed the kernel into spilling.)
+  // load_tile's test and branch per chunk cost issued instructions in warps
+  // the mma pipe waits on, and so would recomputing each stage's source from
+  // the operand's base.  (No faster: 8 threads a row with several chunks each
+  // at immediate offsets, fewer address registers; spreading a stage's
+  // copies over the k-steps, which pushes the kernel into spilling.)
   __device__ __forceinline__ void copy_whole(uint32_t s_tile, const char* src,
                                              int64_t row_step) const {
 #pragma unroll
@@ -663,7 +661,7 @@ inline int choose_cfg(const GemmArgs& g, int sms, bool big_fits) {
                             tiles_of<CfgSmall>(g) * g.batch};
   const int per_sm[3] = {CfgBig::MIN_BLOCKS, CfgMid::MIN_BLOCKS,
                          CfgSmall::MIN_BLOCKS};
-  const double eff[3] = {1.0, 0.94, 0.5};  // measured on an H200 (bf16 4096^3)
+  const double eff[3] = {1.0, 0.94, 0.5};  // relative speeds at bf16 4096^3 (harness)
   int best = 0;
   double best_cost = 0;
   for (int i = 0; i < 3; ++i) {

@@ -91,9 +91,7 @@ struct Config {
   // The 64-row tiles read little per stage and serve few-row problems bound
   // by memory, so their ring takes all the shared memory left (64x128: 8
   // stages, 64x64: 12, 64x32: 18; cuBLAS runs 64x64 with 13 and 64x32 with
-  // 16).  A cap of 6 at 64x128 cost 6-12% (H200 profiler kernel times:
-  // 256x4096x4096 B^T 22.7 -> 20.0 us, 1024x1024x4096 18.0 -> 16.5,
-  // 128x4096x4096 B^T 22.1 -> 19.4).
+  // 16); a cap of 6 at 64x128 is measurably slower.
   static constexpr int kStages =
       kTM != kBM ? kFit
       : kTmaStore ? (BN == 256 ? 3 : BN == 192 ? 4 : 5) : (BN == 256 ? 4 : BN == 192 ? 5 : 6);
@@ -721,19 +719,15 @@ cudaError_t launch(const GemmArgs& g, const Layout& l, bool store_t, int splits,
 // Tile speeds relative to 128x256 (a full wave of each): the narrower and
 // shorter tiles reuse each loaded A and B value over fewer outputs.
 constexpr double kSpeed192 = 0.96, kSpeed128 = 0.92;
-// 64x128 tiles (16-bit only; the consumers split the columns), measured
-// against 128x256 with TORCHOPS_DEV_SM90="128,1,64" (H200, 2026-11-27:
-// 0.71-0.74 at 4096^3 and 8192x1024x8192).  64x256 tiles ran at 0.88-0.92
-// but never beat 128x128 (the same outputs per tile, 0.88-1.0 of 128x128's
-// speed on every shape measured), so they are not built.
+// Each speed is the tile's, pinned in the harness (TORCHOPS_DEV_SM90), over
+// 128x256's on large problems (4096^3, 8192x1024x8192).
+// 64x128 tiles (16-bit only; the consumers split the columns).  64x256
+// tiles never beat 128x128 (the same outputs per tile, at most its speed),
+// so they are not built.
 constexpr double kSpeed64x128 = 0.72;
-// 64x64 tiles (16-bit; the consumers split each stage's k), pinned with
-// "64,1,64" (H200, 2026-11-27): 0.44-0.48 of 128x256 at 4096^3 (row-major
-// and B^T) and 8192x1024x8192.
+// 64x64 tiles (16-bit; the consumers split each stage's k).
 constexpr double kSpeed64x64 = 0.46;
-// 64x32 tiles (16-bit, K-major B; k split like 64x64), pinned with
-// "32,0,64" (H200, 2026-11-27): 0.26 of 128x256 at 4096^3 B^T, 0.31 at
-// 512x11008x4096 B^T.
+// 64x32 tiles (16-bit, K-major B; k split like 64x64).
 constexpr double kSpeed64x32 = 0.28;
 
 struct TileShape {
@@ -796,14 +790,13 @@ struct Pins {
 // gradients, masked_conv2d's GEMM, a few dozen rows against a weight) and
 // the time a split saves outweighs what its fp32 partials cost.  At most
 // one wave of (tile, split) units, each at least kMinSplitKb k blocks, at
-// most kMaxSplits.  Cost model (H100, bf16, do_bench's dirty L2; profiler
-// kernel times): a 128 x BN tile's k block takes ~0.45 us x BN / 128 (TF32's
-// 32 k the same), and each MB of partials ~2 us (written by the GEMM, read by
-// sum_splits): 1024^3 in two splits took 14.7 + 5.1 us against 9.2 unsplit.
-// So s maximises kb t_kb (1 - 1/s) - 2 s MB, if positive.  Before (as many
-// splits as filled a wave): bf16 1024^3 0.40x of cuBLAS (0.80x unsplit),
-// 512^3 0.43x (0.83x), 256x4096x4096 B^T 0.75x (0.84x); kept: 64x4096x4096
-// B^T 0.77x in four splits (0.67x unsplit).  The partials are summed in
+// most kMaxSplits.  Cost model (bf16 kernel times behind a dirty L2): a
+// 128 x BN tile's k block takes kUsPerKb128 us x BN / 128 (TF32's 32 k the
+// same), and each MB of partials kUsPerPartialMb us (written by the GEMM,
+// read by sum_splits).  So s maximises kb t_kb (1 - 1/s) - 2 s MB, if
+// positive: splitting as far as a wave fills would lose on square problems
+// (1024^3, 512^3) whose partials cost more than the idle SMs, while a few
+// rows against a large weight still split.  The partials are summed in
 // split order by a second kernel: deterministic.
 constexpr int kMinSplitKb = 8;
 constexpr double kUsPerKb128 = 0.45, kUsPerPartialMb = 2.0;
@@ -847,13 +840,8 @@ inline Choice choose(const GemmArgs& g, const Layout& l, const Pins& pins) {
   // each stage's k and sum on chip), so they never split K again.  Where K
   // is long (at least 32 k blocks) and the model would split them, or A
   // fills at most half of their 64 rows, the wider 64x128 tile split K-wise
-  // does better.  H200 profiler kernel times, 2026-11-27, us: 17-32 rows
-  // against a 4096 x 4096 B^T, 64x32 / 64x64 unsplit 17.8-19.4 / 16.8-18.8,
-  // 64x128 in four splits 16.2-16.6; against a 4096 x 11008 one 40.4-45.8 /
-  // 37.6-43.7 against 33.5-34.5; 40-56 rows against a row-major 4096 x 11008
-  // B, 64x64 unsplit 35.1-36.4 against 33.8-34.4 split; but 48-64 rows
-  // against a 4096 x 4096 B^T 64x32 15.7-15.9 against 17.2-19.2, and where K
-  // is short (17-32 x 1024 x 1024 B^T) 64x32 unsplit 5.6-5.7 against 6.0-6.8.
+  // does better (17-56 rows against a 4096-deep weight); with 48-64 rows,
+  // or where K is short, the narrow tiles unsplit stay ahead.
   if (!pinned && c.tm == 64 && c.bn <= 64) {
     Choice split = c;
     pick_splits(g, split, pins);
