@@ -291,6 +291,54 @@ __device__ __forceinline__ void tile_coords(const Problem& p, int64_t t, int& bi
   tn = static_cast<int>(n);
 }
 
+// The producer warpgroup's work, done by one thread: for each (tile, split)
+// unit of this CTA, each k block's A and B boxes into the next stage of the
+// ring, once the consumers have freed it.
+template <typename T, int BN, int kTransA, int kTransB, int kTM, class Cfg>
+__device__ __forceinline__ void produce(const CUtensorMap& map_a, const CUtensorMap& map_b,
+                                        const Problem& p, unsigned char* smem, uint64_t* full,
+                                        uint64_t* empty) {
+  constexpr int kBK = kRowBytes / T::kBytes;   // k per stage
+  constexpr int kMRows = kRowBytes / T::kBytes;  // MN-major box: rows of 128 bytes
+  constexpr int kMBoxBytes = kRowBytes * kBK;    // one such box of a stage
+  constexpr int S = Cfg::kStages;
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
+  uint32_t it = 0;
+  for (int64_t t = blockIdx.x; t < p.tiles * p.splits; t += gridDim.x) {
+    int64_t tile;
+    int bi, tm, tn, split, kb0, nkb;
+    unit_k(p, t, tile, split, kb0, nkb);
+    tile_coords(p, tile, bi, tm, tn);
+    for (int kb = kb0; kb < kb0 + nkb; ++kb, ++it) {
+      const int s = it % S;
+      mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
+      unsigned char* sa = smem + s * Cfg::kStageBytes;
+      unsigned char* sb = sa + Cfg::kABytes;
+      mbar_expect_tx(&full[s], Cfg::kStageBytes);
+      if constexpr (kTransA) {
+        // M-contiguous A: boxes of 128 bytes of m (64 bf16/fp16 rows,
+        // 32 fp32) x kBK k, 64 rows per consumer.
+#pragma unroll
+        for (int j = 0; j < kTM / kMRows; ++j) {
+          tma_load_3d(sa + j * kMBoxBytes, &map_a, &full[s], tm * kTM + j * kMRows, kb * kBK, bi);
+        }
+      } else {
+        tma_load_3d(sa, &map_a, &full[s], kb * kBK, tm * kTM, bi);
+      }
+      if constexpr (kTransB) {
+        // Row-major B: boxes of 128 bytes of n x kBK k-rows.
+#pragma unroll
+        for (int j = 0; j < BN / kMRows; ++j) {
+          tma_load_3d(sb + j * kMBoxBytes, &map_b, &full[s], tn * BN + j * kMRows, kb * kBK, bi);
+        }
+      } else {
+        tma_load_3d(sb, &map_b, &full[s], kb * kBK, tn * BN, p.b_one ? 0 : bi);
+      }
+    }
+  }
+}
+
 #endif  // sm_90a
 
 // Element tags: the kernel only moves bits; kBytes sets k per stage, Elem is C's
@@ -344,7 +392,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
   // Output columns per tile: with kSplit a B tile holds two parts of each.
   constexpr int kOutBN = kSplit ? BN / 2 : BN;
   constexpr int kOutCN = kSplit ? BN / 2 : kCN;  // a consumer's output columns
-  constexpr int kMRows = kRowBytes / T::kBytes;   // MN-major box: rows of 128 bytes
   constexpr int kMBoxBytes = kRowBytes * kBK;     // one such box of a stage
   constexpr bool kRegA = T::kIsTf32 && kTransA;   // A through registers
   constexpr int S = Cfg::kStages;
@@ -369,43 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
 
   if (wg == 0) {
     tma::setmaxnreg_dec<40>();
-    if (tid == 0) {
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
-      uint32_t it = 0;
-      for (int64_t t = blockIdx.x; t < p.tiles * p.splits; t += gridDim.x) {
-        int64_t tile;
-        int bi, tm, tn, split, kb0, nkb;
-        unit_k(p, t, tile, split, kb0, nkb);
-        tile_coords(p, tile, bi, tm, tn);
-        for (int kb = kb0; kb < kb0 + nkb; ++kb, ++it) {
-          const int s = it % S;
-          mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
-          unsigned char* sa = smem + s * Cfg::kStageBytes;
-          unsigned char* sb = sa + Cfg::kABytes;
-          mbar_expect_tx(&full[s], Cfg::kStageBytes);
-          if constexpr (kTransA) {
-            // M-contiguous A: boxes of 128 bytes of m (64 bf16/fp16 rows,
-            // 32 fp32) x kBK k, 64 rows per consumer.
-#pragma unroll
-            for (int j = 0; j < kTM / kMRows; ++j) {
-              tma_load_3d(sa + j * kMBoxBytes, &map_a, &full[s], tm * kTM + j * kMRows, kb * kBK, bi);
-            }
-          } else {
-            tma_load_3d(sa, &map_a, &full[s], kb * kBK, tm * kTM, bi);
-          }
-          if constexpr (kTransB) {
-            // Row-major B: boxes of 128 bytes of n x kBK k-rows.
-#pragma unroll
-            for (int j = 0; j < BN / kMRows; ++j) {
-              tma_load_3d(sb + j * kMBoxBytes, &map_b, &full[s], tn * BN + j * kMRows, kb * kBK, bi);
-            }
-          } else {
-            tma_load_3d(sb, &map_b, &full[s], kb * kBK, tn * BN, p.b_one ? 0 : bi);
-          }
-        }
-      }
-    }
+    if (tid == 0) produce<T, BN, kTransA, kTransB, kTM, Cfg>(map_a, map_b, p, smem, full, empty);
     return;
   }
 
