@@ -311,3 +311,16 @@ torchops::roi_align(Tensor input, Tensor rois, float spatial_scale, SymInt poole
 torchops::roi_pool(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width) -> (Tensor, Tensor)  [pt2_compliant_tag]
 torchops::sigmoid_focal_loss(Tensor inputs, Tensor targets, float alpha=0.25, float gamma=2., str reduction="none") -> Tensor  [pt2_compliant_tag]
 """)
+
+
+def test_csrc_layering_and_no_harness_code():
+    # The shared-math layer (csrc/common) never depends on the dispatcher
+    # glue (csrc/dispatch); the matmul tuning harness's configs live in
+    # scripts/matmul_dev, never behind a macro in the library's sources.
+    csrc = Path(__file__).resolve().parents[1] / "csrc"
+    upward = [str(p.relative_to(csrc)) for p in (csrc / "common").rglob("*")
+              if p.is_file() and re.search(r'#include\s+"dispatch/', p.read_text())]
+    assert not upward, f"csrc/common includes csrc/dispatch: {upward}"
+    harness = [str(p.relative_to(csrc)) for p in csrc.rglob("*")
+               if p.is_file() and "TORCHOPS_MATMUL_DEV" in p.read_text()]
+    assert not harness, f"harness-only code in the library's sources: {harness}"
