@@ -414,3 +414,15 @@ def test_comments_describe_the_present():
         "comments that carry history (dates, machine names, commit hashes, issue numbers); "
         "say why the code is as it is now, and put measured figures in docs/design.md "
         "with the command that reproduces them:\n" + "\n".join(problems))
+
+def test_csrc_layering_and_no_harness_code():
+    # The shared-math layer (csrc/common) never depends on the dispatcher
+    # glue (csrc/dispatch); the matmul tuning harness's configs live in
+    # scripts/matmul_dev, never behind a macro in the library's sources.
+    csrc = Path(__file__).resolve().parents[1] / "csrc"
+    upward = [str(p.relative_to(csrc)) for p in (csrc / "common").rglob("*")
+              if p.is_file() and re.search(r'#include\s+"dispatch/', p.read_text())]
+    assert not upward, f"csrc/common includes csrc/dispatch: {upward}"
+    harness = [str(p.relative_to(csrc)) for p in csrc.rglob("*")
+               if p.is_file() and "TORCHOPS_MATMUL_DEV" in p.read_text()]
+    assert not harness, f"harness-only code in the library's sources: {harness}"

@@ -10,8 +10,9 @@ Two libraries, so a CPU-only install works and CUDA stays optional:
 
 * ``torchops_cpu``  -- the schemas (``csrc/schema.cpp``), autograd, autocast and
   CPU kernels;
-* ``torchops_cuda`` -- the CUDA kernels (``csrc/cuda``); it registers kernels
-  only and never defines the namespace, so it loads after ``torchops_cpu``.
+* ``torchops_cuda`` -- the CUDA kernels (``csrc/cuda``, matmul's in
+  ``csrc/cuda/matmul``); it registers kernels only and never defines the
+  namespace, so it loads after ``torchops_cpu``.
 """
 
 from __future__ import annotations
@@ -245,7 +246,8 @@ class Library:
     # -- sources and flags ---------------------------------------------------
     def sources(self, csrc: Path) -> list[Path]:
         if self.cuda:
-            files = _files(csrc, ("cuda",), (".cu",), recursive=False)
+            # matmul's translation units live with its headers, in cuda/matmul.
+            files = _files(csrc, ("cuda", "cuda/matmul"), (".cu",), recursive=False)
         else:
             # The dispatcher glue files compile as one unit, through
             # dispatch/all_ops.cpp (it says why); first, as the longest job

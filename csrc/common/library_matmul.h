@@ -11,13 +11,13 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/matmul.h>
 
-#include "dispatch/handle.h"
+#include "common/op_handle.h"
 
 namespace torchops {
 
 // a @ b, 2-D or batched 3-D, in a's dtype.
 inline at::Tensor library_matmul(const at::Tensor& a, const at::Tensor& b) {
-  static const auto op = dispatch::typed_handle<at::Tensor(const at::Tensor&, const at::Tensor&)>(
+  static const auto op = typed_handle<at::Tensor(const at::Tensor&, const at::Tensor&)>(
       "torchops::matmul");
   return op.call(a, b);
 }

@@ -75,7 +75,7 @@ constexpr int64_t nr() {
 //   kc: the A micro-panel (kMr x kc), reused by every B micro-panel, in L1d;
 //       at most 2 KB deep (512 floats, 256 doubles): C's load and store per
 //       depth block is amortised by then, and a longer kc only shrinks nc
-//       (the 6x16 tile with a 48 KB L1d ran 3-10% slower at 4 KB).
+//       (the 6x16 tile with a 48 KB L1d is slower at 4 KB).
 //   nc: the B block (kc x nc), reused by every A micro-panel, in 15/32 of L2
 //       (a bit under half: A's micro-panels and C pass through L2 too).
 //   mc: the A block (mc x kc), reused by every B block, in this core's share
@@ -386,18 +386,14 @@ inline __attribute__((always_inline)) void pack_b(
 }
 
 // Whether the micro-kernel reads A's rows where they are instead of a
-// packed copy: the copy (a transposition) cost 6-17% of the time at 512^3
-// down to 100^3 on one core, while the kMr rows a micro-kernel reads stay
+// packed copy: the copy (a transposition) is a sizeable share of the time
+// from 512^3 down to 100^3, while the kMr rows a micro-kernel reads stay
 // in L1 as long as they fall in different cache sets -- which rows a
 // multiple of 4 KB apart do not (all in one set of a 12-way L1d), so those
 // are packed, unless C has at most kDirectAMaxCols columns (few_cols): then
 // few column panels share each packed A panel and the copy is not paid
-// back.  Development machine, rows 4 KB apart, packed -> in place, ratio to
-// torch.mm at 1 / 2 threads: 4096 x 4096 x 64 0.79x -> 1.20-1.25x / 0.84x ->
-// 1.18-1.22x, 1024 x 1024 x 256 0.94x -> 0.99-1.03x / 0.93-0.97x ->
-// 1.05-1.06x, 256^3 0.87x -> 0.97-1.00x / 0.86-0.92x -> 0.96-0.99x (the AVX2
-// tile: 0.55x -> 0.59x at 256^3, 0.55x -> 0.68-0.76x at 4096 x 4096 x 64);
-// wider C (1024^3, 2048^3) within the rounds' spread either way (docs/design.md).
+// back: reading in place wins clearly at 4096 x 4096 x 64, 1024 x 1024 x
+// 256 and 256^3 with rows 4 KB apart, and ties on wider C (1024^3, 2048^3).
 constexpr int64_t kDirectAMaxCols = 512;
 
 template <typename T>
@@ -412,14 +408,12 @@ inline bool read_a_direct(int64_t lda, bool few_cols) {
 // (direct_b_switch): 1 / 0 forces it on (any row-major B) / off, for the
 // tests; -1 (unset) decides.
 constexpr int64_t kDirectBRows = 24;
-// Development machine, one thread, against torch.mm: 9 / 12 / 16 / 24 x
-// 1024 x 1024 1.14x / 1.27x / 0.89x / 1.04x read in place against 0.63x /
-// 0.66x / 0.69x / 0.79x packed.  32 rows (three row panels) won at one and
-// two threads (0.97x against 0.86x) but lost at 16 on the H100 machine's
-// host (0.76x against 0.97x), and 48 rows tied: those stay packed.
+// Up to 24 rows (9-24 x 1024 x 1024) reading in place is well ahead of the
+// packed copy.  32 rows (three row panels) win on one or two threads but
+// lose on 16, and 48 rows tie: those stay packed.
 // ... and only where a depth block's rows span at most kDirectBSpan bytes:
 // past it the scattered reads lose to the packed copy's row-by-row stream
-// (32 x 4096 x 4096, rows 16 KB apart: 1.20x against 1.56x packed).
+// (32 x 4096 x 4096, rows 16 KB apart).
 constexpr int64_t kDirectBSpan = 4 << 20;
 
 template <typename T>
@@ -450,8 +444,7 @@ inline __attribute__((always_inline)) void gemm_part(
   const bool b_direct = read_b_direct<T>(m, b_rs, b_cs, kc_size, force_direct_b);
   // B read in place: rows just past one tile (13-16 of 12 with 64-byte
   // vectors, 7-8 of 6 with 32) as two blocks of two thirds of a tile, so
-  // each pass over B does as many multiply-adds (16 x 1024 x 1024: 0.35 ms
-  // against 0.39 as 12 + 4).
+  // each pass over B does as many multiply-adds (faster than 12 + 4).
   constexpr int64_t kTwoThirds = 2 * (kMr / 3);
   if (b_direct && m > kMr && m <= 2 * kTwoThirds) mc_size = kTwoThirds;
   for (int64_t pc = 0; pc < k; pc += kc_size) {
@@ -484,39 +477,23 @@ inline __attribute__((always_inline)) void gemm_part(
 // says how few): packing would copy all of B to use each element M times, and pad
 // A to a kMr-row tile, so B is streamed instead, row by row (each row's
 // slice contiguous, which the hardware prefetcher follows), into running
-// sums that stay in L1: up to kStreamPass rows of C per pass over B (8 x
-// 1024 x 1024 0.59x -> 0.90x of torch.mm at one pass of 8 rows instead of two
-// of 4, 8 x 4096 x 4096 0.75x -> 1.06x; development machine, one thread).
-// The packed kernel read B three times over (pack, store,
-// read back): 0.36x of torch.mm's gemv at 1 x 4096 x 4096 on one thread of
-// the 2-core development machine, 0.40x of MKL at 4 x 1024 x 1024 on the
-// H200's host (docs/design.md has the streaming kernel's numbers).
+// sums that stay in L1: up to kStreamPass rows of C per pass over B (one
+// pass of 8 rows is well ahead of two of 4).  The packed kernel would read
+// B three times over (pack, store, read back), far behind a gemv.
 // Same order of products as the packed kernel: each sum over k in turn.
 // Up to 8 rows take one pass over B; 13-16 rows two (few_rows), since the
-// prefetch below (2026-11-27) made the second pass cheap.  16 x 1024 x 1024,
-// ratio to torch.mm at 1 / 2 threads, packed -> two passes, one process per
-// setting, interleaved blocks: development machine (AMD EPYC, AVX-512)
-// 1.02x -> 1.74x / 1.28x -> 1.98x; H200 machine's host (Xeon, AVX-512) 1.01x
-// -> 1.14x / 0.92x -> 0.95x (16 threads 0.61x -> 0.69x), 16 x 4096 x 4096
-// 1.20x -> 1.41x / 0.86x -> 0.99x / 0.75x -> 0.89x.  Not 9-12 rows: 12 x 1024
-// x 1024 on that host went 1.15x -> 1.10x / 1.17x -> 0.99x / 0.90x -> 0.63x
-// (one tile of 12 packed rows against passes of 8 and 4).
+// prefetch below makes the second pass cheap.  Not 9-12 rows: one tile of
+// 12 packed rows beats passes of 8 and 4.
 constexpr int64_t kStreamPass = 8;
 constexpr int64_t kStreamSums = 2048;  // running sums per pass (8 KB of floats, 16 of doubles)
 // B's rows kStreamAhead on are prefetched into L2 while four rows are
 // multiplied: a pass reads each row's slice (1-8 KB) and moves a row on,
 // usually to another page, where the hardware prefetchers do not follow.
-// Development machine (AMD EPYC, 2 cores), one process, interleaved blocks,
-// inputs rotated past the L3, before -> after (torch.mm), one thread: 4 x
-// 1024 x 1024 389-399 -> 274 us (738-750), 8 x 1024 x 1024 461-515 ->
-// 354-401 (810-947), 1 x 4096 x 4096 4.3-4.6 -> 3.2 ms (3.7-3.8), 8 x 4096 x
-// 4096 9.2-9.5 -> 5.7-5.8 (11.7-12.5), 2 x 11008 x 4096 12.4 -> 10.4-10.6
-// (18.4-18.9); two threads, 4 x 1024 x 1024 266-300 -> 172-195 us, 8 x 4096 x
-// 4096 6.5-6.9 -> 3.8-4.0 ms.  Four rows ahead: the same within the spread.
+// Prefetching four rows ahead instead times the same.
 constexpr int64_t kStreamAhead = 8;
 // A column-major B (W^T) is multiplied as dot products with its columns up
-// to this many rows (RowsDotMatrix), where packing would transpose it: 9-16 x
-// 1024 x 1024 1.2-1.6x of torch.mm against 0.68-0.94x packed.
+// to this many rows (RowsDotMatrix), where packing would transpose it and
+// lose clearly (9-16 x 1024 x 1024).
 constexpr int64_t kDotRows = 16;
 
 // Whether each matrix of t can be read row by row (unit stride along a
@@ -686,8 +663,7 @@ inline __attribute__((always_inline)) void rows_dot_columns(
   }
   int64_t p = 0;
   // Unrolled by pragma: GCC left the AVX2 clone's loops over r rolled, with
-  // the sums and A's vectors in memory (16 x 1024 x 1024: 0.19x of torch.mm
-  // against 0.81x unrolled).
+  // the sums and A's vectors in memory, several times slower.
   for (; p + L <= k; p += L) {
     if (ahead != nullptr && p % kLine == 0) {
 #pragma GCC unroll 4
@@ -731,13 +707,8 @@ inline __attribute__((always_inline)) void rows_dot_columns(
 // The columns kDotAhead groups on are prefetched into L2 meanwhile: a column
 // of a 1024-deep float W^T is a page's worth (4 KB), and the hardware
 // prefetchers stop at page boundaries, so without it each column began with
-// a run of misses.  Development machine (AMD EPYC, 2 cores), one process,
-// interleaved blocks, inputs rotated past the L3, before -> after (torch.mm),
-// one thread: 4 x 1024 x 1024 491-510 -> 220-225 us (479-488), 16 x 1024 x
-// 1024 940-1110 -> 695-816 (727-832), 8 x 4096 x 4096 8.3-8.6 -> 5.3-5.6 ms
-// (10.1-11.3), 1 x 4096 x 4096 4.2-4.7 -> 3.6-3.9 (4.3-4.6); two threads, 16
-// x 1024 x 1024 558-560 -> 439-450 us (606-607).  Four groups ahead: within
-// a few percent, behind at 1 x 4096 x 4096.
+// a run of misses.  Four groups ahead is no faster, and slower for a single
+// row.
 constexpr int64_t kDotAhead = 2;
 template <typename T, int W, int MR>
 struct RowsDotMatrix {
@@ -759,18 +730,15 @@ struct RowsDotMatrix {
 
 // Rows a pass of the dot products (RowsDotMatrix): 8 x 2 sums + 8 rows + a
 // column of 32 vector registers (4 x 2 + 4 + 1 of 16).  More rows a pass
-// read B fewer times; more columns a group read A fewer times.  8 x 2
-// against 6 x 4 (development machine, one thread, B = W^T): 8 x 1024 x 1024
-// 2.2x against 1.4x of torch.mm, 16 x 1024 x 1024 1.2x against 0.94x, 16 x
-// 4096 x 4096 0.84x against 0.99x.
+// read B fewer times; more columns a group read A fewer times.  8 x 2 beats
+// 6 x 4 clearly on 1024 x 1024 weights and trails it a little on 4096 x 4096
+// ones.
 template <int W>
 constexpr int kDotPass = W == 64 ? 8 : 4;
 
 // Columns of a column-major B (column_bytes each) that the passes over A's
 // rows take in turn: as many as fill half of L2, so that where there is more
-// than one pass, the later ones read B from L2 instead of memory (16 x 4096
-// x 4096 against W^T, one thread: 0.91-0.97x -> 1.11-1.12x of torch.mm;
-// docs/design.md).
+// than one pass, the later ones read B from L2 instead of memory.
 inline int64_t dot_block_cols(int64_t column_bytes) {
   return std::max<int64_t>(2, cpu_cache_sizes().l2 / 2 / std::max<int64_t>(column_bytes, 1) / 2 * 2);
 }
@@ -879,8 +847,7 @@ bool cpu_has_avx512() {
 
 // Packed panels start on a cache line: the micro-kernel loads B's rows as
 // whole vectors, and one straddling two lines costs two L1 accesses (the
-// 12x32 loop ran ~8% slower from malloc's 16-byte alignment: 185-188 against
-// 201-206 GFLOP/s on one core of the development machine).
+// 12x32 loop is measurably slower with malloc's 16-byte alignment).
 constexpr int64_t kLineBytes = 64;
 
 template <typename T>
@@ -939,8 +906,7 @@ constexpr int64_t kSharedRows = 2048;
 constexpr int64_t kSharedCols = 2048;
 // Multiply-adds from which batched_gemm takes the shared schedule (below,
 // its synchronisation costs about what the packing it saves does: 512^3 on
-// 16 threads of the H100 machine's host took 0.38-0.53 ms against the
-// grid's 0.35-0.40).
+// 16 threads is slower than the grid).
 constexpr double kSharedMinWork = double(1 << 28);
 
 // C = A @ B for one row-major, contiguous A (M x K) and B (K x N), on all

@@ -60,7 +60,7 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/common/sorted_gather.cuh"
 #include "cuda/common/split_tf32.cuh"
-#include "cuda/matmul_tf32.h"
+#include "cuda/matmul/api.h"
 
 namespace torchops::cuda {
 namespace {
@@ -635,8 +635,8 @@ void split_forward_gemm(const DeformGemm& d, at::Tensor& out3, int64_t n0,
   float* w2p = w2.mutable_data_ptr<float>();
   split_tf32_rows(weight.view({O, CK}),
                   {w2p, w2p + CK, 2 * CK, w_lo.mutable_data_ptr<float>(), CK});
-  const at::Tensor prod = matmul_tf32(w2, columns);
-  const at::Tensor prod_lo = matmul_tf32(w_lo, columns.narrow(0, 0, CK));
+  const at::Tensor prod = matmul::gemm_tf32(w2, columns);
+  const at::Tensor prod_lo = matmul::gemm_tf32(w_lo, columns.narrow(0, 0, CK));
   at::Tensor dst = out3.narrow(0, n0, images);
   at::add_out(dst, prod.view({O, images, P}).permute({1, 0, 2}), bias.view({1, O, 1}));
   dst.add_(prod_lo.view({O, images, P}).permute({1, 0, 2}));
@@ -662,18 +662,18 @@ void split_backward_gemm(const DeformGemm& d, const at::Tensor& grad3, int64_t n
   float* wt3p = wt3.mutable_data_ptr<float>();
   split_tf32_rows(weight.view({O, CK}).t().contiguous(),
                   {wt3p, wt3p + O, 3 * O, wt3p + 2 * O, 3 * O});
-  matmul_tf32_out(grad_columns, wt3, g3);
+  matmul::gemm_tf32_out(grad_columns, wt3, g3);
   const at::Tensor hi_cols_t = columns.narrow(0, 0, CK).t();
   const at::Tensor lo_cols_t = columns.narrow(0, CK, CK).t();
-  const at::Tensor two = matmul_tf32(g3.narrow(0, 0, 2 * O), hi_cols_t);
-  const at::Tensor one = matmul_tf32(g3.narrow(0, 0, O), lo_cols_t);
+  const at::Tensor two = matmul::gemm_tf32(g3.narrow(0, 0, 2 * O), hi_cols_t);
+  const at::Tensor one = matmul::gemm_tf32(g3.narrow(0, 0, O), lo_cols_t);
   at::Tensor gw = grad_weight.view({O, CK});
   gw.add_(two.narrow(0, 0, O)).add_(two.narrow(0, O, O)).add_(one);
 }
 
 // The float32 forward's GEMM on Hopper while convolutions may use TF32:
-// 3xTF32 with the split done in the kernel's registers (matmul_3xtf32_out,
-// cuda/matmul/sm90.cuh), so the columns are written and read once, unsplit,
+// 3xTF32 with the split done in the kernel's registers (matmul::gemm_3xtf32_out,
+// cuda/matmul/api.h), so the columns are written and read once, unsplit,
 // and the bias rides along folded (as folds_bias's).  Pre-split columns
 // (split_gemms, still the backward's) cost a second column buffer, which at
 // 64 output channels made three TF32 products slower than one exact GEMM;
@@ -682,7 +682,7 @@ void split_backward_gemm(const DeformGemm& d, const at::Tensor& grad3, int64_t n
 // P % 4 == 0: the columns' batch stride must suit TMA.
 bool folds_3xtf32(at::ScalarType ct, const DeformGemm& d) {
   return ct == at::kFloat && d.groups == 1 && d.column_rows >= kSplitMinDim &&
-         d.pixels % 4 == 0 && conv_allows_tf32() && matmul_3xtf32_available();
+         d.pixels % 4 == 0 && conv_allows_tf32() && matmul::gemm_3xtf32_available();
 }
 
 // The forward's bias, folded into its GEMM: the columns get kBiasRows more
@@ -713,7 +713,7 @@ void folded_forward_gemm(const DeformGemm& d, at::Tensor& out3, int64_t n0,
   at::Tensor dst = out3.narrow(0, n0, images);
   const at::Tensor cols3 = columns.view({R, images, P}).permute({1, 0, 2});
   if (folds_3xtf32(at::kFloat, d) &&
-      matmul_3xtf32_out(dst, w_fold.expand({images, O, R}), cols3)) {
+      matmul::gemm_3xtf32_out(dst, w_fold.expand({images, O, R}), cols3)) {
     return;
   }
   if (images == 1) {

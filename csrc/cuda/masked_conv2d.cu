@@ -55,7 +55,7 @@
 #include "common/masked_conv2d_steps.h"
 #include "cuda/common/conv_precision.cuh"
 #include "cuda/common/roi.cuh"
-#include "cuda/matmul_tf32.h"
+#include "cuda/matmul/api.h"
 
 namespace torchops::cuda {
 namespace {
@@ -723,7 +723,7 @@ struct CudaKernels {
       return op_matmul(a, b);
     }
     if (uses_tf32(a)) {
-      return cublas_tf32(a) ? at::matmul(a, b) : matmul_tf32(a, b);
+      return cublas_tf32(a) ? at::matmul(a, b) : torchops::matmul::gemm_tf32(a, b);
     }
     const at::NoTF32Guard exact;
     return op_matmul(a, b);

@@ -1,6 +1,6 @@
 // The one helper every op's dispatcher glue (csrc/dispatch/<op>_dispatch.cpp)
 // shares: a typed handle for calling a torchops operator *through the
-// dispatcher*.
+// dispatcher* (common/op_handle.h defines it; shared code uses it too).
 //
 // Autograd and autocast kernels call the op below them this way, never a
 // kernel function directly: a call through the dispatcher picks the right
@@ -10,15 +10,10 @@
 // handle in a function-local static so the schema is looked up once.
 #pragma once
 
-#include <ATen/core/dispatch/Dispatcher.h>
+#include "common/op_handle.h"
 
 namespace torchops::dispatch {
 
-template <typename Signature>
-c10::TypedOperatorHandle<Signature> typed_handle(const char* name) {
-  return c10::Dispatcher::singleton()
-      .findSchemaOrThrow(name, "")
-      .template typed<Signature>();
-}
+using torchops::typed_handle;
 
 }  // namespace torchops::dispatch

@@ -60,9 +60,6 @@ def build(names, outdir, arch, ptxas_v=False, prebuilt=None):
                # as torch's extension builds do: no implicit half conversions
                "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
                "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__",
-               # harness-only hooks: the paths' tuning overrides (env vars such
-               # as TORCHOPS_DEV_SM80_CFG, TORCHOPS_DEV_SM90)
-               "-DTORCHOPS_MATMUL_DEV",
                f"-I{ROOT / 'csrc'}", f"-DPATH_HEADER=\"{PATHS[name][0]}\"", f"-DPATH_NAME={name}",
                str(Path(__file__).with_name("capi.cu")), "-o", str(so)]
         if ptxas_v:
@@ -278,8 +275,8 @@ BENCH = [  # (label, batch, m, n, k, dtype key, layout)
 
 def sweep_values(sweeps, name):
     """--sweep PATH:VAR=v1/v2/..: each value of the tuning variable VAR is
-    timed as its own row for PATH (the header reads VAR at each call in
-    TORCHOPS_MATMUL_DEV builds)."""
+    timed as its own row for PATH (the harness's hooks, dev_<path>.cuh,
+    read VAR at each call)."""
     for sw in sweeps:
         path, _, rest = sw.partition(":")
         if path == name:

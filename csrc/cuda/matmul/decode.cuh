@@ -22,14 +22,12 @@
 // with two splits, the two CTAs of a column slice run as one thread-block
 // cluster and each sums half of the outputs from both CTAs' shared memory:
 // one kernel, no workspace.  Otherwise the partials go to the workspace,
-// [split][batch][m][n], and a second kernel sums them (or, in
-// the harness's one-kernel variant, the last CTA of a column slice to
-// arrive, through a self-resetting ticket per slice).
+// [split][batch][m][n], and a second kernel sums them (or, in the
+// one-kernel variant a tuning harness may pick, the last CTA of a column
+// slice to arrive, through a self-resetting ticket per slice).
 //
-// Harness builds (-DTORCHOPS_MATMUL_DEV) add candidate configs (warps,
-// columns per CTA, loads in flight, load flavour, split policy, one or two
-// kernels), picked by the env var TORCHOPS_DEV_DECODE_CFG at each call
-// (scripts/matmul_dev/check.py --decode-cfgs).  Entry 0 is the automatic one.
+// A tuning harness (scripts/matmul_dev) runs other kernel shapes and split
+// policies through make_plan's Choice and run_plan.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -38,9 +36,6 @@
 
 #include <cstdint>
 #include <type_traits>
-#ifdef TORCHOPS_MATMUL_DEV
-#include <cstdlib>
-#endif
 
 #include "gemm_args.cuh"
 #include "split_k.cuh"
@@ -140,104 +135,6 @@ struct Geom {
 };
 template <class C> constexpr Geom geom_of() { return {C::NW, C::BKT, C::BNG, C::UK, C::UN, C::UF, C::MINB}; }
 
-// The automatic one: K12's shape for the tensor-core kernels (8 warps, 4
-// loads in flight, nc loads with an L2 evict-first policy) and K10's for
-// float32 (UF 2; those kernels read only UF and LD).  On an H100
-// (2026-11-26, three rounds) K12 and the automatic one of then (K16: 16
-// warps, 2 loads in flight, ld.global.cs) were the same within the spread.
-// On an H200 (2026-11-27, the harness's config sweep twice and the two
-// alone once more, ratio to cuBLAS, K12 against K16) K12 was ahead on the
-// bf16 rows: 16x4096x4096 0.98-1.00x against 0.94-0.99x, with B = W^T
-// 0.99-1.02x against 0.93-0.97x, 4x8192x8192 1.04-1.05x against
-// 0.99-1.01x; 1x4096x4096 1.00-1.04x against 0.97-1.01x, f16 16 rows
-// 0.99-1.01x against 0.98-1.01x.  float32 keeps UF 2 (1.38-1.40x either
-// way; K12's UF 4 ran 1.35-1.36x).
-// B k-contiguous (nn.Linear's weight) takes 16 columns a CTA (BKT 2), not
-// the 32 of K12's shape (kept as K17): twice the column slices, so half the
-// split-K; where that leaves two splits they are one cluster, no second
-// kernel.  H200, 2026-11-27, harness (16 columns then config 36, 32 then 0;
-// two passes, ratio to cuBLAS, 32 -> 16 columns, bf16, M x K x N): 16x4096x1536
-// 0.68 -> 0.98x, 16x4096x1024 0.86-0.87 -> 0.97-1.02x, 1x4096x1024 0.87 ->
-// 1.00-1.06x, 16x8192x1024 0.86-0.87 -> 0.92-0.96x, 16x16384x1024 0.88 ->
-// 0.98x, 16x4096x4096 1.01-1.03 -> 1.06-1.08x, 16x14336x4096 1.00-1.01 ->
-// 1.04-1.06x, 16x1024x1024 1.04-1.11x either way.
-using K0 = KCfg<8, 2, 1, 4, 4, 2, 3, 1>;
-#ifdef TORCHOPS_MATMUL_DEV
-using K1 = KCfg<16, 4, 1, 2, 2, 2, 1, 1>;  // nc.L1::no_allocate loads
-using K2 = KCfg<16, 4, 1, 2, 2, 2, 2, 1>;  // + L2::256B prefetch
-using K3 = KCfg<8, 4, 1, 4, 4, 4, 0, 1>;   // 8 warps, 2x the loads per warp
-using K4 = KCfg<8, 4, 1, 2, 2, 2, 0, 2>;   // 8 warps, 2 CTAs per SM
-using K5 = KCfg<8, 4, 1, 8, 8, 4, 0, 1>;   // 8 warps, 4x the loads per warp
-using K6 = KCfg<16, 2, 2, 2, 2, 2, 0, 1>;  // bk 16 columns, bn 128 columns
-using K7 = KCfg<4, 4, 1, 2, 2, 2, 0, 4>;   // 4 warps, 4 CTAs per SM (u4 spills at 128 regs)
-using K8 = KCfg<8, 4, 1, 4, 4, 4, 1, 1>;   // K3 with nc loads
-using K9 = KCfg<8, 4, 1, 8, 8, 4, 1, 1>;   // K5 with nc loads
-using K10 = KCfg<16, 4, 1, 2, 2, 2, 3, 1>;  // K16 with nc + L2 evict-first policy
-using K11 = KCfg<16, 4, 1, 2, 2, 2, 4, 1>;  // K16 with cs + L2 evict-first policy
-using K12 = KCfg<8, 4, 1, 4, 4, 4, 3, 1>;   // K3 with nc + L2 evict-first policy
-using K13 = KCfg<16, 2, 2, 2, 2, 2, 3, 1>;  // K6 with nc + L2 evict-first policy
-using K14 = KCfg<4, 4, 1, 8, 8, 4, 3, 1>;   // 4 warps, u8, nc + L2 evict-first policy
-using K15 = KCfg<8, 4, 1, 6, 6, 4, 3, 1>;   // 8 warps, u6, nc + L2 evict-first policy
-using K16 = KCfg<16, 4, 1, 2, 2, 2, 0, 1>;  // the automatic one until 2026-11-27
-using K17 = KCfg<8, 4, 1, 4, 4, 2, 3, 1>;   // K0 with 32-column bk CTAs (auto until 2026-11-28)
-constexpr int kKCfgs = 18;
-constexpr Geom kGeoms[kKCfgs] = {geom_of<K0>(), geom_of<K1>(), geom_of<K2>(), geom_of<K3>(),
-                                 geom_of<K4>(), geom_of<K5>(), geom_of<K6>(), geom_of<K7>(),
-                                 geom_of<K8>(), geom_of<K9>(), geom_of<K10>(), geom_of<K11>(),
-                                 geom_of<K12>(), geom_of<K13>(), geom_of<K14>(), geom_of<K15>(),
-                                 geom_of<K16>(), geom_of<K17>()};
-
-// Harness table: kernel shape, split policy (0 auto, else that many splits,
-// clamped as auto is), one kernel (last-CTA reduction) or two.
-struct DevCfg {
-  int kc, split, one;
-  const char* name;
-};
-constexpr int kDevCfgs = 38;
-constexpr DevCfg kDevCfgs_[kDevCfgs] = {
-    {0, 0, 0, "w8 bk16c u4 nc L2 ef (f32 u2), split auto (auto)"},
-    {16, 0, 1, "w16 u2 cs, split auto, 1 kernel"},
-    {16, 1, 0, "w16 u2 cs, no split"},
-    {16, 2, 1, "w16 u2 cs, split 2, 1 kernel"},
-    {16, 4, 1, "w16 u2 cs, split 4, 1 kernel"},
-    {16, 2, 0, "w16 u2 cs, split 2, 2 kernels"},
-    {1, 0, 1, "w16 u2 nc, split auto, 1 kernel"},
-    {2, 0, 1, "w16 u2 nc L2::256B, split auto, 1 kernel"},
-    {3, 0, 1, "w8 u4 cs, split auto, 1 kernel"},
-    {3, 1, 0, "w8 u4 cs, no split"},
-    {4, 0, 1, "w8 u2 cs 2/SM, split auto, 1 kernel"},
-    {5, 0, 1, "w8 u8 cs, split auto, 1 kernel"},
-    {5, 1, 0, "w8 u8 cs, no split"},
-    {6, 0, 1, "w16 bk16c/bn128c u2 cs, split auto, 1 kernel"},
-    {7, 0, 1, "w4 u2 cs 4/SM, split auto, 1 kernel"},
-    {8, 0, 1, "w8 u4 nc, split auto, 1 kernel"},
-    {9, 0, 1, "w8 u8 nc, split auto, 1 kernel"},
-    {9, 1, 0, "w8 u8 nc, no split"},
-    {3, 4, 1, "w8 u4 cs, split 4, 1 kernel"},
-    {5, 2, 1, "w8 u8 cs, split 2, 1 kernel"},
-    {10, 0, 0, "w16 u2 nc L2 evict-first, split auto"},
-    {11, 0, 0, "w16 u2 cs L2 evict-first, split auto"},
-    {12, 0, 0, "w8 u4 nc L2 evict-first, split auto"},
-    {13, 0, 0, "w16 bk16c/bn128c nc L2 ef, split auto"},
-    {10, 1, 0, "w16 u2 nc L2 evict-first, no split"},
-    {10, 4, 1, "w16 u2 nc L2 evict-first, split 4, 1 kernel"},
-    {1, 0, 0, "w16 u2 nc, split auto"},
-    {2, 0, 0, "w16 u2 nc L2::256B, split auto"},
-    {3, 0, 0, "w8 u4 cs, split auto"},
-    {8, 0, 0, "w8 u4 nc, split auto"},
-    {5, 0, 0, "w8 u8 cs, split auto"},
-    {9, 0, 0, "w8 u8 nc, split auto"},
-    {14, 0, 0, "w4 u8 nc L2 evict-first, split auto"},
-    {15, 0, 0, "w8 u6 nc L2 evict-first, split auto"},
-    {16, 0, 0, "w16 u2 cs, split auto (auto until 2026-11-27)"},
-    {0, 2, 0, "w8 bk16c u4 nc L2 ef, split 2"},
-    {17, 0, 0, "w8 bk32c u4 nc L2 ef, split auto"},
-    {17, 2, 0, "w8 bk32c u4 nc L2 ef, split 2"},
-};
-#else
-constexpr int kKCfgs = 1;
-constexpr Geom kGeoms[kKCfgs] = {geom_of<K0>()};
-#endif
 
 __device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
 __device__ __forceinline__ uint2 ldg8(const void* p) { return __ldg(static_cast<const uint2*>(p)); }
@@ -264,11 +161,10 @@ __device__ __forceinline__ uint4 ldb16(const void* p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (LD == 3 || LD == 4) {
     // An L2 policy that marks B's lines first to go, so that streaming B
-    // does not push out what else is cached.  After do_bench's L2 flush (a
-    // 256 MB memset: the L2 full of dirty lines) it times as .cs does on an
-    // H100 (the write-backs cost both alike, cuBLAS too: its GEMV 20.8 us
-    // after that flush, 16.8 after a flush by reads; docs/design.md); the
-    // automatic config (K0) uses it with the nc load (LD 3).
+    // does not push out what else is cached.  Behind an L2 full of dirty
+    // lines (a benchmark's flush by memset) it times as .cs does: the
+    // write-backs cost both alike, cuBLAS too.  The automatic config (K0)
+    // uses it with the nc load (LD 3).
     uint64_t pol;
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     uint4 v;
@@ -361,12 +257,10 @@ __device__ __forceinline__ void fence_acq_rel_gpu() {
 // CTA takes a contiguous half of the outputs, and where the slice's width
 // allows a thread reads four columns per split with one 16-byte remote load,
 // both splits' loads issued before the sums (a remote load is a round trip
-// of hundreds of cycles, paid once per element by the loop below).  H200,
-// old against new in one process, three runs: bf16 16x4096x4096 +0.9-2.1%,
-// f16 +2.4-4.5%, 1 and 8 rows level (docs/design.md).  Not for float32: in
-// the float kernels its registers joined the main loop's allocation (16 rows:
-// 176 registers -> 128 and a spill, 2.4x slower); made a non-inlined
-// function, it left the half kernels 1-6% slower than before.
+// of hundreds of cycles, paid once per element by the loop below).  Not for
+// float32: in the float kernels its registers join the main loop's
+// allocation and push it into spills; as a non-inlined function it would
+// slow the half kernels instead.
 template <typename T>
 __device__ __forceinline__ bool cluster_sum_quads(T* c, int m, int n, int n0, int w) {
   if constexpr (std::is_same<T, float>::value) {
@@ -747,7 +641,6 @@ struct Plan {
   Kind kind = Kind::none;
   int64_t col_ctas = 0;
   int splits = 1, kps = 0;
-  int kc = 0;           // kernel shape (kGeoms)
   bool one_kernel = false;
   bool cluster = false;  // split-K summed inside a cluster (no workspace)
 };
@@ -761,101 +654,14 @@ inline int device_cc_major() {
   return major;
 }
 
-// Harness builds: TORCHOPS_DEV_DECODE_CLUSTER=0 keeps the two-kernel split-K.
-inline bool cluster_allowed() {
-#ifdef TORCHOPS_MATMUL_DEV
-  if (const char* v = std::getenv("TORCHOPS_DEV_DECODE_CLUSTER"); v && v[0] == '0') return false;
-#endif
-  return true;
-}
+}  // namespace decode_detail
+}  // namespace torchops::cuda::gemm
 
-// Config of this call: 0 (automatic) unless a harness build is given
-// TORCHOPS_DEV_DECODE_CFG; -1 when that is not an index of the table.
-inline int dev_cfg() {
-#ifdef TORCHOPS_MATMUL_DEV
-  if (const char* v = std::getenv("TORCHOPS_DEV_DECODE_CFG"); v && *v) {
-    char* end = nullptr;
-    const long i = std::strtol(v, &end, 10);
-    if (*end != '\0' || i < 0 || i >= kDevCfgs) return -1;
-    return int(i);
-  }
-#endif
-  return 0;
-}
+// The automatic kernel shape and the launch plan, apart from the kernels.
+#include "decode_heuristics.cuh"
 
-// What decode_supports checks, and the launch shape (a pure function of the
-// problem, the device and the config, so the split and the summation order
-// are fixed).
-inline Plan make_plan(const GemmArgs& g, int cfg = 0) {
-  Plan pl;
-  int split_policy = 0;  // 0: auto, else that many splits
-  bool one = false;
-#ifdef TORCHOPS_MATMUL_DEV
-  if (cfg > 0 && cfg < kDevCfgs) {
-    pl.kc = kDevCfgs_[cfg].kc;
-    split_policy = kDevCfgs_[cfg].split;
-    one = kDevCfgs_[cfg].one != 0;
-  }
-#else
-  (void)cfg;
-#endif
-  const Geom& ge = kGeoms[pl.kc];
-  if (g.dtype == DType::f64) return pl;
-  if (g.m < 1 || g.m > kMaxM || g.n < 1 || g.k < 1 || g.batch < 1) return pl;
-  if (g.n > 0x7fffff00 || g.k > 0x7fffff00) return pl;
-  const bool half = g.dtype != DType::f32;
-  const int64_t v = half ? 8 : 4;  // elements per 16 bytes
-  // Vectors along k never straddle the end of k (or of a split).
-  if (g.k % v != 0) return pl;
-  if (half && device_cc_major() < 8) return pl;
-  // A: k contiguous; every row and batch start 16-byte aligned.
-  if (g.a.col_stride != 1 || !aligned16(g.a.ptr)) return pl;
-  if (g.m > 1 && g.a.row_stride % v != 0) return pl;
-  if (g.batch > 1 && g.a.batch_stride % v != 0) return pl;
-  if (!aligned16(g.b.ptr) || (g.batch > 1 && g.b.batch_stride % v != 0)) return pl;
-  const bool bk = g.b.row_stride == 1 && (g.n == 1 || g.b.col_stride % v == 0);
-  const bool bn = g.b.col_stride == 1 && g.n % v == 0 && (g.k == 1 || g.b.row_stride % v == 0);
-  int cols, warps, kstep;  // kstep: k per warp step; warps: over one column slice
-  if (bk) {
-    pl.kind = half ? Kind::mma_bk : Kind::f32_bk;
-    cols = half ? 8 * ge.bkt : kF32BkCols;
-    warps = half ? ge.nw : kF32BkWarps;
-    kstep = half ? 32 * ge.uk : 128 * ge.uf;
-  } else if (bn) {
-    pl.kind = half ? Kind::mma_bn : Kind::f32_bn;
-    cols = half ? 64 * ge.bng : kF32BnCols;
-    warps = half ? ge.nw / ge.bng : kF32BnWarps;
-    kstep = half ? 16 * ge.un : 4 * ge.uf;
-  } else {
-    return pl;
-  }
-  pl.col_ctas = (g.n + cols - 1) / cols;
-  if (pl.col_ctas > 0x7fffffff) { pl.kind = Kind::none; return pl; }
-  // Split K only while column slices x batch leave SMs idle, and never
-  // below one step per warp per split.
-  const int64_t ctas = pl.col_ctas * (g.batch < kMaxGridZ ? g.batch : kMaxGridZ);
-  const int64_t want = (int64_t(device_sms()) * 9 + 9) / 10 * (half ? ge.minb : 1);
-  int64_t s = split_policy > 0 ? split_policy : (want + ctas - 1) / ctas;
-  const int64_t smax = g.k / (int64_t(warps) * kstep);
-  if (s > smax) s = smax;
-  if (s < 1) s = 1;
-  int64_t kps = (g.k + s - 1) / s;
-  kps = (kps + 63) / 64 * 64;
-  s = (g.k + kps - 1) / kps;
-  pl.splits = static_cast<int>(s);
-  pl.kps = static_cast<int>(kps);
-  // One kernel: one batch entry per CTA and a ticket per CTA column.
-  pl.one_kernel = one && s > 1 && g.batch <= kMaxGridZ && ctas <= kTickets;
-  // Hopper, two splits: each pair of splits of a column slice as one
-  // cluster, summed through distributed shared memory in split order: one
-  // kernel, no workspace, no tickets, the same bits.  It saves the reduce
-  // kernel's launch and the partials' round trip through memory (H200, bf16
-  // 16x4096x4096: 19.3 us against 21.4).  Clusters of 4 and 8 measured
-  // slower (f32 16x4096x4096: 130 us against 76; 4x1024x4096: 17.2 against
-  // 13.4): they do not all fit on the GPU at once.
-  pl.cluster = !pl.one_kernel && s == kClusterSplits && device_cc_major() >= 9 && cluster_allowed();
-  return pl;
-}
+namespace torchops::cuda::gemm {
+namespace decode_detail {
 
 inline dim3 grid_of(const Plan& pl, const Params& p) {
   return dim3(static_cast<unsigned>(pl.col_ctas), static_cast<unsigned>(pl.splits),
@@ -913,61 +719,17 @@ cudaError_t launch_cfg(DType dt, const Plan& pl, const Params& p, cudaStream_t s
   }
 }
 
-inline cudaError_t launch_kc(DType dt, const Plan& pl, const Params& p, cudaStream_t st) {
-  switch (pl.kc) {
-    case 0: return launch_cfg<K0>(dt, pl, p, st);
-#ifdef TORCHOPS_MATMUL_DEV
-    case 1: return launch_cfg<K1>(dt, pl, p, st);
-    case 2: return launch_cfg<K2>(dt, pl, p, st);
-    case 3: return launch_cfg<K3>(dt, pl, p, st);
-    case 4: return launch_cfg<K4>(dt, pl, p, st);
-    case 5: return launch_cfg<K5>(dt, pl, p, st);
-    case 6: return launch_cfg<K6>(dt, pl, p, st);
-    case 7: return launch_cfg<K7>(dt, pl, p, st);
-    case 8: return launch_cfg<K8>(dt, pl, p, st);
-    case 9: return launch_cfg<K9>(dt, pl, p, st);
-    case 10: return launch_cfg<K10>(dt, pl, p, st);
-    case 11: return launch_cfg<K11>(dt, pl, p, st);
-    case 12: return launch_cfg<K12>(dt, pl, p, st);
-    case 13: return launch_cfg<K13>(dt, pl, p, st);
-    case 14: return launch_cfg<K14>(dt, pl, p, st);
-    case 15: return launch_cfg<K15>(dt, pl, p, st);
-    case 16: return launch_cfg<K16>(dt, pl, p, st);
-    case 17: return launch_cfg<K17>(dt, pl, p, st);
-#endif
-    default: return cudaErrorInvalidValue;
-  }
-}
-
-}  // namespace decode_detail
-
-// M <= 16; f32/f16/bf16 (half types on sm_80+); A k-contiguous; B with
-// unit stride along k or n; 16-byte aligned pointers and vector-multiple
-// strides; k (and, n-contiguous B, n) a multiple of 16 bytes' elements.
-inline bool decode_supports(const GemmArgs& g) {
-  return decode_detail::make_plan(g).kind != decode_detail::Kind::none;
-}
-
-inline size_t decode_workspace_bytes(const GemmArgs& g) {
-  const int cfg = decode_detail::dev_cfg();
-  const decode_detail::Plan pl = decode_detail::make_plan(g, cfg < 0 ? 0 : cfg);
-  if (pl.kind == decode_detail::Kind::none || pl.splits <= 1 || pl.cluster) return 0;
+// The split-K partials' workspace of a plan (none for one split, or where
+// a cluster sums them on chip).
+inline size_t workspace_bytes(const GemmArgs& g, const Plan& pl) {
+  if (pl.kind == Kind::none || pl.splits <= 1 || pl.cluster) return 0;
   return size_t(pl.splits) * size_t(g.batch) * size_t(g.m) * size_t(g.n) * sizeof(float);
 }
 
-#ifdef TORCHOPS_MATMUL_DEV
-#define TORCHOPS_DECODE_DEV_TABLE 1
-inline int decode_dev_cfg_count() { return decode_detail::kDevCfgs; }
-inline const char* decode_dev_cfg_name(int i) {
-  return i >= 0 && i < decode_detail::kDevCfgs ? decode_detail::kDevCfgs_[i].name : "";
-}
-#endif
-
-inline cudaError_t decode_run(const GemmArgs& g, void* workspace, cudaStream_t stream) {
-  using namespace decode_detail;
-  const int cfg = dev_cfg();
-  if (cfg < 0) return cudaErrorInvalidValue;
-  const Plan pl = make_plan(g, cfg);
+// Runs a plan with the kernel shape C (the one make_plan's Choice
+// described), then sums the splits where a second kernel must.
+template <class C>
+cudaError_t run_plan(const GemmArgs& g, const Plan& pl, void* workspace, cudaStream_t stream) {
   if (pl.kind == Kind::none) return cudaErrorInvalidValue;
   if (pl.splits > 1 && !pl.cluster && workspace == nullptr) return cudaErrorInvalidValue;
   Params p;
@@ -981,7 +743,7 @@ inline cudaError_t decode_run(const GemmArgs& g, void* workspace, cudaStream_t s
   p.splits = pl.splits; p.kps = pl.kps;
   p.one_kernel = pl.one_kernel ? 1 : 0;
   p.cluster = pl.cluster ? 1 : 0;
-  const cudaError_t err = launch_kc(g.dtype, pl, p, stream);
+  const cudaError_t err = launch_cfg<C>(g.dtype, pl, p, stream);
   if (err != cudaSuccess || pl.splits == 1 || pl.one_kernel || pl.cluster) return err;
   const int64_t total = g.batch * g.m * g.n;
   switch (g.dtype) {
@@ -989,6 +751,24 @@ inline cudaError_t decode_run(const GemmArgs& g, void* workspace, cudaStream_t s
     case DType::f16: return launch_sum_splits<__half>(p.ws, g.c, pl.splits, total, stream);
     default: return launch_sum_splits<float>(p.ws, g.c, pl.splits, total, stream);
   }
+}
+
+}  // namespace decode_detail
+
+// M <= 16; f32/f16/bf16 (half types on sm_80+); A k-contiguous; B with
+// unit stride along k or n; 16-byte aligned pointers and vector-multiple
+// strides; k (and, n-contiguous B, n) a multiple of 16 bytes' elements.
+inline bool decode_supports(const GemmArgs& g) {
+  return decode_detail::make_plan(g).kind != decode_detail::Kind::none;
+}
+
+inline size_t decode_workspace_bytes(const GemmArgs& g) {
+  return decode_detail::workspace_bytes(g, decode_detail::make_plan(g));
+}
+
+inline cudaError_t decode_run(const GemmArgs& g, void* workspace, cudaStream_t stream) {
+  using namespace decode_detail;
+  return run_plan<K0>(g, make_plan(g), workspace, stream);
 }
 
 }  // namespace torchops::cuda::gemm

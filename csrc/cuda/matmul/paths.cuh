@@ -1,5 +1,5 @@
-// The matmul paths as the dispatcher (csrc/cuda/matmul.cu) sees them: each is
-// defined in csrc/cuda/matmul_<path>.cu, one translation unit per path, so
+// The matmul paths as the dispatcher (csrc/cuda/matmul/matmul.cu) sees them: each is
+// defined in csrc/cuda/matmul/matmul_<path>.cu, one translation unit per path, so
 // their kernels compile in parallel.  The dispatcher must not include the
 // path headers: their inline host functions instantiate every kernel of the
 // path wherever they are defined.
@@ -20,6 +20,6 @@ extern const PathEntry decode_path;
 extern const PathEntry sm90_path;
 extern const PathEntry sm80_path;
 extern const PathEntry simt_path;
-extern const PathEntry sm90_3xtf32_path;  // opt-in 3xTF32 float32 (matmul_3xtf32_out)
+extern const PathEntry sm90_3xtf32_path;  // opt-in 3xTF32 float32 (matmul::gemm_3xtf32_out)
 
 }  // namespace torchops::cuda::gemm

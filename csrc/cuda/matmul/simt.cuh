@@ -13,9 +13,8 @@
 // one is multiplied: one __syncthreads per BK.  Each k step's fragments are
 // read from shared memory during the previous step's FMAs, the first step of
 // the next tile included (read right after the barrier, before the current
-// tile's last FMAs): reading them at the top of each tile stalled every warp
-// of the block on shared-memory latency at once (4096^3: 3129 -> 3079 us;
-// the small tile, which had spilled, 4241 -> 3611 us).
+// tile's last FMAs): reading them at the top of each tile would stall every
+// warp of the block on shared-memory latency at once.
 //
 // Global loads: each thread loads groups of 4 elements consecutive along
 // one dimension of the operand (a template flag picks which, so the
@@ -28,9 +27,9 @@
 // layout suits TMA (row-major A and B, K % 4 == 0, one matrix) run
 // simt90.cuh's kernel instead: the same FMA loop fed by TMA and mbarriers.
 //
-// The tile shape is a template (TileCfg); harness builds (-DTORCHOPS_MATMUL_DEV)
-// add candidate configs picked by the env var TORCHOPS_DEV_SIMT_CFG at each
-// call (scripts/matmul_dev/check.py --cfgs simt:all).
+// The tile shape is a template (TileCfg): a tuning harness
+// (scripts/matmul_dev) launches candidate configs of its own, and pins
+// choices through Pins.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -39,9 +38,6 @@
 
 #include <cstdint>
 #include <type_traits>
-#ifdef TORCHOPS_MATMUL_DEV
-#include <cstdlib>
-#endif
 
 #include "gemm_args.cuh"
 #include "simt90.cuh"
@@ -83,20 +79,6 @@ struct TileCfg {
     return 2 * BK * (BM + BN + 2 * kPad) * int(sizeof(Acc));
   }
 };
-
-// The automatic choices, from an H200 sweep (scripts/matmul_dev --cfgs
-// simt:all; ratio to cuBLAS fp32 at 4096^3 / 1000x3000x768):
-//   float: 128x128x16, 8x8 per thread, one block per SM with up to 255
-//     registers (0.87 / 0.74; 128x128x8 at 2 blocks/SM was 0.77 / 0.65;
-//     128x128x32, 8x16 or 16x8 per thread at 128 threads: 0.81, 0.74, 0.72
-//     at 4096^3); problems that fill GPU waves badly with those tiles take
-//     128x64x8 with 128 threads, 3 blocks/SM (0.74 / 0.88; see
-//     use_small_f32_tiles);
-//   double: 128x64x8, 8x8 per thread, 128 threads (0.31 of cuBLAS, which
-//     uses the FP64 tensor cores; 64x64x16 4x4 was 0.20).
-using CfgF32 = TileCfg<128, 128, 16, 8, 8, 1>;
-using CfgF32Small = TileCfg<128, 64, 8, 8, 8, 3>;
-using CfgF64 = TileCfg<128, 64, 8, 8, 8, 2>;
 
 __device__ __forceinline__ float to_acc(float x) { return x; }
 __device__ __forceinline__ double to_acc(double x) { return x; }
@@ -183,8 +165,8 @@ struct Params {
 // A split-K launch's (blockIdx.y is the split): split j sums k in
 // [j * kps, +kps) and stores its partial at ws + j * batch * m * n, laid out
 // like C (sum_splits adds them in split order).  Apart from Params, whose
-// layout alone moved ptxas's register allocation of the unsplit big float
-// tile (2-5% slower with these fields in it).
+// layout alone moves ptxas's register allocation of the unsplit big float
+// tile (it is slower with these fields in it).
 template <typename T>
 struct SplitParams : Params<T> {
   int64_t kps;
@@ -349,8 +331,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) simt_kernel(const P
     // across the tile boundary too: the next tile's first fragments are read
     // right after the barrier, before the current tile's last FMAs, so no warp
     // waits on shared-memory latency at the start of a tile.  Double: one
-    // fragment slot, read at each step (a second slot of doubles spills:
-    // 1024^3 146 -> 162 us), and the barrier after the tile.
+    // fragment slot, read at each step (a second slot of doubles spills),
+    // and the barrier after the tile.
     constexpr bool kAhead = sizeof(Acc) == 4;
     constexpr int kSlots = kAhead ? 2 : 1;
     Acc af[kSlots][TM], bf[kSlots][TN];
@@ -450,28 +432,6 @@ inline bool vec_ok(const void* ptr, int elt, int64_t s1, int64_t s2, int64_t n2,
          reinterpret_cast<uintptr_t>(ptr) % (4 * static_cast<uintptr_t>(elt)) == 0;
 }
 
-// Split-K where the output's blocks fill at most half of the GPU's block
-// slots (C::MIN_BLOCKS per SM) and K is long: as many splits as fill the
-// slots, each at least 64 k (128 for double), at most kMaxSplits.  Returns k
-// per split (a multiple of BK; g.k: no split).  H100, harness, ratio to
-// cuBLAS without -> with: float32 512^3 0.37x -> 0.94x (8 splits; 4: 0.84x),
-// 1024^3 0.71x -> 0.94x (3), 768x768x8192 0.31x -> 0.78x, 256x256x16384
-// 0.05x -> 0.56x; double 512^3 0.19x -> 0.43x (4 splits; 8: 0.39x).
-template <typename C>
-int64_t split_kps(const GemmArgs& g, int64_t min_k) {
-  const int64_t blocks = g.batch * ((g.m + C::BM - 1) / C::BM) * ((g.n + C::BN - 1) / C::BN);
-  const int64_t slots = int64_t(device_sms()) * C::MIN_BLOCKS;
-  const int64_t kt = (g.k + C::BK - 1) / C::BK;
-  const int64_t min_tiles = (min_k + C::BK - 1) / C::BK;
-  int64_t s = std::min<int64_t>({slots / std::max<int64_t>(blocks, 1), kt / min_tiles, kMaxSplits});
-#ifdef TORCHOPS_MATMUL_DEV
-  if (const char* v = std::getenv("TORCHOPS_DEV_SIMT_SPLITS"); v && *v) {
-    s = std::min<int64_t>(std::atoi(v), kt);
-  }
-#endif
-  return s < 2 ? g.k : (kt + s - 1) / s * C::BK;
-}
-
 inline int splits_of(const GemmArgs& g, int64_t kps) {
   return kps >= g.k ? 1 : static_cast<int>((g.k + kps - 1) / kps);
 }
@@ -532,71 +492,6 @@ cudaError_t launch(const GemmArgs& g, int64_t kps, void* ws, cudaStream_t stream
   return run(p, std::false_type{});
 }
 
-#ifdef TORCHOPS_MATMUL_DEV
-// Harness-only candidates (scripts/matmul_dev/check.py --cfgs simt:all).
-// 0 and 1 are the automatic ones.  A float config serves float only here
-// (the automatic one serves half/bfloat16 too), to keep the harness build
-// short.  Names: dtype, tile, per-thread tile, threads, launch bounds.
-#define TORCHOPS_SIMT_DEV_CFGS(X)                                      \
-  X(0, float, CfgF32, "f32", "128x128x16 8x8 t256 lb1 (auto)")        \
-  X(1, double, CfgF64, "f64", "128x64x8 8x8 t128 lb2 (auto)")          \
-  X(2, float, (TileCfg<128, 128, 8, 8, 8, 1>), "f32", "128x128x8 8x8 t256 lb1")    \
-  X(3, float, (TileCfg<128, 128, 16, 8, 8, 2>), "f32", "128x128x16 8x8 t256 lb2")  \
-  X(4, float, (TileCfg<128, 128, 16, 8, 8, 1>), "f32", "128x128x16 8x8 t256 lb1")  \
-  X(5, float, (TileCfg<128, 256, 8, 8, 16, 1>), "f32", "128x256x8 8x16 t256 lb1")  \
-  X(6, float, (TileCfg<256, 128, 8, 16, 8, 1>), "f32", "256x128x8 16x8 t256 lb1")  \
-  X(7, float, (TileCfg<128, 256, 16, 8, 16, 1>), "f32", "128x256x16 8x16 t256 lb1") \
-  X(8, float, (TileCfg<256, 128, 16, 16, 8, 1>), "f32", "256x128x16 16x8 t256 lb1") \
-  X(9, float, (TileCfg<128, 128, 8, 16, 8, 2>), "f32", "128x128x8 16x8 t128 lb2")  \
-  X(10, float, (TileCfg<128, 64, 8, 8, 8, 3>), "f32", "128x64x8 8x8 t128 lb3")    \
-  X(11, float, (TileCfg<128, 128, 8, 8, 16, 2>), "f32", "128x128x8 8x16 t128 lb2")  \
-  X(12, float, (TileCfg<256, 128, 8, 16, 8, 1, false>), "f32", "256x128x8 16x8 t256 lb1 nosplit") \
-  X(13, float, (TileCfg<64, 128, 8, 8, 8, 3>), "f32", "64x128x8 8x8 t128 lb3")     \
-  X(14, double, (TileCfg<128, 64, 16, 8, 4, 1>), "f64", "128x64x16 8x4 t256 lb1")  \
-  X(15, double, (TileCfg<64, 128, 16, 4, 8, 1>), "f64", "64x128x16 4x8 t256 lb1")  \
-  X(16, double, (TileCfg<128, 128, 8, 8, 8, 1>), "f64", "128x128x8 8x8 t256 lb1")  \
-  X(17, double, (TileCfg<64, 64, 16, 8, 4, 2>), "f64", "64x64x16 8x4 t128 lb2")    \
-  X(18, double, (TileCfg<128, 64, 8, 8, 8, 2>), "f64", "128x64x8 8x8 t128 lb2")   \
-  X(19, float, (TileCfg<128, 128, 8, 8, 8, 2, false>), "f32", "128x128x8 8x8 t256 lb2 nosplit") \
-  X(20, double, (TileCfg<64, 64, 16, 4, 4, 2, false>), "f64", "64x64x16 4x4 t256 lb2 nosplit")
-
-template <typename C> struct Unparen;
-template <typename C> struct Unparen<void(C)> { using type = C; };
-#define TORCHOPS_SIMT_CFG_T(cfg) typename Unparen<void(cfg)>::type
-
-constexpr int kDevCfgs = 21;
-#define TORCHOPS_SIMT_X_NAME(i, t, cfg, dt, name) dt " " name,
-#define TORCHOPS_SIMT_X_DT(i, t, cfg, dt, name) dt,
-constexpr const char* kDevCfgNames[kDevCfgs] = {TORCHOPS_SIMT_DEV_CFGS(TORCHOPS_SIMT_X_NAME)};
-constexpr const char* kDevCfgDtypes[kDevCfgs] = {TORCHOPS_SIMT_DEV_CFGS(TORCHOPS_SIMT_X_DT)};
-#undef TORCHOPS_SIMT_X_NAME
-#undef TORCHOPS_SIMT_X_DT
-
-// Config i for element type T; a config of another dtype is an error.
-template <typename T>
-cudaError_t dev_launch(int cfg, const GemmArgs& g, cudaStream_t stream) {
-  switch (cfg) {
-#define TORCHOPS_SIMT_X_CASE(i, t, cfg, dt, name)                                 \
-  case i:                                                                          \
-    if constexpr (std::is_same_v<T, t>) return launch<T, TORCHOPS_SIMT_CFG_T(cfg), false>(g, g.k, nullptr, stream); \
-    else return cudaErrorInvalidValue;
-    TORCHOPS_SIMT_DEV_CFGS(TORCHOPS_SIMT_X_CASE)
-#undef TORCHOPS_SIMT_X_CASE
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
-
-// -1: no override (env unset or empty); -2: not a valid index.
-inline int dev_cfg_from_env() {
-  const char* v = std::getenv("TORCHOPS_DEV_SIMT_CFG");
-  if (!v || !*v) return -1;
-  char* end = nullptr;
-  const long i = std::strtol(v, &end, 10);
-  return (*end != '\0' || i < 0 || i >= kDevCfgs) ? -2 : int(i);
-}
-#endif
-
 }  // namespace simt_detail
 
 // The fallback: every dtype and layout.  Sizes below 2^31 - 256 (int tile
@@ -610,113 +505,32 @@ inline bool simt_supports(const GemmArgs& g) {
   return tiles <= 0x7fffffff;
 }
 
-#ifdef TORCHOPS_MATMUL_DEV
-#define TORCHOPS_SIMT_DEV_TABLE 1
-inline int simt_dev_cfg_count() { return simt_detail::kDevCfgs; }
-inline const char* simt_dev_cfg_name(int i) {
-  return i >= 0 && i < simt_detail::kDevCfgs ? simt_detail::kDevCfgNames[i] : "";
-}
-// The check.py dtype keys a config serves ("" would mean all).
-inline const char* simt_dev_cfg_dtypes(int i) {
-  return i >= 0 && i < simt_detail::kDevCfgs ? simt_detail::kDevCfgDtypes[i] : "";
-}
-#endif
+}  // namespace torchops::cuda::gemm
 
-// The float tile for a problem of `big` CfgF32 tiles (one block per SM) or
-// `small` CfgF32Small tiles (three per SM): the small tile when the big ones
-// leave over a quarter of a single wave's SMs idle, or need a second, mostly
-// idle wave where the small ones fit in one.  From an H200 sweep of 15 shapes
-// (ratio to torch.mm, big / small tile): 2048^3 (256 big tiles) 0.87x /
-// 0.54x; 1280x2560x1024 (200) 0.88x / 0.76x; 1000x3000x768 (192) 0.74x /
-// 0.88x; 1664^2x1024 (169) 0.75x / 0.93x; 2048x1024x4096 (128) 0.92x / 0.79x;
-// 1024^3 (64) 0.63x / 0.71x.  (The rule before, small below two waves of big
-// tiles, ran 2048^3 at 0.47x.)
-inline bool use_small_f32_tiles(int64_t big, int64_t small, int sms) {
-  return 4 * big < 3 * int64_t(sms) || (big > sms && small <= 3 * int64_t(sms));
-}
+// The tiles and the split-K choice, apart from the kernels.
+#include "simt_heuristics.cuh"
 
-// simt90.cuh's kernel: 1 where it would run simt.cuh's big float tile.
-// Harness builds read TORCHOPS_DEV_SIMT90: 0 keeps simt.cuh's own kernel
-// on Hopper (an A/B switch for check.py --sweep), 2 takes simt90 wherever
-// it can run (the correctness list's small shapes included).
-inline int simt90_mode() {
-#ifdef TORCHOPS_MATMUL_DEV
-  if (const char* v = std::getenv("TORCHOPS_DEV_SIMT90"); v && (v[0] == '0' || v[0] == '2'))
-    return v[0] - '0';
-#endif
-  return 1;
-}
-
+namespace torchops::cuda::gemm {
 namespace simt_detail {
 
-// The kernel a problem takes (without a harness config override).
-enum class Tile { f32_tma, f32_big, f32_small, f64, half };
-
-inline Tile pick_tile(const GemmArgs& g) {
-  switch (g.dtype) {
-    case DType::f32: {
-      const int sms = device_sms();
-      const int64_t rows = g.batch * ((g.m + CfgF32::BM - 1) / CfgF32::BM);
-      const int64_t big = rows * ((g.n + CfgF32::BN - 1) / CfgF32::BN);
-      const int64_t small = rows * ((g.n + CfgF32Small::BN - 1) / CfgF32Small::BN);
-      const bool small_tiles = use_small_f32_tiles(big, small, sms);
-      const int mode = simt90_mode();
-      if ((mode == 2 || (mode == 1 && !small_tiles)) && simt90_supports(g)) return Tile::f32_tma;
-      return small_tiles ? Tile::f32_small : Tile::f32_big;
-    }
-    case DType::f64: return Tile::f64;
-    default: return Tile::half;
-  }
-}
-
-// k per split of that kernel (g.k: not split).  The big float tile is taken
-// only where its tiles nearly fill a wave (use_small_f32_tiles), and the
-// half-precision fallback, rare, is not split either: neither compiles
-// split kernels.
-inline int64_t plan_kps(const GemmArgs& g, Tile t) {
-  switch (t) {
-    case Tile::f32_small: return split_kps<CfgF32Small>(g, 64);
-    case Tile::f64: return split_kps<CfgF64>(g, 128);
-    default: return g.k;
-  }
-}
-
-}  // namespace simt_detail
-
 // The split-K partials' workspace, in the accumulator type.
-inline size_t simt_workspace_bytes(const GemmArgs& g) {
-  using namespace simt_detail;
+inline size_t workspace_bytes(const GemmArgs& g, const Pins& pins) {
   if (g.batch == 0 || g.m == 0 || g.n == 0) return 0;
-#ifdef TORCHOPS_MATMUL_DEV
-  if (dev_cfg_from_env() != -1) return 0;  // harness configs run unsplit
-#endif
-  const Tile t = pick_tile(g);
-  const int splits = splits_of(g, plan_kps(g, t));
+  const Tile t = pick_tile(g, pins);
+  const int splits = splits_of(g, plan_kps(g, t, pins));
   if (splits == 1) return 0;
   return static_cast<size_t>(splits) * g.batch * g.m * g.n * (t == Tile::f64 ? 8 : 4);
 }
 
-inline cudaError_t simt_run(const GemmArgs& g, void* workspace, cudaStream_t stream) {
-  using namespace simt_detail;
+inline cudaError_t run(const GemmArgs& g, void* workspace, cudaStream_t stream, const Pins& pins) {
   if (g.batch == 0 || g.m == 0 || g.n == 0) return cudaSuccess;
-#ifdef TORCHOPS_MATMUL_DEV
-  // Read at each call, so one process can time every config.
-  if (const int cfg = dev_cfg_from_env(); cfg != -1) {
-    if (cfg < 0) return cudaErrorInvalidValue;
-    switch (g.dtype) {
-      case DType::f32: return dev_launch<float>(cfg, g, stream);
-      case DType::f64: return dev_launch<double>(cfg, g, stream);
-      default: return cudaErrorInvalidValue;
-    }
-  }
-#endif
-  const Tile t = pick_tile(g);
-  const int64_t kps = plan_kps(g, t);
+  const Tile t = pick_tile(g, pins);
+  const int64_t kps = plan_kps(g, t, pins);
   switch (t) {
     case Tile::f32_tma: {
       const cudaError_t e = simt90_run(g, stream);
-      // forced (harness): no silent fallback
-      if (e != cudaErrorNotSupported || simt90_mode() == 2) return e;
+      // pinned to simt90 (harness): no silent fallback
+      if (e != cudaErrorNotSupported || pins.simt90 == 2) return e;
       return launch<float, CfgF32, false>(g, g.k, nullptr, stream);
     }
     case Tile::f32_big: return launch<float, CfgF32, false>(g, kps, workspace, stream);
@@ -726,6 +540,16 @@ inline cudaError_t simt_run(const GemmArgs& g, void* workspace, cudaStream_t str
       return g.dtype == DType::f16 ? launch<__half, CfgF32, false>(g, kps, workspace, stream)
                                    : launch<__nv_bfloat16, CfgF32, false>(g, kps, workspace, stream);
   }
+}
+
+}  // namespace simt_detail
+
+inline size_t simt_workspace_bytes(const GemmArgs& g) {
+  return simt_detail::workspace_bytes(g, simt_detail::Pins{});
+}
+
+inline cudaError_t simt_run(const GemmArgs& g, void* workspace, cudaStream_t stream) {
+  return simt_detail::run(g, workspace, stream, simt_detail::Pins{});
 }
 
 }  // namespace torchops::cuda::gemm

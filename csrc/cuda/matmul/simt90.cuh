@@ -5,17 +5,14 @@
 // registers and a block-wide barrier per k tile.  Three warpgroups: one
 // thread of the first issues the copies; the other two (8 warps) compute.
 //
-// Why: on simt.cuh's kernel (one block of 8 warps per SM, 227 registers) the
-// FMA pipe was busy 68% of the time at 4096^3; the rest went to the warps
-// waiting at the k tile's __syncthreads for each other and to the global
-// loads and shared stores that every warp issued between its FMAs.  Here a
+// Why: in simt.cuh's kernel (one block of 8 warps per SM) the FMA pipe
+// idles while the warps wait at the k tile's __syncthreads for each other
+// and issue global loads and shared stores between their FMAs.  Here a
 // producer warpgroup only issues TMA copies, and each of the 8 consumer
 // warps waits only for its data (a stage's "full" barrier) and frees a stage
 // for the producer when it has read it ("empty": 256 arrivals), never for
-// the other warps.  H100, harness (scripts/matmul_dev/check.py, 2026-11-26),
-// against cuBLAS's float32: 4096^3 0.907x (simt.cuh's kernel 0.866x),
-// 2048^3 0.897x (0.875x).  Without the producer warpgroup (256 threads,
-// thread 0 refilling a stage once all have read it): 0.826x.
+// the other warps.  A dedicated producer warpgroup beats thread 0 refilling
+// a stage once all have read it.
 //
 // Shared-memory layout of a stage (BK = 32):
 //   A: [8 chunks of 4 k][128 rows][4 floats]: a thread reads its 8 rows'

@@ -15,17 +15,14 @@
 // 16-byte chunks.  fp32 MN-major tiles are the exception: .trans moves 16-bit
 // halves, so their fragments come from 32-bit shared loads.
 //
-// Harness builds (-DTORCHOPS_MATMUL_DEV) add candidate tile configs, picked by
-// the env var TORCHOPS_DEV_SM80_CFG at each call (scripts/matmul_dev).
+// A tuning harness (scripts/matmul_dev) launches candidate tile configs of
+// its own through plan_call and dispatch_layout.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
-#ifdef TORCHOPS_MATMUL_DEV
-#include <cstdlib>
-#endif
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -53,20 +50,6 @@ struct TileCfg {
   static_assert(STAGES >= 3, "the ring's reuse distance assumes >= 3 stages");
   static_assert(KK % 2 == 0, "fragment double buffer assumes an even KK");
 };
-
-// 128x256x64, 3 stages (144 KB): the big-problem tile (warp 64x64: 16 mma
-// per 8 ldmatrix.x4; 64-deep stages halve the barriers per k).  Fastest of
-// nine candidates on an H200 (scripts/matmul_dev --sm80-cfgs: 0.50x of
-// cuBLAS at bf16 4096^3 against 0.41x for 128x256x32 s4; 0.57x on an H100
-// since whole tiles are copied without per-chunk tests).  Sixteen warps of
-// 64x32 (four a scheduler, 128 registers) spill ~100 loads a k-tile.  GPUs
-// with less than 144 KB of shared memory per block (sm_86, sm_89) use the
-// mid tile.
-using CfgBig = TileCfg<128, 256, 64, 2, 4, 3, 1>;
-// 128x128x64, 3 stages, 4 warps of 64x64, 96 KB: two blocks per SM on Hopper.
-using CfgMid = TileCfg<128, 128, 64, 2, 2, 3, 2>;
-// 64x64: small or batched-small problems (one block per 64x64 of C).
-using CfgSmall = TileCfg<64, 64, 32, 2, 2, 4, 3>;
 
 template <class Cfg>
 struct Smem {
@@ -277,12 +260,11 @@ struct TileChunks {
 
   // The copy of a tile wholly in range (every tile of a big problem but the
   // edges): straight-line cp.async, src at this thread's first chunk.
-  // load_tile's test and branch per chunk cost ~0.9 issued instructions per
-  // mma (ncu, bf16 4096^3) in warps the mma pipe waits on, and recomputing
-  // each stage's source from the operand's base ~0.3 more.  (Measured no
-  // faster: 8 threads a row with several chunks each at immediate offsets,
-  // fewer address registers; spreading a stage's copies over the k-steps,
-  // which pushed the kernel into spilling.)
+  // load_tile's test and branch per chunk cost issued instructions in warps
+  // the mma pipe waits on, and so would recomputing each stage's source from
+  // the operand's base.  (No faster: 8 threads a row with several chunks each
+  // at immediate offsets, fewer address registers; spreading a stage's
+  // copies over the k-steps, which pushes the kernel into spilling.)
   __device__ __forceinline__ void copy_whole(uint32_t s_tile, const char* src,
                                              int64_t row_step) const {
 #pragma unroll
@@ -648,39 +630,14 @@ inline int operand_layout(const Operand& o, int64_t rows, int64_t cols,
   return row_c ? 0 : col_c ? 1 : -1;
 }
 
-template <class Cfg>
-inline int64_t tiles_of(const GemmArgs& g) {
-  return ((g.m + Cfg::BM - 1) / Cfg::BM) * ((g.n + Cfg::BN - 1) / Cfg::BN);
-}
+}  // namespace sm80_detail
+}  // namespace torchops::cuda::gemm
 
-// Picks the tile with the least estimated time: waves of tiles over the
-// resident block slots, each wave costing the tile's area over its relative
-// per-SM throughput (bigger tiles: fewer shared-memory bytes per mma).
-// Returns an index of dispatch_cfg's table (0 big, 1 mid, 2 small).
-inline int choose_cfg(const GemmArgs& g, int sms, bool big_fits) {
-  const int64_t area[3] = {int64_t(CfgBig::BM) * CfgBig::BN,
-                           int64_t(CfgMid::BM) * CfgMid::BN,
-                           int64_t(CfgSmall::BM) * CfgSmall::BN};
-  const int64_t tiles[3] = {tiles_of<CfgBig>(g) * g.batch,
-                            tiles_of<CfgMid>(g) * g.batch,
-                            tiles_of<CfgSmall>(g) * g.batch};
-  const int per_sm[3] = {CfgBig::MIN_BLOCKS, CfgMid::MIN_BLOCKS,
-                         CfgSmall::MIN_BLOCKS};
-  const double eff[3] = {1.0, 0.94, 0.5};  // measured on an H200 (bf16 4096^3)
-  int best = 0;
-  double best_cost = 0;
-  for (int i = 0; i < 3; ++i) {
-    const int64_t slots = int64_t(sms) * per_sm[i];
-    const int64_t waves = (tiles[i] + slots - 1) / slots;
-    const double cost = double(waves) * double(area[i]) * per_sm[i] / eff[i];
-    if (i == 0 && !big_fits) continue;
-    if (i == 0 || (best == 0 && !big_fits && i == 1) || cost < best_cost * 0.97) {
-      best = i;
-      best_cost = cost;
-    }
-  }
-  return best;
-}
+// The tile configs and the choice among them, apart from the kernels.
+#include "sm80_heuristics.cuh"
+
+namespace torchops::cuda::gemm {
+namespace sm80_detail {
 
 // cudaFuncSetAttribute once per (kernel, device).  `done` must be one per
 // kernel: the caller's template makes it so (all kernels share one type).
@@ -722,28 +679,7 @@ inline cudaError_t dispatch_layout(const KParams& p, bool a_k, bool b_k,
              : launch<Cfg, false, false, KIND>(p, s, dev);
 }
 
-#ifdef TORCHOPS_MATMUL_DEV
-// Harness-only candidates (scripts/matmul_dev/check.py --sm80-cfgs), after
-// the three automatic ones.  Warp tiles stay 64x64 (32 mma per 4+4
-// ldmatrix.x4 per k-step); they differ in block shape, k depth (barriers per
-// k), stages and 4 vs 8 warps.
-using CfgDev3 = TileCfg<128, 128, 64, 2, 2, 3, 2>;  // 4 warps, 2 blocks/SM
-using CfgDev4 = TileCfg<256, 128, 32, 4, 2, 4, 1>;
-using CfgDev5 = TileCfg<128, 256, 64, 2, 4, 3, 1>;
-using CfgDev6 = TileCfg<256, 128, 64, 4, 2, 3, 1>;
-using CfgDev7 = TileCfg<128, 256, 64, 2, 4, 4, 1>;
-using CfgDev8 = TileCfg<128, 128, 32, 2, 2, 4, 2>;  // 4 warps, 2 blocks/SM
-constexpr int kDevCfgs = 9;
-constexpr const char* kDevCfgNames[kDevCfgs] = {
-    "128x256x64 s3 w2x4 (auto big)", "128x128x64 s3 w2x2 2/SM (auto mid)",
-    "64x64x32 s4 w2x2 (auto small)", "128x128x64 s3 w2x2 2/SM",
-    "256x128x32 s4 w4x2",            "128x256x64 s3 w2x4",
-    "256x128x64 s3 w4x2",            "128x256x64 s4 w2x4",
-    "128x128x32 s4 w2x2 2/SM"};
-#endif
-
-// Config table: 0..2 are the automatic choices (choose_cfg), the rest exist
-// only in harness builds.
+// The automatic configs, by choose_cfg's index.
 template <int KIND>
 inline cudaError_t dispatch_cfg(int cfg, const KParams& p, bool a_k, bool b_k,
                                 cudaStream_t s, int dev) {
@@ -754,20 +690,6 @@ inline cudaError_t dispatch_cfg(int cfg, const KParams& p, bool a_k, bool b_k,
       return dispatch_layout<CfgMid, KIND>(p, a_k, b_k, s, dev);
     case 2:
       return dispatch_layout<CfgSmall, KIND>(p, a_k, b_k, s, dev);
-#ifdef TORCHOPS_MATMUL_DEV
-    case 3:
-      return dispatch_layout<CfgDev3, KIND>(p, a_k, b_k, s, dev);
-    case 4:
-      return dispatch_layout<CfgDev4, KIND>(p, a_k, b_k, s, dev);
-    case 5:
-      return dispatch_layout<CfgDev5, KIND>(p, a_k, b_k, s, dev);
-    case 6:
-      return dispatch_layout<CfgDev6, KIND>(p, a_k, b_k, s, dev);
-    case 7:
-      return dispatch_layout<CfgDev7, KIND>(p, a_k, b_k, s, dev);
-    case 8:
-      return dispatch_layout<CfgDev8, KIND>(p, a_k, b_k, s, dev);
-#endif
     default:
       return cudaErrorInvalidValue;
   }
@@ -803,38 +725,38 @@ inline bool sm80_supports(const GemmArgs& g) {
 
 inline size_t sm80_workspace_bytes(const GemmArgs&) { return 0; }
 
-#ifdef TORCHOPS_MATMUL_DEV
-#define TORCHOPS_SM80_DEV_TABLE 1
-inline int sm80_dev_cfg_count() { return sm80_detail::kDevCfgs; }
-inline const char* sm80_dev_cfg_name(int i) {
-  return i >= 0 && i < sm80_detail::kDevCfgs ? sm80_detail::kDevCfgNames[i]
-                                             : "";
-}
-#endif
+namespace sm80_detail {
 
-inline cudaError_t sm80_run(const GemmArgs& g, void* /*workspace*/,
-                            cudaStream_t stream) {
-  using namespace sm80_detail;
-  if (g.m == 0 || g.n == 0 || g.batch == 0) return cudaSuccess;
-  int dev = 0, sms = 0;
-  cudaError_t e = cudaGetDevice(&dev);
+// One call's kernel parameters, operand layouts and automatic config
+// (choose_cfg), for sm80_run to launch; a tuning harness launches other
+// configs with the same parameters.
+struct Call {
+  KParams p;
+  bool a_k = false, b_k = false;
+  int dev = 0, cfg = 0;
+};
+
+inline cudaError_t plan_call(const GemmArgs& g, Call& c) {
+  int sms = 0;
+  cudaError_t e = cudaGetDevice(&c.dev);
   if (e != cudaSuccess) return e;
-  e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c.dev);
   if (e != cudaSuccess) return e;
 
   // A is m x k: K-major when row-contiguous.  B is k x n: K-major when
   // column-contiguous.  The outer stride is the other matrix stride.
   const int epc = elems_per_chunk(g.dtype);
-  const bool a_k = operand_layout(g.a, g.m, g.k, epc) == 0;
-  const bool b_k = operand_layout(g.b, g.k, g.n, epc) == 1;
-  KParams p{};
+  c.a_k = operand_layout(g.a, g.m, g.k, epc) == 0;
+  c.b_k = operand_layout(g.b, g.k, g.n, epc) == 1;
+  KParams& p = c.p;
+  p = KParams{};
   p.a = static_cast<const char*>(g.a.ptr);
   p.b = static_cast<const char*>(g.b.ptr);
   p.c = g.c;
   p.a_bs = g.batch > 1 ? g.a.batch_stride : 0;
   p.b_bs = g.batch > 1 ? g.b.batch_stride : 0;
-  p.a_os = a_k ? g.a.row_stride : g.a.col_stride;
-  p.b_os = b_k ? g.b.col_stride : g.b.row_stride;
+  p.a_os = c.a_k ? g.a.row_stride : g.a.col_stride;
+  p.b_os = c.b_k ? g.b.col_stride : g.b.row_stride;
   p.batch = g.batch;
   p.m = int(g.m);
   p.n = int(g.n);
@@ -842,25 +764,27 @@ inline cudaError_t sm80_run(const GemmArgs& g, void* /*workspace*/,
   p.c_vec16 = (g.n % epc == 0) && (reinterpret_cast<uintptr_t>(g.c) % 16 == 0);
 
   int smem_optin = 0;
-  e = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  e = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, c.dev);
   if (e != cudaSuccess) return e;
-  int cfg = choose_cfg(g, sms, size_t(smem_optin) >= Smem<CfgBig>::TOTAL);
-#ifdef TORCHOPS_MATMUL_DEV
-  // Read at each call, so one process can time every config.
-  if (const char* v = std::getenv("TORCHOPS_DEV_SM80_CFG"); v && *v) {
-    char* end = nullptr;
-    const long i = std::strtol(v, &end, 10);
-    if (*end != '\0' || i < 0 || i >= kDevCfgs) return cudaErrorInvalidValue;
-    cfg = int(i);
-  }
-#endif
+  c.cfg = choose_cfg(g, sms, size_t(smem_optin) >= Smem<CfgBig>::TOTAL);
+  return cudaSuccess;
+}
+
+}  // namespace sm80_detail
+
+inline cudaError_t sm80_run(const GemmArgs& g, void* /*workspace*/,
+                            cudaStream_t stream) {
+  using namespace sm80_detail;
+  if (g.m == 0 || g.n == 0 || g.batch == 0) return cudaSuccess;
+  Call c;
+  if (const cudaError_t e = plan_call(g, c); e != cudaSuccess) return e;
   switch (g.dtype) {
     case DType::bf16:
-      return dispatch_cfg<kBF16>(cfg, p, a_k, b_k, stream, dev);
+      return dispatch_cfg<kBF16>(c.cfg, c.p, c.a_k, c.b_k, stream, c.dev);
     case DType::f16:
-      return dispatch_cfg<kF16>(cfg, p, a_k, b_k, stream, dev);
+      return dispatch_cfg<kF16>(c.cfg, c.p, c.a_k, c.b_k, stream, c.dev);
     default:
-      return dispatch_cfg<kTF32>(cfg, p, a_k, b_k, stream, dev);
+      return dispatch_cfg<kTF32>(c.cfg, c.p, c.a_k, c.b_k, stream, c.dev);
   }
 }
 

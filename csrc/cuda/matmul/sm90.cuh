@@ -45,8 +45,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -93,9 +91,7 @@ struct Config {
   // The 64-row tiles read little per stage and serve few-row problems bound
   // by memory, so their ring takes all the shared memory left (64x128: 8
   // stages, 64x64: 12, 64x32: 18; cuBLAS runs 64x64 with 13 and 64x32 with
-  // 16).  A cap of 6 at 64x128 cost 6-12% (H200 profiler kernel times:
-  // 256x4096x4096 B^T 22.7 -> 20.0 us, 1024x1024x4096 18.0 -> 16.5,
-  // 128x4096x4096 B^T 22.1 -> 19.4).
+  // 16); a cap of 6 at 64x128 is measurably slower.
   static constexpr int kStages =
       kTM != kBM ? kFit
       : kTmaStore ? (BN == 256 ? 3 : BN == 192 ? 4 : 5) : (BN == 256 ? 4 : BN == 192 ? 5 : 6);
@@ -295,6 +291,54 @@ __device__ __forceinline__ void tile_coords(const Problem& p, int64_t t, int& bi
   tn = static_cast<int>(n);
 }
 
+// The producer warpgroup's work, done by one thread: for each (tile, split)
+// unit of this CTA, each k block's A and B boxes into the next stage of the
+// ring, once the consumers have freed it.
+template <typename T, int BN, int kTransA, int kTransB, int kTM, class Cfg>
+__device__ __forceinline__ void produce(const CUtensorMap& map_a, const CUtensorMap& map_b,
+                                        const Problem& p, unsigned char* smem, uint64_t* full,
+                                        uint64_t* empty) {
+  constexpr int kBK = kRowBytes / T::kBytes;   // k per stage
+  constexpr int kMRows = kRowBytes / T::kBytes;  // MN-major box: rows of 128 bytes
+  constexpr int kMBoxBytes = kRowBytes * kBK;    // one such box of a stage
+  constexpr int S = Cfg::kStages;
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
+  uint32_t it = 0;
+  for (int64_t t = blockIdx.x; t < p.tiles * p.splits; t += gridDim.x) {
+    int64_t tile;
+    int bi, tm, tn, split, kb0, nkb;
+    unit_k(p, t, tile, split, kb0, nkb);
+    tile_coords(p, tile, bi, tm, tn);
+    for (int kb = kb0; kb < kb0 + nkb; ++kb, ++it) {
+      const int s = it % S;
+      mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
+      unsigned char* sa = smem + s * Cfg::kStageBytes;
+      unsigned char* sb = sa + Cfg::kABytes;
+      mbar_expect_tx(&full[s], Cfg::kStageBytes);
+      if constexpr (kTransA) {
+        // M-contiguous A: boxes of 128 bytes of m (64 bf16/fp16 rows,
+        // 32 fp32) x kBK k, 64 rows per consumer.
+#pragma unroll
+        for (int j = 0; j < kTM / kMRows; ++j) {
+          tma_load_3d(sa + j * kMBoxBytes, &map_a, &full[s], tm * kTM + j * kMRows, kb * kBK, bi);
+        }
+      } else {
+        tma_load_3d(sa, &map_a, &full[s], kb * kBK, tm * kTM, bi);
+      }
+      if constexpr (kTransB) {
+        // Row-major B: boxes of 128 bytes of n x kBK k-rows.
+#pragma unroll
+        for (int j = 0; j < BN / kMRows; ++j) {
+          tma_load_3d(sb + j * kMBoxBytes, &map_b, &full[s], tn * BN + j * kMRows, kb * kBK, bi);
+        }
+      } else {
+        tma_load_3d(sb, &map_b, &full[s], kb * kBK, tn * BN, p.b_one ? 0 : bi);
+      }
+    }
+  }
+}
+
 #endif  // sm_90a
 
 // Element tags: the kernel only moves bits; kBytes sets k per stage, Elem is C's
@@ -348,7 +392,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
   // Output columns per tile: with kSplit a B tile holds two parts of each.
   constexpr int kOutBN = kSplit ? BN / 2 : BN;
   constexpr int kOutCN = kSplit ? BN / 2 : kCN;  // a consumer's output columns
-  constexpr int kMRows = kRowBytes / T::kBytes;   // MN-major box: rows of 128 bytes
   constexpr int kMBoxBytes = kRowBytes * kBK;     // one such box of a stage
   constexpr bool kRegA = T::kIsTf32 && kTransA;   // A through registers
   constexpr int S = Cfg::kStages;
@@ -373,43 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(
 
   if (wg == 0) {
     tma::setmaxnreg_dec<40>();
-    if (tid == 0) {
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
-      uint32_t it = 0;
-      for (int64_t t = blockIdx.x; t < p.tiles * p.splits; t += gridDim.x) {
-        int64_t tile;
-        int bi, tm, tn, split, kb0, nkb;
-        unit_k(p, t, tile, split, kb0, nkb);
-        tile_coords(p, tile, bi, tm, tn);
-        for (int kb = kb0; kb < kb0 + nkb; ++kb, ++it) {
-          const int s = it % S;
-          mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
-          unsigned char* sa = smem + s * Cfg::kStageBytes;
-          unsigned char* sb = sa + Cfg::kABytes;
-          mbar_expect_tx(&full[s], Cfg::kStageBytes);
-          if constexpr (kTransA) {
-            // M-contiguous A: boxes of 128 bytes of m (64 bf16/fp16 rows,
-            // 32 fp32) x kBK k, 64 rows per consumer.
-#pragma unroll
-            for (int j = 0; j < kTM / kMRows; ++j) {
-              tma_load_3d(sa + j * kMBoxBytes, &map_a, &full[s], tm * kTM + j * kMRows, kb * kBK, bi);
-            }
-          } else {
-            tma_load_3d(sa, &map_a, &full[s], kb * kBK, tm * kTM, bi);
-          }
-          if constexpr (kTransB) {
-            // Row-major B: boxes of 128 bytes of n x kBK k-rows.
-#pragma unroll
-            for (int j = 0; j < BN / kMRows; ++j) {
-              tma_load_3d(sb + j * kMBoxBytes, &map_b, &full[s], tn * BN + j * kMRows, kb * kBK, bi);
-            }
-          } else {
-            tma_load_3d(sb, &map_b, &full[s], kb * kBK, tn * BN, p.b_one ? 0 : bi);
-          }
-        }
-      }
-    }
+    if (tid == 0) produce<T, BN, kTransA, kTransB, kTM, Cfg>(map_a, map_b, p, smem, full, empty);
     return;
   }
 
@@ -720,162 +727,14 @@ cudaError_t launch(const GemmArgs& g, const Layout& l, bool store_t, int splits,
   return launch_sum_splits<typename T::Elem>(p.ws, g.c, splits, g.batch * g.m * g.n, stream);
 }
 
-// Tile speeds relative to 128x256 (a full wave of each): the narrower and
-// shorter tiles reuse each loaded A and B value over fewer outputs.
-constexpr double kSpeed192 = 0.96, kSpeed128 = 0.92;
-// 64x128 tiles (16-bit only; the consumers split the columns), measured
-// against 128x256 with TORCHOPS_DEV_SM90="128,1,64" (H200, 2026-11-27:
-// 0.71-0.74 at 4096^3 and 8192x1024x8192).  64x256 tiles ran at 0.88-0.92
-// but never beat 128x128 (the same outputs per tile, 0.88-1.0 of 128x128's
-// speed on every shape measured), so they are not built.
-constexpr double kSpeed64x128 = 0.72;
-// 64x64 tiles (16-bit; the consumers split each stage's k), pinned with
-// "64,1,64" (H200, 2026-11-27): 0.44-0.48 of 128x256 at 4096^3 (row-major
-// and B^T) and 8192x1024x8192.
-constexpr double kSpeed64x64 = 0.46;
-// 64x32 tiles (16-bit, K-major B; k split like 64x64), pinned with
-// "32,0,64" (H200, 2026-11-27): 0.26 of 128x256 at 4096^3 B^T, 0.31 at
-// 512x11008x4096 B^T.
-constexpr double kSpeed64x32 = 0.28;
+}  // namespace sm90_detail
+}  // namespace torchops::cuda::gemm
 
-struct TileShape {
-  int tm, bn;
-};
+// Which tile, epilogue and k split a problem gets, apart from the kernels.
+#include "sm90_heuristics.cuh"
 
-// Which tile: the one whose busiest CTA has the least work (whole waves of
-// tiles of tm x bn outputs, each at its speed).  192 (16-bit only) fills
-// one wave where 256 leaves SMs idle and 128 needs two (1000x3000x768: 128
-// tiles of 128x192 on 132 SMs); 64-row tiles where the 128-row ones leave
-// most SMs idle (bf16 1024^3: 64 tiles of 128x128, 128 of 64x128); 64x64
-// for a few dozen rows against a large B (128x4096x4096: 128 tiles).
-// narrow: the k-split tiles (64x64, and 64x32 where B is K-major).
-inline TileShape pick_tile(const GemmArgs& g, const Layout& l, bool narrow = true) {
-  const int sms = device_sms();
-  auto cost = [&](int tm, int bn, double speed) {
-    const int64_t tiles = g.batch * ((g.m + tm - 1) / tm) * ((g.n + bn - 1) / bn);
-    const int64_t waves = (tiles + sms - 1) / sms;
-    return static_cast<double>(waves) * tm * bn / speed;  // time ~ waves x tile work
-  };
-  TileShape best{kBM, 256};
-  double best_cost = cost(kBM, 256, 1.0);
-  const bool half = g.dtype != DType::f32;
-  const struct { int tm, bn; double speed; } options[] = {
-      {kBM, 192, kSpeed192}, {kBM, 128, kSpeed128}, {64, 128, kSpeed64x128},
-      {64, 64, kSpeed64x64}, {64, 32, kSpeed64x32}};
-  for (const auto& o : options) {
-    if (((o.bn == 192 || o.tm == 64) && !half) || (o.bn <= 64 && !narrow) ||
-        (o.bn == 32 && l.b_n_major)) {
-      continue;
-    }
-    const double c = cost(o.tm, o.bn, o.speed);
-    if (c < best_cost) {
-      best = {o.tm, o.bn};
-      best_cost = c;
-    }
-  }
-  return best;
-}
-
-struct Choice {
-  int bn;
-  bool tma_store;
-  int splits = 1, split_kb = 0;  // split-K: splits x split_kb k blocks
-  int tm = kBM;                  // tile rows (64: 16-bit only)
-};
-
-// Split K where the tiles leave SMs idle (small M x N with a long K: weight
-// gradients, masked_conv2d's GEMM, a few dozen rows against a weight) and
-// the time a split saves outweighs what its fp32 partials cost.  At most
-// one wave of (tile, split) units, each at least kMinSplitKb k blocks, at
-// most kMaxSplits.  Cost model (H100, bf16, do_bench's dirty L2; profiler
-// kernel times): a 128 x BN tile's k block takes ~0.45 us x BN / 128 (TF32's
-// 32 k the same), and each MB of partials ~2 us (written by the GEMM, read by
-// sum_splits): 1024^3 in two splits took 14.7 + 5.1 us against 9.2 unsplit.
-// So s maximises kb t_kb (1 - 1/s) - 2 s MB, if positive.  Before (as many
-// splits as filled a wave): bf16 1024^3 0.40x of cuBLAS (0.80x unsplit),
-// 512^3 0.43x (0.83x), 256x4096x4096 B^T 0.75x (0.84x); kept: 64x4096x4096
-// B^T 0.77x in four splits (0.67x unsplit).  The partials are summed in
-// split order by a second kernel: deterministic.
-constexpr int kMinSplitKb = 8;
-constexpr double kUsPerKb128 = 0.45, kUsPerPartialMb = 2.0;
-
-// K in blocks of one 128-byte stage row.
-inline int64_t k_blocks(const GemmArgs& g) {
-  const int64_t per_kb = kRowBytes / dtype_bytes(g.dtype);
-  return (g.k + per_kb - 1) / per_kb;
-}
-
-inline void pick_splits(const GemmArgs& g, Choice& c) {
-  const int sms = device_sms();
-  const int64_t tiles = g.batch * ((g.m + c.tm - 1) / c.tm) * ((g.n + c.bn - 1) / c.bn);
-  const int64_t kb = k_blocks(g);
-  const int64_t most = std::min<int64_t>({tiles > 0 ? sms / tiles : 0, kb / kMinSplitKb, kMaxSplits});
-  const double unsplit_us = double(kb) * kUsPerKb128 * c.bn / 128 * c.tm / kBM;
-  const double partial_mb = double(g.batch) * g.m * g.n * 4 / 1e6;
-  int64_t s = 1;
-  double best = 0;
-  for (int64_t t = 2; t <= most; ++t) {
-    const double net = unsplit_us * (1 - 1.0 / t) - kUsPerPartialMb * t * partial_mb;
-    if (net > best) {
-      best = net;
-      s = t;
-    }
-  }
-#ifdef TORCHOPS_MATMUL_DEV
-  if (const char* v = std::getenv("TORCHOPS_DEV_SM90_SPLITS")) s = std::min<int64_t>(std::atoi(v), kb);
-#endif
-  if (s < 2) return;
-  c.split_kb = static_cast<int>((kb + s - 1) / s);
-  c.splits = static_cast<int>((kb + c.split_kb - 1) / c.split_kb);
-  c.tma_store = false;  // partials go straight to the workspace
-}
-
-inline Choice choose(const GemmArgs& g, const Layout& l) {
-  TileShape t = pick_tile(g, l);
-  bool store = g.n % 8 == 0, pinned = false;
-#ifdef TORCHOPS_MATMUL_DEV
-  // Harness only: TORCHOPS_DEV_SM90="BN,STORE[,TM]" (e.g. "256,0" or
-  // "128,1,64") pins the choice.
-  if (const char* v = std::getenv("TORCHOPS_DEV_SM90")) {
-    int bn = 0, st = 0, tm = kBM;
-    const int got = std::sscanf(v, "%d,%d,%d", &bn, &st, &tm);
-    const bool half = g.dtype != DType::f32;
-    const bool narrow = tm == 64 && (bn == 64 || (bn == 32 && !l.b_n_major));
-    if (got >= 2 && (bn == 128 || bn == 256 || (bn == 192 && half) || narrow) &&
-        (tm == kBM || (tm == 64 && half && (bn == 128 || narrow)))) {
-      t = {tm, bn};
-      store = store && st != 0;
-      pinned = true;
-    }
-  }
-#endif
-  Choice c{t.bn, store && t.bn != 32};  // 64x32: the direct epilogue only
-  c.tm = t.tm;
-  // The 64x64 and 64x32 tiles are themselves splits (their consumers halve
-  // each stage's k and sum on chip), so they never split K again.  Where K
-  // is long (at least 32 k blocks) and the model would split them, or A
-  // fills at most half of their 64 rows, the wider 64x128 tile split K-wise
-  // does better.  H200 profiler kernel times, 2026-11-27, us: 17-32 rows
-  // against a 4096 x 4096 B^T, 64x32 / 64x64 unsplit 17.8-19.4 / 16.8-18.8,
-  // 64x128 in four splits 16.2-16.6; against a 4096 x 11008 one 40.4-45.8 /
-  // 37.6-43.7 against 33.5-34.5; 40-56 rows against a row-major 4096 x 11008
-  // B, 64x64 unsplit 35.1-36.4 against 33.8-34.4 split; but 48-64 rows
-  // against a 4096 x 4096 B^T 64x32 15.7-15.9 against 17.2-19.2, and where K
-  // is short (17-32 x 1024 x 1024 B^T) 64x32 unsplit 5.6-5.7 against 6.0-6.8.
-  if (!pinned && c.tm == 64 && c.bn <= 64) {
-    Choice split = c;
-    pick_splits(g, split);
-    if (k_blocks(g) >= 32 && (split.splits > 1 || g.m <= 32)) {
-      t = pick_tile(g, l, /*narrow=*/false);
-      c = Choice{t.bn, store};
-      c.tm = t.tm;
-      pick_splits(g, c);
-    }
-    return c;
-  }
-  pick_splits(g, c);
-  return c;
-}
+namespace torchops::cuda::gemm {
+namespace sm90_detail {
 
 template <typename T, int BN, int kTransA, int kTM>
 cudaError_t launch_b(const GemmArgs& g, const Layout& l, const Choice& c, void* ws, cudaStream_t s) {
@@ -909,10 +768,10 @@ inline GemmArgs swapped(const GemmArgs& g) {
 }
 
 inline cudaError_t launch_tf32(const GemmArgs& g, const Layout& l, bool store_t, void* ws,
-                               cudaStream_t s) {
+                               cudaStream_t s, const Pins& pins) {
   // fp32 output stored directly; an M-major A through registers.
   using T = Tf32Tag;
-  const Choice c = choose(g, l);
+  const Choice c = choose(g, l, pins);
   const int n = c.splits, kb = c.split_kb;
   if (l.a_m_major) {
     return c.bn == 256 ? launch<T, 256, 1, 0, false>(g, l, store_t, n, kb, ws, s)
@@ -923,8 +782,9 @@ inline cudaError_t launch_tf32(const GemmArgs& g, const Layout& l, bool store_t,
 }
 
 template <typename T>
-cudaError_t launch_t(const GemmArgs& g, const Layout& l, void* ws, cudaStream_t s) {
-  const Choice c = choose(g, l);
+cudaError_t launch_t(const GemmArgs& g, const Layout& l, void* ws, cudaStream_t s,
+                     const Pins& pins) {
+  const Choice c = choose(g, l, pins);
   if (c.tm == 64) {
     if (c.bn == 32) return launch_ab<T, 32, 64>(g, l, c, ws, s);
     return c.bn == 64 ? launch_ab<T, 64, 64>(g, l, c, ws, s) : launch_ab<T, 128, 64>(g, l, c, ws, s);
@@ -970,28 +830,39 @@ inline bool sm90_supports(const GemmArgs& g) {
   return sm90_detail::resolve(g).ok;
 }
 
+namespace sm90_detail {
+
 // Split-K's fp32 partials (none without a split).
-inline size_t sm90_workspace_bytes(const GemmArgs& g) {
-  const sm90_detail::Resolved r = sm90_detail::resolve(g);
+inline size_t workspace_bytes(const GemmArgs& g, const Pins& pins) {
+  const Resolved r = resolve(g);
   if (!r.ok) return 0;
-  const sm90_detail::Choice c = sm90_detail::choose(r.g, r.l);
+  const Choice c = choose(r.g, r.l, pins);
   if (c.splits < 2) return 0;
   return size_t(c.splits) * size_t(g.batch) * size_t(g.m) * size_t(g.n) * sizeof(float);
 }
 
-inline cudaError_t sm90_run(const GemmArgs& g, void* ws, cudaStream_t stream) {
-  using namespace sm90_detail;
+inline cudaError_t run(const GemmArgs& g, void* ws, cudaStream_t stream, const Pins& pins) {
   const Resolved r = resolve(g);
   if (!r.ok) return cudaErrorInvalidValue;
-  if (choose(r.g, r.l).splits > 1 && ws == nullptr) return cudaErrorInvalidValue;
+  if (choose(r.g, r.l, pins).splits > 1 && ws == nullptr) return cudaErrorInvalidValue;
   switch (g.dtype) {
     case DType::f32:
-      return launch_tf32(r.g, r.l, r.store_t, ws, stream);
+      return launch_tf32(r.g, r.l, r.store_t, ws, stream, pins);
     case DType::bf16:
-      return launch_t<Bf16Tag>(r.g, r.l, ws, stream);
+      return launch_t<Bf16Tag>(r.g, r.l, ws, stream, pins);
     default:
-      return launch_t<F16Tag>(r.g, r.l, ws, stream);
+      return launch_t<F16Tag>(r.g, r.l, ws, stream, pins);
   }
+}
+
+}  // namespace sm90_detail
+
+inline size_t sm90_workspace_bytes(const GemmArgs& g) {
+  return sm90_detail::workspace_bytes(g, sm90_detail::Pins{});
+}
+
+inline cudaError_t sm90_run(const GemmArgs& g, void* ws, cudaStream_t stream) {
+  return sm90_detail::run(g, ws, stream, sm90_detail::Pins{});
 }
 
 // The 3xTF32 mode (see the top of this file).  C = A @ B for float32 with
@@ -1052,17 +923,17 @@ inline bool split3_b_strides(const GemmArgs& g, int64_t& ld, int64_t& bs) {
 }
 
 // The kernel's problem: C^T (n x m) = B^T @ A^T, 64 output columns a tile.
-inline Choice split3_choice(const GemmArgs& g) {
+inline Choice split3_choice(const GemmArgs& g, const Pins& pins) {
   GemmArgs t = g;
   t.m = g.n;
   t.n = 2 * g.m;  // pick_splits counts 128-wide tiles: two per 64 outputs
   Choice c{128, false};
-  pick_splits(t, c);
+  pick_splits(t, c, pins);
   return c;
 }
 
-inline size_t split3_partials_bytes(const GemmArgs& g) {
-  const Choice c = split3_choice(g);
+inline size_t split3_partials_bytes(const GemmArgs& g, const Pins& pins) {
+  const Choice c = split3_choice(g, pins);
   if (c.splits < 2) return 0;
   const size_t b = size_t(c.splits) * size_t(g.batch) * size_t(g.m) * size_t(g.n) * sizeof(float);
   return (b + 255) / 256 * 256;
@@ -1079,18 +950,19 @@ inline bool sm90_3xtf32_supports(const GemmArgs& g) {
          sm90_supports_device();
 }
 
-inline size_t sm90_3xtf32_workspace_bytes(const GemmArgs& g) {
-  return sm90_detail::split3_partials_bytes(g) + sm90_detail::split3_parts(g).bytes();
+namespace sm90_detail {
+
+inline size_t split3_workspace_bytes(const GemmArgs& g, const Pins& pins) {
+  return split3_partials_bytes(g, pins) + split3_parts(g).bytes();
 }
 
-inline cudaError_t sm90_3xtf32_run(const GemmArgs& g, void* ws, cudaStream_t stream) {
-  using namespace sm90_detail;
+inline cudaError_t split3_run(const GemmArgs& g, void* ws, cudaStream_t stream, const Pins& pins) {
   int64_t ldb = 0, bsb = 0;
   if (!split3_b_strides(g, ldb, bsb) || ws == nullptr) return cudaErrorInvalidValue;
-  const Choice c = split3_choice(g);
+  const Choice c = split3_choice(g, pins);
   const Split3Parts sp = split3_parts(g);
   unsigned char* w = static_cast<unsigned char*>(ws);
-  float* parts = reinterpret_cast<float*>(w + split3_partials_bytes(g));
+  float* parts = reinterpret_cast<float*>(w + split3_partials_bytes(g, pins));
   const int64_t part_rows = sp.batches * sp.rows();
   split3_parts_kernel<<<static_cast<unsigned>(std::min<int64_t>(part_rows, 65535)), 256, 0,
                         stream>>>(g.a, g.k, sp, parts);
@@ -1114,6 +986,16 @@ inline cudaError_t sm90_3xtf32_run(const GemmArgs& g, void* ws, cudaStream_t str
   kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(ma, mb, ma, g.c, p);
   if (c.splits == 1) return cudaGetLastError();
   return launch_sum_splits<float>(p.ws, g.c, c.splits, g.batch * g.m * g.n, stream);
+}
+
+}  // namespace sm90_detail
+
+inline size_t sm90_3xtf32_workspace_bytes(const GemmArgs& g) {
+  return sm90_detail::split3_workspace_bytes(g, sm90_detail::Pins{});
+}
+
+inline cudaError_t sm90_3xtf32_run(const GemmArgs& g, void* ws, cudaStream_t stream) {
+  return sm90_detail::split3_run(g, ws, stream, sm90_detail::Pins{});
 }
 
 }  // namespace torchops::cuda::gemm

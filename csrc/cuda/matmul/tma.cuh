@@ -35,9 +35,8 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 // registers back to the pool (dec), the consumers take them (inc, which
 // waits until they are free).  Builds for compute-sanitizer's racecheck
 // define TORCHOPS_NO_SETMAXNREG (scripts/gpu_check.sh): racecheck's
-// instrumented kernels deadlock there, intermittently (H200, CUDA 13.0,
-// 2026-11-27: 2 runs of 4 hung at the first launch; none of 4 without it),
-// as other instrumenting tools do on setmaxnreg.  The kernels then keep
+// instrumented kernels deadlock there, intermittently (a hang at the first
+// launch), as other instrumenting tools do on setmaxnreg.  The kernels then keep
 // their compiled register count; synchronisation is unchanged.
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {

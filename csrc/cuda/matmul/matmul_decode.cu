@@ -1,5 +1,5 @@
 // The decode path of torchops.matmul, compiled in a translation unit of its own
-// so the four paths' kernels build in parallel (csrc/cuda/matmul.cu picks).
+// so the four paths' kernels build in parallel (csrc/cuda/matmul/matmul.cu picks).
 #include "cuda/matmul/decode.cuh"
 #include "cuda/matmul/paths.cuh"
 

@@ -1,5 +1,5 @@
 // The sm80 path of torchops.matmul, compiled in a translation unit of its own
-// so the four paths' kernels build in parallel (csrc/cuda/matmul.cu picks).
+// so the four paths' kernels build in parallel (csrc/cuda/matmul/matmul.cu picks).
 #include "cuda/matmul/sm80.cuh"
 #include "cuda/matmul/paths.cuh"
 

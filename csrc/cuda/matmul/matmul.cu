@@ -31,7 +31,7 @@
 #include "common/matmul.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/matmul/paths.cuh"
-#include "cuda/matmul_tf32.h"
+#include "cuda/matmul/api.h"
 
 namespace torchops::cuda {
 namespace {
@@ -196,10 +196,8 @@ at::Tensor matmul_as(const at::Tensor& a_in, const at::Tensor& b_in, bool tf32,
       g = args_of(a, b, c, s, tf32);
     }
     // Batched matrices of at most 64 x 64 outputs: sm90's smallest tile
-    // (64x128) would be half empty, and sm80 ran them a little faster (f16
-    // 512 x 64^3: 0.99-1.01x of cuBLAS against 0.92-0.98x).  Wider ones run
-    // faster on sm90's 64-row tiles (bf16 64 x 64x1024x1024: 1.01x against
-    // sm80's 0.71x; H200, harness, docs/design.md).
+    // (64x128) would be half empty, and sm80 runs them a little faster.
+    // Wider ones run faster on sm90's 64-row tiles.
     const bool small_batched = s.batch > 1 && s.m <= 64 && s.n <= 64;
     if (!small_batched && kSm90.supports(g)) {
       run_path(kSm90, g, c);
@@ -245,19 +243,28 @@ at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
-at::Tensor matmul_tf32(const at::Tensor& a, const at::Tensor& b) {
-  TORCH_CHECK(a.scalar_type() == at::kFloat, "torchops.matmul_tf32: float32 only, got ",
-              a.scalar_type());
-  return matmul_as(a, b, /*tf32=*/true);
+TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
+  m.impl("matmul", &matmul);
 }
 
-void matmul_tf32_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+}  // namespace torchops::cuda
+
+// The subsystem's interface for other ops (api.h).
+namespace torchops::matmul {
+
+at::Tensor gemm_tf32(const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(a.scalar_type() == at::kFloat, "torchops.matmul_tf32: float32 only, got ",
               a.scalar_type());
-  matmul_as(a, b, /*tf32=*/true, &out);
+  return cuda::matmul_as(a, b, /*tf32=*/true);
 }
 
-bool matmul_3xtf32_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+void gemm_tf32_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.scalar_type() == at::kFloat, "torchops.matmul_tf32: float32 only, got ",
+              a.scalar_type());
+  cuda::matmul_as(a, b, /*tf32=*/true, &out);
+}
+
+bool gemm_3xtf32_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(a.scalar_type() == at::kFloat, "torchops.matmul_3xtf32: float32 only, got ",
               a.scalar_type());
   const MatmulShape s = check_matmul(a, b, c10::DeviceType::CUDA);
@@ -269,18 +276,14 @@ bool matmul_3xtf32_out(const at::Tensor& out, const at::Tensor& a, const at::Ten
   if (c.numel() == 0 || s.k == 0) {
     return false;
   }
-  const GemmArgs g = args_of(a, b, c, s, /*tf32=*/true);
-  if (!gemm::sm90_3xtf32_path.supports(g)) {
+  const cuda::gemm::GemmArgs g = cuda::args_of(a, b, c, s, /*tf32=*/true);
+  if (!cuda::gemm::sm90_3xtf32_path.supports(g)) {
     return false;
   }
-  run_path(gemm::sm90_3xtf32_path, g, c);
+  cuda::run_path(cuda::gemm::sm90_3xtf32_path, g, c);
   return true;
 }
 
-bool matmul_3xtf32_available() { return is_hopper(); }
+bool gemm_3xtf32_available() { return cuda::is_hopper(); }
 
-TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
-  m.impl("matmul", &matmul);
-}
-
-}  // namespace torchops::cuda
+}  // namespace torchops::matmul
