@@ -12,6 +12,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/safe_numerics.h>
 
+#include <cstdint>
+
 #include <initializer_list>
 #include <limits>
 #include <utility>
@@ -72,6 +74,25 @@ inline void check_devices(
     } else {
       check_same_device(op, *first, a);
     }
+  }
+}
+
+// The largest padding, stride or dilation a convolution-like op accepts
+// (_CONV_ARGUMENT_MAX in torchops/ops.py, for the fakes).  Values beyond
+// int32 describe no real convolution; bounding them keeps every coordinate
+// computation of the kernels (o * stride - pad + k * dilation,
+// size + 2 * pad) inside int64, and the checks' messages free of wrapped
+// sizes.
+constexpr int64_t kConvArgumentMax = std::numeric_limits<int32_t>::max();
+
+// Each named hyper-parameter of a convolution-like op at most
+// kConvArgumentMax.
+inline void check_conv_arguments(
+    const char* op, std::initializer_list<std::pair<const char*, int64_t>> args) {
+  for (const auto& a : args) {
+    TORCH_CHECK(a.second <= kConvArgumentMax, "torchops.", op, ": expected '",
+                a.first, "' to be at most ", kConvArgumentMax, " (int32), but got ",
+                a.second);
   }
 }
 
