@@ -150,7 +150,9 @@ inline int64_t deform_out_size(int64_t in, int64_t pad, int64_t dilation,
   if (c10::add_overflows(in - span - 1, 2 * pad, &room)) {
     room = std::numeric_limits<int64_t>::max();
   }
-  return room / stride + 1;
+  // A kernel wider than the padded input has no output (C++ division
+  // truncates towards zero: -1 / 2 + 1 would count one).
+  return room < 0 ? 0 : room / stride + 1;
 }
 
 inline DeformConvSizes check_deform_conv2d(
