@@ -391,8 +391,13 @@ def deform_conv2d(input: Tensor, weight: Tensor, offset: Tensor, mask: Tensor, b
                 idx = yi.clamp(0, h - 1).long() * w + xi.clamp(0, w - 1).long()
                 idx = torch.where(ok, idx, torch.zeros_like(idx)).reshape(n, og, 1, k * p)
                 got = torch.gather(feats, 3, idx.expand(n, og, cpg, k * p))
-                got = torch.where(ok.reshape(n, og, 1, k * p), got, torch.zeros_like(got))
-                cols = cols + got * (wy * wx).reshape(n, og, 1, k * p)
+                # A corner outside the image (or of a sample at a nan or inf
+                # position, whose weights are nan) is not read: zero, and
+                # zero times its weight.
+                ok_ = ok.reshape(n, og, 1, k * p)
+                got = torch.where(ok_, got, torch.zeros_like(got))
+                cols = cols + torch.where(ok_, got * (wy * wx).reshape(n, og, 1, k * p),
+                                          torch.zeros_like(got))
     if use_mask:
         cols = cols * mask.reshape(n, og, 1, k * p)
     cols = cols.reshape(n, groups, (c // groups) * k, p)
