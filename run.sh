@@ -33,11 +33,42 @@ if v < (2, 10):
 print(f"run.sh: using torch {torch.__version__} (CUDA {torch.version.cuda or 'none'})")
 PYEOF
 
-# Build requirements (no build isolation), then torchops itself, editable.
-pip_install "setuptools>=64" wheel ninja filelock
-extra=""
-[ "$cmd" = test ] && extra="[test]"
-pip_install --no-build-isolation -e ".${extra}"
+# Whether the editable torchops of this checkout is installed with libraries
+# built from the current sources (their manifests' sources hash, torch and
+# flags): pip builds an editable install from scratch in a fresh folder, so
+# reinstalling unchanged sources would recompile every kernel.
+installed_up_to_date() {
+  TORCHOPS_RUN_CMD=$cmd "$PY" - <<'PYEOF'
+import importlib.util, os, sys
+from pathlib import Path
+root = Path.cwd()
+spec = importlib.util.find_spec("torchops")
+if spec is None or spec.origin is None or Path(spec.origin).resolve().parent != root / "torchops":
+    sys.exit(1)
+if os.environ["TORCHOPS_RUN_CMD"] == "test" and any(
+        importlib.util.find_spec(m) is None for m in ("pytest", "expecttest", "hypothesis")):
+    sys.exit(1)
+# By path: importing the torchops package would load (or build) its libraries.
+b_spec = importlib.util.spec_from_file_location("torchops_build", root / "torchops" / "_build.py")
+b = importlib.util.module_from_spec(b_spec)
+sys.modules[b_spec.name] = b
+b_spec.loader.exec_module(b)
+reason = b.stale_prebuilt(root / "torchops", root / "csrc")
+if reason is not None:
+    print(f"run.sh: reinstalling torchops: {reason}")
+    sys.exit(1)
+PYEOF
+}
+
+if installed_up_to_date; then
+  echo "run.sh: torchops is installed from this checkout and built from its sources"
+else
+  # Build requirements (no build isolation), then torchops itself, editable.
+  pip_install "setuptools>=64" wheel ninja filelock
+  extra=""
+  [ "$cmd" = test ] && extra="[test]"
+  pip_install --no-build-isolation -e ".${extra}"
+fi
 
 if [ "$cmd" = demo ]; then
   exec "$PY" -m torchops demo "$@"

@@ -6,6 +6,7 @@
                                      (also: TORCHOPS_TEST_PROFILE=full)
     pytest test -m cuda              only the GPU-side tests
     pytest test --hypothesis-profile=full   only the long property runs' setting
+    pytest test/test_fuzz.py --fuzz-count=500 --fuzz-seed=1   a longer fuzzing sweep
 
 See docs/testing.md.
 """
@@ -53,6 +54,10 @@ def pytest_addoption(parser):
     parser.addoption("--full", action="store_true", default=False,
                      help="torchops: the long profile (larger samples, more hypothesis examples); "
                           "same as TORCHOPS_TEST_PROFILE=full")
+    parser.addoption("--fuzz-count", type=int, default=24,
+                     help="torchops: calls per op family and device in test_fuzz.py's sweep")
+    parser.addoption("--fuzz-seed", type=int, default=0,
+                     help="torchops: the base seed of test_fuzz.py's sweep")
 
 
 def pytest_configure(config):

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # (Python module, its constant, C++ file, its constexpr)
 MIRRORED = [
     ("torchops.ops", "MAX_SAMPLING_RATIO", "csrc/common/roi.h", "kMaxSamplingRatio"),
-    ("torchops.ops", "MAX_CONV_ARGUMENT", "csrc/common/checks.h", "kMaxConvArgument"),
+    ("torchops.ops", "MAX_CONV_ARGUMENT", "csrc/common/checks.h", "kConvArgumentMax"),
 ]
 
 _LIMITS = {f"{s}int{b}_t": (0 if s else -(2 ** (b - 1)), 2 ** b - 1 if s else 2 ** (b - 1) - 1)

@@ -461,3 +461,29 @@ CPU = Library("torchops_cpu", cuda=False,
               description="schemas, autograd and CPU kernels")
 CUDA = Library("torchops_cuda", cuda=True, description="CUDA kernels")
 LIBRARIES = (CPU, CUDA)
+
+
+def stale_prebuilt(package_dir: Path, csrc: Path) -> str | None:
+    """Why the libraries an editable install built into `package_dir` do not
+    match the sources in `csrc` (and the running torch and flags), or None
+    when every library that ``setup.py`` would build is there and current.
+    ``run.sh`` asks this before reinstalling: pip builds an editable install
+    from scratch, so reinstalling unchanged sources recompiles every kernel."""
+    for lib in LIBRARIES:
+        try:
+            lib.assert_compatible()
+        except RuntimeError:
+            continue  # setup.py would not build it either
+        found = sorted(package_dir.glob(f"_{lib.name}*.so"))
+        if len(found) != 1:
+            return f"{lib.name}: {len(found)} libraries in {package_dir}"
+        try:
+            manifest = json.loads(Library.manifest_path(found[0]).read_text())
+        except (OSError, ValueError) as e:
+            return f"{lib.name}: no readable manifest ({e})"
+        reason = lib.manifest_mismatch(manifest, csrc)
+        if reason is not None:
+            return f"{lib.name}: {reason}"
+        if manifest.get("flags") != lib.cxx_flags() + (lib.nvcc_flags() if lib.cuda else []):
+            return f"{lib.name}: built with other flags"
+    return None

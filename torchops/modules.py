@@ -22,6 +22,68 @@ from torchops import ops
 __all__ = ["RoIAlign", "RoIPool"]
 
 
+# --- constructor checks -------------------------------------------------------
+# Each module checks its hyper-parameters when it is built, so that a bad one
+# fails there, naming the module and the argument, rather than at the first
+# forward (or inside a submodule such as nn.Conv2d).  A size argument may be
+# an int or a pair, like the ops'.
+
+
+def _as_pair(module: str, name: str, value) -> tuple:
+    pair = tuple(value) if isinstance(value, (list, tuple)) else (value, value)
+    if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool)
+                                 for v in pair):
+        raise ValueError(f"torchops.{module}: expected '{name}' to be an int or a pair of "
+                         f"ints, but got {value!r}")
+    return pair
+
+
+def _check_ints(module: str, low: int, high: int | None = None, **values) -> None:
+    """Each value (an int, or a pair of them) within [low, high]."""
+    for name, value in values.items():
+        for v in _as_pair(module, name, value):
+            if v < low or (high is not None and v > high):
+                what = {0: "non-negative", 1: "positive"}.get(low, f"at least {low}")
+                bound = f" and at most {high}" if high is not None else ""
+                raise ValueError(f"torchops.{module}: expected '{name}' to be {what}{bound}, "
+                                 f"but got {value!r}")
+
+
+def _check_divides(module: str, divisor: str, d: int, **dividends) -> None:
+    for name, v in dividends.items():
+        if v % d != 0:
+            raise ValueError(f"torchops.{module}: expected '{divisor}' ({d}) to divide "
+                             f"'{name}' ({v})")
+
+
+def _check_finite(module: str, **values) -> None:
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"torchops.{module}: expected '{name}' to be a finite number, "
+                             f"but got {v!r}")
+
+
+def _check_conv_module(module: str, in_channels, out_channels, kernel_size, stride, padding,
+                       dilation, groups) -> None:
+    """The hyper-parameters of a convolution module, as the conv ops bound them."""
+    _check_ints(module, 0, in_channels=in_channels, out_channels=out_channels)
+    _check_ints(module, 1, kernel_size=kernel_size, groups=groups)
+    _check_ints(module, 1, ops.MAX_CONV_ARGUMENT, stride=stride, dilation=dilation)
+    _check_ints(module, 0, ops.MAX_CONV_ARGUMENT, padding=padding)
+    _check_divides(module, "groups", groups, in_channels=in_channels,
+                   out_channels=out_channels)
+
+
+def _check_roi_module(module: str, output_size, spatial_scale, sampling_ratio) -> None:
+    _check_ints(module, 1, output_size=output_size)
+    _check_finite(module, spatial_scale=spatial_scale)
+    if isinstance(sampling_ratio, bool) or not isinstance(sampling_ratio, int) or \
+            sampling_ratio > ops.MAX_SAMPLING_RATIO:
+        raise ValueError(f"torchops.{module}: expected 'sampling_ratio' to be an int of at "
+                         f"most {ops.MAX_SAMPLING_RATIO} (<= 0: adaptive), but got "
+                         f"{sampling_ratio!r}")
+
+
 # --- RoI pooling --------------------------------------------------------------
 
 class RoIAlign(nn.Module):
@@ -33,6 +95,7 @@ class RoIAlign(nn.Module):
     def __init__(self, output_size: int | tuple[int, int], spatial_scale: float,
                  sampling_ratio: int, aligned: bool = False) -> None:
         super().__init__()
+        _check_roi_module("RoIAlign", output_size, spatial_scale, sampling_ratio)
         self.output_size = output_size
         self.spatial_scale = spatial_scale
         self.sampling_ratio = sampling_ratio
@@ -53,6 +116,8 @@ class RoIPool(nn.Module):
 
     def __init__(self, output_size: int | tuple[int, int], spatial_scale: float) -> None:
         super().__init__()
+        _check_ints("RoIPool", 1, output_size=output_size)
+        _check_finite("RoIPool", spatial_scale=spatial_scale)
         self.output_size = output_size
         self.spatial_scale = spatial_scale
 
@@ -108,10 +173,8 @@ class DeformConv2d(nn.Module):
                  stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0,
                  dilation: int | tuple[int, int] = 1, groups: int = 1, bias: bool = True) -> None:
         super().__init__()
-        if in_channels % groups != 0:
-            raise ValueError("torchops.DeformConv2d: 'in_channels' must be divisible by 'groups'")
-        if out_channels % groups != 0:
-            raise ValueError("torchops.DeformConv2d: 'out_channels' must be divisible by 'groups'")
+        _check_conv_module("DeformConv2d", in_channels, out_channels, kernel_size, stride,
+                           padding, dilation, groups)
         _init_conv(self, in_channels, out_channels, kernel_size, stride, padding, dilation,
                    groups, bias)
         self.reset_parameters()
@@ -149,6 +212,11 @@ class ModulatedDeformConv2dPack(nn.Module):
                  dilation: int | tuple[int, int] = 1, groups: int = 1, deform_groups: int = 1,
                  bias: bool = True) -> None:
         super().__init__()
+        name = "ModulatedDeformConv2dPack"
+        _check_conv_module(name, in_channels, out_channels, kernel_size, stride, padding,
+                           dilation, groups)
+        _check_ints(name, 1, deform_groups=deform_groups)
+        _check_divides(name, "deform_groups", deform_groups, in_channels=in_channels)
         _init_conv(self, in_channels, out_channels, kernel_size, stride, padding, dilation,
                    groups, bias)
         self.deform_groups = deform_groups
@@ -189,6 +257,8 @@ class DeformRoIPool(nn.Module):
     def __init__(self, output_size: int | tuple[int, int], spatial_scale: float = 1.0,
                  sampling_ratio: int = 0, gamma: float = 0.1) -> None:
         super().__init__()
+        _check_roi_module(type(self).__name__, output_size, spatial_scale, sampling_ratio)
+        _check_finite(type(self).__name__, gamma=gamma)
         self.output_size = _pair(output_size)
         self.spatial_scale = float(spatial_scale)
         self.sampling_ratio = int(sampling_ratio)
@@ -235,6 +305,8 @@ class DeformRoIPoolPack(DeformRoIPool):
                  deform_fc_channels: int = 1024, spatial_scale: float = 1.0,
                  sampling_ratio: int = 0, gamma: float = 0.1) -> None:
         super().__init__(output_size, spatial_scale, sampling_ratio, gamma)
+        _check_ints(type(self).__name__, 1, output_channels=output_channels,
+                    deform_fc_channels=deform_fc_channels)
         self.output_channels = output_channels
         self.deform_fc_channels = deform_fc_channels
         bins = self.output_size[0] * self.output_size[1]
@@ -301,6 +373,16 @@ class MaskedConv2d(nn.Conv2d):
     path needs ``padding_mode="zeros"``; ``padding="same"`` works where the
     padding comes out symmetric (odd dilated kernels)."""
 
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1,
+                 padding=0, dilation=1, groups: int = 1, bias: bool = True,
+                 padding_mode: str = "zeros", device=None, dtype=None) -> None:
+        # nn.Conv2d checks groups and padding_mode; the masked op also needs
+        # a non-negative padding and a positive stride and dilation.
+        _check_conv_module("MaskedConv2d", in_channels, out_channels, kernel_size, stride,
+                           0 if isinstance(padding, str) else padding, dilation, groups)
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         groups, bias, padding_mode, device, dtype)
+
     def _masked_padding(self) -> tuple[int, int]:
         if self.padding_mode != "zeros":
             raise ValueError(f"torchops.MaskedConv2d: the masked path pads with zeros only, "
@@ -353,6 +435,16 @@ class CARAFEPack(nn.Module):
                  up_group: int = 1, encoder_kernel: int = 3, encoder_dilation: int = 1,
                  compressed_channels: int = 64) -> None:
         super().__init__()
+        name = "CARAFEPack"
+        _check_ints(name, 1, channels=channels, scale_factor=scale_factor, up_group=up_group,
+                    encoder_dilation=encoder_dilation,
+                    compressed_channels=compressed_channels)
+        for arg, k in (("up_kernel", up_kernel), ("encoder_kernel", encoder_kernel)):
+            _check_ints(name, 1, **{arg: k})
+            if k % 2 == 0:
+                # carafe needs an odd kernel; the encoder's "same" padding too.
+                raise ValueError(f"torchops.{name}: expected '{arg}' to be odd, but got {k}")
+        _check_divides(name, "up_group", up_group, channels=channels)
         self.channels = channels
         self.scale_factor = scale_factor
         self.up_kernel = up_kernel

@@ -750,6 +750,8 @@ def _check_deform_args(op: str, input: Tensor, weight: Tensor, offset: Tensor, m
     torch._check(groups > 0, lambda: f"torchops.{op}: expected 'groups' to be positive")
     torch._check(offset_groups > 0,
                  lambda: f"torchops.{op}: expected 'offset_groups' to be positive")
+    _check_conv_arguments(op, stride_h=stride_h, stride_w=stride_w, pad_h=pad_h, pad_w=pad_w,
+                          dilation_h=dilation_h, dilation_w=dilation_w)
     n, c, h, w = input.shape
     o, cg, kh, kw = weight.shape
     torch._check(kh > 0 and kw > 0,
@@ -970,9 +972,16 @@ def masked_conv2d(input: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | No
         _pair(op, stride, "stride"), _pair(op, dilation, "dilation"), groups)
 
 
-# csrc/common/checks.h kMaxConvArgument: the bound on padding, stride and
-# dilation that keeps the kernels' coordinate arithmetic inside int64.
+# csrc/common/checks.h kConvArgumentMax: the largest padding, stride or
+# dilation of a convolution-like op.
 MAX_CONV_ARGUMENT = 2**31 - 1
+
+
+def _check_conv_arguments(op: str, **args) -> None:
+    """The kernels' check_conv_arguments: each value at most MAX_CONV_ARGUMENT."""
+    for name, v in args.items():
+        torch._check(v <= MAX_CONV_ARGUMENT, lambda: f"torchops.{op}: expected '{name}' to be "
+                     f"at most {MAX_CONV_ARGUMENT} (int32), but got {v}")
 
 
 def _check_conv_list(op: str, name: str, value, low: int) -> None:
@@ -982,9 +991,6 @@ def _check_conv_list(op: str, name: str, value, low: int) -> None:
     what = "non-negative" if low == 0 else "positive"
     torch._check(v0 >= low and v1 >= low,
                  lambda: f"torchops.{op}: expected '{name}' to be {what}, but got {[v0, v1]}")
-    torch._check(v0 <= MAX_CONV_ARGUMENT and v1 <= MAX_CONV_ARGUMENT,
-                 lambda: f"torchops.{op}: expected 'padding', 'stride' and 'dilation' to fit "
-                 "in int32")
 
 
 def _check_masked_conv2d(op: str, input: Tensor, mask: Tensor, weight: Tensor,
@@ -1028,6 +1034,8 @@ def _check_masked_conv2d(op: str, input: Tensor, mask: Tensor, weight: Tensor,
         torch._check(bias.dim() == 1 and bias.shape[0] == c_out,
                      lambda: f"torchops.{op}: expected 'bias' to have shape (C_out,), but got "
                      f"{b_shape}")
+    _check_conv_arguments(op, padding=max(padding), stride=max(stride),
+                          dilation=max(dilation))
     span_h = dilation[0] * (kh - 1) + 1
     span_w = dilation[1] * (kw - 1) + 1
     torch._check(h + 2 * padding[0] >= span_h and w + 2 * padding[1] >= span_w,

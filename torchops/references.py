@@ -103,6 +103,15 @@ def _bilinear_axis(c: Tensor, size: int):
     return valid, low_i, high_i, 1 - frac, frac
 
 
+def _weighted(values: Tensor, weight: Tensor) -> Tensor:
+    """``values * weight``, 0 where the weight is 0: bilinear interpolation
+    does not read a pixel it gives no weight (a sample on a pixel, clamped to
+    the last one, or outside the map), so an inf or nan there does not make
+    the sample nan.  torchvision multiplies such taps; for finite features the
+    two agree."""
+    return torch.where(weight != 0, values * weight, torch.zeros_like(values))
+
+
 def _roi_align_grid(input: Tensor, batch: Tensor, x1: Tensor, y1: Tensor, roi_w: Tensor,
                     roi_h: Tensor, pooled_height: int, pooled_width: int, grid_h: int,
                     grid_w: int) -> Tensor:
@@ -124,15 +133,14 @@ def _roi_align_grid(input: Tensor, batch: Tensor, x1: Tensor, y1: Tensor, roi_w:
     vx, xl, xh, wxl, wxh = _bilinear_axis(coords(x1, roi_w, pooled_width, grid_w), w)
     flat = input.permute(0, 2, 3, 1).reshape(n * h * w, c)
     base = (batch * (h * w))[:, None, None]
-    # Invalid samples get weight 0 (cheaper than masking the gathered
-    # values; it differs from skipping them only for inf/nan features).
+    # Invalid samples get weight 0, and taps of weight 0 are skipped.
     valid = (vy[:, :, None] & vx[:, None, :]).to(dt)
     acc = 0
     for yi, wy in ((yl, wyl), (yh, wyh)):
         for xi, wx in ((xl, wxl), (xh, wxh)):
             idx = base + yi[:, :, None] * w + xi[:, None, :]            # (K, PY, PX)
             weight = wy[:, :, None] * wx[:, None, :] * valid             # (K, PY, PX)
-            acc = acc + flat[idx] * weight[..., None]                    # (K, PY, PX, C)
+            acc = acc + _weighted(flat[idx], weight[..., None])          # (K, PY, PX, C)
     out = acc.reshape(k, pooled_height, grid_h, pooled_width, grid_w, c).mean(dim=(2, 4))
     return out.permute(0, 3, 1, 2)
 
@@ -256,7 +264,7 @@ def _bin_samples(input: Tensor, batch: Tensor, ys: Tensor, xs: Tensor) -> Tensor
         for xi, wx in ((xl, wxl), (xh, wxh)):
             idx = base + yi[..., :, None] * w + xi[..., None, :]       # (K, PH, PW, GY, GX)
             weight = wy[..., :, None] * wx[..., None, :] * valid
-            acc = acc + flat[idx] * weight[..., None]                  # (..., C)
+            acc = acc + _weighted(flat[idx], weight[..., None])        # (..., C)
     return acc.mean(dim=(3, 4)).permute(0, 3, 1, 2)
 
 
@@ -383,8 +391,13 @@ def deform_conv2d(input: Tensor, weight: Tensor, offset: Tensor, mask: Tensor, b
                 idx = yi.clamp(0, h - 1).long() * w + xi.clamp(0, w - 1).long()
                 idx = torch.where(ok, idx, torch.zeros_like(idx)).reshape(n, og, 1, k * p)
                 got = torch.gather(feats, 3, idx.expand(n, og, cpg, k * p))
-                got = torch.where(ok.reshape(n, og, 1, k * p), got, torch.zeros_like(got))
-                cols = cols + got * (wy * wx).reshape(n, og, 1, k * p)
+                # A corner outside the image (or of a sample at a nan or inf
+                # position, whose weights are nan) is not read: zero, and
+                # zero times its weight.
+                ok_ = ok.reshape(n, og, 1, k * p)
+                got = torch.where(ok_, got, torch.zeros_like(got))
+                cols = cols + torch.where(ok_, got * (wy * wx).reshape(n, og, 1, k * p),
+                                          torch.zeros_like(got))
     if use_mask:
         cols = cols * mask.reshape(n, og, 1, k * p)
     cols = cols.reshape(n, groups, (c // groups) * k, p)
@@ -404,7 +417,9 @@ def carafe(features: Tensor, masks: Tensor, kernel_size: int, group_size: int,
     """CARAFE with mmcv's semantics: ``out[n, c, oh, ow]`` sums, over the
     ``kernel_size x kernel_size`` neighbourhood of source pixel
     ``(oh // s, ow // s)`` (zero padded), the features times
-    ``masks[n, (g * k + ky) * k + kx, oh, ow]``, ``g`` the channel's group.
+    ``masks[n, (g * k + ky) * k + kx, oh, ow]``, ``g`` the channel's group;
+    a tap outside the map is skipped (mmcv's rule: an inf or nan mask weight
+    there does not reach the output).
 
     The unfold formulation: ``F.unfold`` gathers each source pixel's
     neighbourhood, ``(N, g, C/g, k^2, H, W)``; the masks of the ``s x s``
@@ -419,5 +434,10 @@ def carafe(features: Tensor, masks: Tensor, kernel_size: int, group_size: int,
                 + masks[..., :0].sum())
     cols = F.unfold(features, k, padding=(k - 1) // 2).view(n, g, c // g, k * k, h, w)
     m = masks.reshape(n, g, k * k, h, s, w, s)
+    # A tap outside the map is skipped, its mask weight included (mmcv's
+    # rule): an inf or nan weight there must not turn the padding into nan.
+    inside = F.unfold(features.new_ones((1, 1, h, w)), k, padding=(k - 1) // 2)
+    inside = inside.view(1, 1, k * k, h, 1, w, 1) != 0
+    m = torch.where(inside, m, torch.zeros_like(m))
     out = torch.einsum("ngckhw,ngkhiwj->ngchiwj", cols, m)
     return out.reshape(n, c, h * s, w * s)

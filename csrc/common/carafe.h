@@ -5,6 +5,7 @@
 //       features[n, c, oh / s + ky - r, ow / s + kx - r]      (0 outside)
 //     * masks[n, (group(c) * k + ky) * k + kx, oh, ow]
 //
+// (a tap outside the map is skipped, not multiplied by 0)
 // with r = (k - 1) / 2, group(c) = c / (C / g), features (N, C, H, W), masks
 // (N, g k^2, H s, W s) and out (N, C, H s, W s).  Every output pixel of the
 // s x s block of a source pixel reads the same k x k neighbourhood; only its
@@ -43,6 +44,17 @@ C10_HOST_DEVICE inline int64_t carafe_source(int64_t o, int64_t t, int64_t s,
                                              int64_t radius, int64_t size) {
   const int64_t v = o / s + t - radius;
   return (v >= 0 && v < size) ? v : -1;
+}
+
+// Whether tap (ky, kx) of source pixel (y, x) reads inside the feature map.
+// A tap outside reads the zero padding and is skipped whole, its mask
+// weight included (mmcv's rule): an inf or NaN weight there does not reach
+// the output.
+C10_HOST_DEVICE inline bool carafe_tap_inside(int64_t y, int64_t x, int64_t ky,
+                                              int64_t kx, int64_t radius,
+                                              int64_t h, int64_t w) {
+  const int64_t sy = y + ky - radius, sx = x + kx - radius;
+  return sy >= 0 && sy < h && sx >= 0 && sx < w;
 }
 
 // The arguments of carafe and its backward: every message names the op and

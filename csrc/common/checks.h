@@ -12,6 +12,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/safe_numerics.h>
 
+#include <cstdint>
+
 #include <initializer_list>
 #include <limits>
 #include <utility>
@@ -75,6 +77,25 @@ inline void check_devices(
   }
 }
 
+// The largest padding, stride or dilation a convolution-like op accepts
+// (MAX_CONV_ARGUMENT in torchops/ops.py, for the fakes).  Values beyond
+// int32 describe no real convolution; bounding them keeps every coordinate
+// computation of the kernels (o * stride - pad + k * dilation,
+// size + 2 * pad) inside int64, and the checks' messages free of wrapped
+// sizes.
+constexpr int64_t kConvArgumentMax = std::numeric_limits<int32_t>::max();
+
+// Each named hyper-parameter of a convolution-like op at most
+// kConvArgumentMax.
+inline void check_conv_arguments(
+    const char* op, std::initializer_list<std::pair<const char*, int64_t>> args) {
+  for (const auto& a : args) {
+    TORCH_CHECK(a.second <= kConvArgumentMax, "torchops.", op, ": expected '",
+                a.first, "' to be at most ", kConvArgumentMax, " (int32), but got ",
+                a.second);
+  }
+}
+
 // Allocates an op's output (zero-filled when `zero`).  Output sizes come from
 // arguments (pooled sizes, the input sizes a backward is told) or from
 // products of input sizes (matmul's M x N when K = 0), so they can be absurd:
@@ -117,10 +138,5 @@ inline at::Tensor new_output(const char* op, c10::IntArrayRef sizes,
                 " bytes): ", e.what_without_backtrace());
   }
 }
-
-// Convolution hyper-parameters (padding, stride, dilation) beyond int32
-// describe no real convolution; bounding them keeps the kernels' coordinate
-// arithmetic inside int64.  torchops/ops.py MAX_CONV_ARGUMENT mirrors it.
-constexpr int64_t kMaxConvArgument = std::numeric_limits<int32_t>::max();
 
 }  // namespace torchops

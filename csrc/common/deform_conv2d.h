@@ -12,11 +12,13 @@
 #pragma once
 
 #include <c10/macros/Macros.h>
+#include <c10/util/safe_numerics.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 
 #include "common/checks.h"
 #include "common/env.h"
@@ -136,10 +138,22 @@ struct DeformConvSizes {
   int64_t out_channels, kernel_h, kernel_w, out_h, out_w;
 };
 
-// The output size along one axis (may be <= 0 for a too-small input).
+// The output size along one axis (may be <= 0 for a too-small input).  With
+// pad and dilation bounded by kConvArgumentMax only sizes near int64's limit
+// (expanded tensors) can overflow here: a dilated kernel past int64 fits no
+// input (0), and a padded input past it saturates.
 inline int64_t deform_out_size(int64_t in, int64_t pad, int64_t dilation,
                                int64_t kernel, int64_t stride) {
-  return (in + 2 * pad - (dilation * (kernel - 1) + 1)) / stride + 1;
+  int64_t span = 0, room = 0;
+  if (c10::mul_overflows(dilation, kernel - 1, &span)) {
+    return 0;
+  }
+  if (c10::add_overflows(in - span - 1, 2 * pad, &room)) {
+    room = std::numeric_limits<int64_t>::max();
+  }
+  // A kernel wider than the padded input has no output (C++ division
+  // truncates towards zero: -1 / 2 + 1 would count one).
+  return room < 0 ? 0 : room / stride + 1;
 }
 
 inline DeformConvSizes check_deform_conv2d(
@@ -174,6 +188,9 @@ inline DeformConvSizes check_deform_conv2d(
   TORCH_CHECK(offset_groups > 0, "torchops.", op,
               ": expected 'offset_groups' to be positive, but got ",
               offset_groups);
+  check_conv_arguments(op, {{"stride_h", stride_h}, {"stride_w", stride_w},
+                            {"pad_h", pad_h}, {"pad_w", pad_w},
+                            {"dilation_h", dilation_h}, {"dilation_w", dilation_w}});
   DeformConvSizes s;
   s.batch = input.size(0);
   s.channels = input.size(1);

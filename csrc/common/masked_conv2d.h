@@ -26,6 +26,7 @@
 #include <c10/util/ArrayRef.h>
 #include <c10/util/safe_numerics.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -164,12 +165,9 @@ inline MaskedConvGeometry check_masked_conv2d(
                 ": expected 'bias' to have shape (", g.out_channels, ",), but got ",
                 bias->sizes());
   }
-  // Hyper-parameters beyond int32 describe no real convolution; bounding
-  // them keeps every coordinate computation below inside int64.
-  const int64_t limit = kMaxConvArgument;
-  TORCH_CHECK(g.pad_h <= limit && g.pad_w <= limit && g.dil_h <= limit && g.dil_w <= limit &&
-                  g.stride_h <= limit && g.stride_w <= limit,
-              "torchops.", op, ": expected 'padding', 'stride' and 'dilation' to fit in int32");
+  check_conv_arguments(op, {{"padding", std::max(g.pad_h, g.pad_w)},
+                            {"stride", std::max(g.stride_h, g.stride_w)},
+                            {"dilation", std::max(g.dil_h, g.dil_w)}});
   int64_t span_h = 0, span_w = 0;
   const bool overflow = c10::mul_overflows(g.dil_h, g.kernel_h - 1, &span_h) ||
                         c10::mul_overflows(g.dil_w, g.kernel_w - 1, &span_w);

@@ -93,6 +93,16 @@ C10_HOST_DEVICE inline bool roi_align_axis(T v, I size, I& lo, I& hi, T& w_lo,
   return true;
 }
 
+// w * v for a tap of weight w, or 0 where w is 0: bilinear interpolation
+// does not read a pixel it gives no weight (a sample on a pixel, or clamped
+// to the last one), so an inf or NaN there must not make the sum NaN
+// (0 * inf).  torchvision multiplies such taps; for finite values the sums
+// agree.
+template <typename T>
+C10_HOST_DEVICE inline T roi_align_weighted(T w, T v) {
+  return w != T(0) ? w * v : T(0);
+}
+
 // d w_hi / d v of a sample at v along an axis of `size` pixels (d w_lo / d v
 // is its negative): 1 where roi_align_axis interpolates, 0 where it clamps
 // (v <= 0, or v at or past the last pixel: the value does not move with v).

@@ -190,6 +190,28 @@ void split_phases(const CarafeShape& p, const Task& t, const scalar_t* maps,
   }
 }
 
+// Zeroes the phase-split mask rows of the taps that read outside the
+// feature map (carafe_tap_inside): the padded features there are zero, and
+// an inf or NaN mask weight must not turn 0 into NaN.
+template <typename T>
+void drop_outside_taps(const CarafeShape& p, const Task& t, T* rows_data) {
+  const PhaseRows rows{t.len, p.taps(), p.s};
+  const int64_t r = p.radius();
+  for (int64_t tap = 0; tap < p.taps(); ++tap) {
+    const int64_t ky = tap / p.k, kx = tap % p.k;
+    for (int64_t q = 0; q < t.len; ++q) {
+      if (carafe_tap_inside(t.y, t.q0 + q, ky, kx, r, p.h, p.w)) {
+        continue;
+      }
+      for (int64_t i = 0; i < p.s; ++i) {
+        for (int64_t phase = 0; phase < p.s; ++phase) {
+          rows_data[rows.index(i, phase, tap) + q] = T(0);
+        }
+      }
+    }
+  }
+}
+
 // The features of every (image, channel) in T, zero-padded by r on each
 // side: rows of w + 2 r.
 at::Tensor padded_features(const at::Tensor& features, int64_t r) {
@@ -232,6 +254,7 @@ void forward_kernel(const CarafeShape& p, const at::Tensor& padded,
       const PhaseRows rows{t.len, k2, s};
       split_phases(p, t, masks + (t.n * p.g + t.grp) * k2 * oplane, k2,
                    mrows.data());
+      drop_outside_taps(p, t, mrows.data());
       for (int64_t c = t.grp * cg; c < (t.grp + 1) * cg; ++c) {
         tap_rows(p, t, fp + (t.n * p.c + c) * pplane, taps.data());
         for (int64_t i = 0; i < s; ++i) {

@@ -112,7 +112,7 @@ struct BlockTaps {
   bool inside[kPixelBlock];
   int64_t corner[4];
 
-  // with_mask: fold the mask into w (the forward's and col2im's weights).
+  // with_mask: fold the mask into w (col2im's weights).
   void fill(const Chunk<T>& ch, int64_t og, int64_t k, int64_t b, int64_t p0,
             int64_t p1, bool with_mask) {
     const T* off = ch.offset_of(b);
@@ -158,8 +158,12 @@ void for_channel_steps(int64_t c0, int64_t c1, F&& f) {
   }
 }
 
-// dst[q * dst_step + i] = the (masked) bilinear sample of plane
-// src + q * src_step at pixel i of the block, for q < NC.
+// dst[q * dst_step + i] = the masked bilinear sample of plane
+// src + q * src_step at pixel i of the block, for q < NC (bt filled without
+// the mask).  The mask multiplies the interpolated value, as in torchvision:
+// folded into the corner weights, an inf mask would meet the zero weights
+// of unread corners (0 * inf) and the zero padding, and give NaN where the
+// sample is inf.
 template <int NC, typename T>
 void sample_block(const BlockTaps<T>& bt, const T* __restrict__ src,
                   int64_t src_step, T* __restrict__ dst, int64_t dst_step) {
@@ -167,10 +171,11 @@ void sample_block(const BlockTaps<T>& bt, const T* __restrict__ src,
   for (int64_t i = 0; i < bt.n; ++i) {
     const int32_t j = bt.base[i];
     const T w0 = bt.w[0][i], w1 = bt.w[1][i], w2 = bt.w[2][i], w3 = bt.w[3][i];
+    const T m = bt.m[i];
     for (int q = 0; q < NC; ++q) {
       const T* s = src + q * src_step;
       dst[q * dst_step + i] =
-          w0 * s[j] + w1 * s[j + 1] + w2 * s[j + c2] + w3 * s[j + c2 + 1];
+          m * (w0 * s[j] + w1 * s[j + 1] + w2 * s[j + c2] + w3 * s[j + c2 + 1]);
     }
   }
 }
@@ -183,7 +188,7 @@ void deformable_im2col(const Chunk<T>& ch, T* columns) {
   for_pixel_blocks(ch.g, ch.images, [&](int64_t og, int64_t k, int64_t b,
                                         int64_t p0, int64_t p1) {
     BlockTaps<T> bt;
-    bt.fill(ch, og, k, b, p0, p1, /*with_mask=*/true);
+    bt.fill(ch, og, k, b, p0, p1, /*with_mask=*/false);
     for_channel_steps(og * cpg, (og + 1) * cpg, [&](int64_t c, auto nc) {
       sample_block<decltype(nc)::value>(
           bt, ch.padded + (b * ch.g.channels + c) * plane, plane,

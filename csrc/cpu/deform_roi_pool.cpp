@@ -105,8 +105,9 @@ void pool_bins(const scalar_t* __restrict__ plane, int64_t width,
   if (t.four && (!kSlopes || !t.row4.s.empty())) {
     for (int64_t b = 0; b < bins; ++b) {
       if constexpr (!kSlopes) {
-        out[b] = static_cast<scalar_t>(sum4x4(plane, t.row4.at_of(b), t.row4.w_of(b),
-                                              t.col4.at_of(b), t.col4.w_of(b)));
+        out[b] = static_cast<scalar_t>(settle_nan(
+            sum4x4(plane, t.row4.at_of(b), t.row4.w_of(b), t.col4.at_of(b), t.col4.w_of(b)),
+            plane, width, t.rows, b, t.cols, b));
       } else {
         const int64_t* ro = t.row4.at_of(b);
         const T* rw = t.row4.w_of(b);
@@ -124,7 +125,7 @@ void pool_bins(const scalar_t* __restrict__ plane, int64_t width,
           dx += rw[k] * (cs[0] * v0 + cs[1] * v1 + cs[2] * v2 + cs[3] * v3);
           dy += rs[k] * vw;
         }
-        out[b] = static_cast<scalar_t>(acc);
+        out[b] = static_cast<scalar_t>(settle_nan(acc, plane, width, t.rows, b, t.cols, b));
         sx[b] = dx;
         sy[b] = dy;
       }
@@ -133,8 +134,9 @@ void pool_bins(const scalar_t* __restrict__ plane, int64_t width,
   }
   if constexpr (!kSlopes) {
     for (int64_t b = 0; b < bins; ++b) {
-      out[b] = static_cast<scalar_t>(
-          separable_sum(plane, width, t.rows, b, t.cols, b));
+      out[b] = static_cast<scalar_t>(settle_nan(
+          separable_sum(plane, width, t.rows, b, t.cols, b), plane, width, t.rows, b, t.cols,
+          b));
     }
   } else {
     const int64_t* ri = t.rows.index.data();
@@ -158,7 +160,7 @@ void pool_bins(const scalar_t* __restrict__ plane, int64_t width,
         dx += rw[r] * vs;
         dy += rs[r] * vw;
       }
-      out[b] = static_cast<scalar_t>(acc);
+      out[b] = static_cast<scalar_t>(settle_nan(acc, plane, width, t.rows, b, t.cols, b));
       sx[b] = dx;
       sy[b] = dy;
     }

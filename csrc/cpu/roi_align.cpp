@@ -270,8 +270,9 @@ void pool_plane(const scalar_t* __restrict__ plane, int64_t width,
       const int64_t* ro = t.row4.at_of(ph);
       const T* wr = t.row4.w_of(ph);
       for (int64_t pw = 0; pw < pooled_width; ++pw) {
-        out[ph * pooled_width + pw] = static_cast<scalar_t>(
-            sum4x4(plane, ro, wr, t.col4.at_of(pw), t.col4.w_of(pw)));
+        out[ph * pooled_width + pw] = static_cast<scalar_t>(settle_nan(
+            sum4x4(plane, ro, wr, t.col4.at_of(pw), t.col4.w_of(pw)), plane, width,
+            t.rows, ph, t.cols, pw));
       }
     }
     return;
@@ -288,13 +289,14 @@ void pool_plane(const scalar_t* __restrict__ plane, int64_t width,
         for (int64_t q = t.cols.begin(pw); q < t.cols.end(pw); ++q) {
           acc += cw[q] * buf[ci[q] - x0];
         }
-        o[pw] = static_cast<scalar_t>(acc);
+        o[pw] = static_cast<scalar_t>(settle_nan(acc, plane, width, t.rows, ph, t.cols, pw));
       }
       continue;
     }
     for (int64_t pw = 0; pw < pooled_width; ++pw) {
-      o[pw] = static_cast<scalar_t>(
-          separable_sum(plane, width, t.rows, ph, t.cols, pw));
+      o[pw] = static_cast<scalar_t>(settle_nan(
+          separable_sum(plane, width, t.rows, ph, t.cols, pw), plane, width, t.rows, ph,
+          t.cols, pw));
     }
   }
 }

@@ -381,8 +381,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       for (int i = 0; i < PH; ++i) {
 #pragma unroll
         for (int j = 0; j < PW; ++j) {
+          // A tap outside the map reads zero padding and is skipped, its
+          // weight included (carafe_tap_inside).
           m[i * PW + j][kk] =
-              t.active ? static_cast<T>(mp[kk * a.oplane + i * a.wo + j]) : T(0);
+              t.active && carafe_tap_inside(b.y0 + t.ly, b.x0 + t.lx, kk / K, kk % K,
+                                            (K - 1) / 2, a.h, a.w)
+                  ? static_cast<T>(mp[kk * a.oplane + i * a.wo + j])
+                  : T(0);
         }
       }
     }
@@ -678,8 +683,10 @@ __global__ void __launch_bounds__(kGenericThreads) carafe_forward_generic(
       const int64_t y = carafe_source(oh, ky, a.s, a.radius, a.h);
       for (int64_t kx = 0; kx < a.k; ++kx) {
         const int64_t x = carafe_source(ow, kx, a.s, a.radius, a.w);
-        const T v = (y >= 0 && x >= 0) ? static_cast<T>(fp[y * a.w + x]) : T(0);
-        acc += v * static_cast<T>(mp[(ky * a.k + kx) * a.oplane]);
+        if (y >= 0 && x >= 0) {  // a tap outside the map is skipped
+          acc += static_cast<T>(fp[y * a.w + x]) *
+                 static_cast<T>(mp[(ky * a.k + kx) * a.oplane]);
+        }
       }
     }
     out[i] = static_cast<scalar_t>(acc);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -189,6 +190,31 @@ inline T separable_sum(const scalar_t* __restrict__ plane, int64_t width,
     acc += rw[r] * s;
   }
   return acc;
+}
+
+// A bin's value from a walk that may multiply taps of weight 0 (the
+// padding of Taps4 and of the row pass, or taps kept only for their
+// slopes): 0 * inf there would turn the value into NaN although no sample
+// weighs that pixel.  Where `acc` is NaN, the bin is summed again over its
+// weighted taps alone (roi_align_weighted), so it is NaN only when a sample
+// reads a NaN or inf - inf.  NaN is rare: the common path pays one compare.
+template <typename scalar_t, typename T>
+inline T settle_nan(T acc, const scalar_t* __restrict__ plane, int64_t width,
+                    const AxisTaps<T>& rows, int64_t gr, const AxisTaps<T>& cols,
+                    int64_t gc) {
+  if (!std::isnan(acc)) {
+    return acc;
+  }
+  T sum = T(0);
+  for (int64_t r = rows.begin(gr); r < rows.end(gr); ++r) {
+    const scalar_t* row = plane + rows.index[r] * width;
+    T s = T(0);
+    for (int64_t q = cols.begin(gc); q < cols.end(gc); ++q) {
+      s += roi_align_weighted(cols.weight[q], static_cast<T>(row[cols.index[q]]));
+    }
+    sum += roi_align_weighted(rows.weight[r], s);
+  }
+  return sum;
 }
 
 // The transpose of separable_sum: plane[r, q] += g * wy[r] * wx[q].

@@ -76,8 +76,10 @@ __device__ __forceinline__ T roi_bin_average(const scalar_t* plane, I stride_h,
       const I o0 = tx.lo * stride_w, o1 = tx.hi * stride_w;
       const T v00 = static_cast<T>(row0[o0]), v01 = static_cast<T>(row0[o1]);
       const T v10 = static_cast<T>(row1[o0]), v11 = static_cast<T>(row1[o1]);
-      acc += ty.w_lo * (tx.w_lo * v00 + tx.w_hi * v01) +
-             ty.w_hi * (tx.w_lo * v10 + tx.w_hi * v11);
+      // w_lo > 0 always; a w_hi of 0 (a sample on a pixel, or clamped to
+      // the last one) leaves its taps unread (roi_align_weighted).
+      acc += ty.w_lo * (tx.w_lo * v00 + roi_align_weighted(tx.w_hi, v01)) +
+             roi_align_weighted(ty.w_hi, tx.w_lo * v10 + roi_align_weighted(tx.w_hi, v11));
       if constexpr (kSlopes) {
         dx += roi_align_slope(vx, static_cast<int64_t>(width)) *
               (ty.w_lo * (v01 - v00) + ty.w_hi * (v11 - v10));
