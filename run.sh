@@ -38,14 +38,14 @@ PYEOF
 # flags): pip builds an editable install from scratch in a fresh folder, so
 # reinstalling unchanged sources would recompile every kernel.
 installed_up_to_date() {
-  TORCHOPS_RUN_CMD=$cmd "$PY" - <<'PYEOF'
+  "$PY" - "$cmd" <<'PYEOF'
 import importlib.util, os, sys
 from pathlib import Path
 root = Path.cwd()
 spec = importlib.util.find_spec("torchops")
 if spec is None or spec.origin is None or Path(spec.origin).resolve().parent != root / "torchops":
     sys.exit(1)
-if os.environ["TORCHOPS_RUN_CMD"] == "test" and any(
+if sys.argv[1] == "test" and any(
         importlib.util.find_spec(m) is None for m in ("pytest", "expecttest", "hypothesis")):
     sys.exit(1)
 # By path: importing the torchops package would load (or build) its libraries.
