@@ -258,10 +258,14 @@ def describe(case: Case) -> str:
     return f"torch.ops.torchops.{case.op}(" + ", ".join(_describe(a) for a in case.args) + ")"
 
 
-def _f64(v):
+def _as(v, dtype: torch.dtype):
     if isinstance(v, torch.Tensor) and v.is_floating_point():
-        return v.detach().to(torch.float64)
+        return v.detach().to(dtype)
     return v
+
+
+def _f64(v):
+    return _as(v, torch.float64)
 
 
 def _tolerance(case: Case, dtype: torch.dtype) -> float:
@@ -300,22 +304,36 @@ def check_case(case: Case) -> None:
         for d in range(out.dim()):
             assert out.shape[d] <= 1 or out.stride(d) == fake_out.stride(d), \
                 f"strides: kernel {out.stride()} vs fake {fake_out.stride()}"
-    ref = getattr(references, case.op)(*[_f64(a) for a in case.args])
+    reference = getattr(references, case.op)
+    ref = reference(*[_f64(a) for a in case.args]).detach()
     got = out.detach().to(torch.float64)
-    ref = ref.detach()
     assert got.shape == ref.shape
-    nan_got, nan_ref = torch.isnan(got), torch.isnan(ref)
-    assert torch.equal(nan_got, nan_ref), \
-        f"nan at {nan_got.nonzero()[:5].tolist()} vs reference {nan_ref.nonzero()[:5].tolist()}"
-    inf_ref = torch.isinf(ref)
-    assert torch.equal(torch.isinf(got), inf_ref) and torch.equal(got[inf_ref], ref[inf_ref]), \
-        f"inf differs: kernel {got[inf_ref | torch.isinf(got)].tolist()[:5]} vs reference " \
-        f"{ref[inf_ref | torch.isinf(got)].tolist()[:5]}"
-    fin = torch.isfinite(ref)
-    if fin.any():
-        tol = _tolerance(case, out.dtype)
-        scale = max(ref[fin].abs().max().item(), 1.0)
-        torch.testing.assert_close(got[fin], ref[fin], rtol=tol, atol=tol * scale)
+    tol = _tolerance(case, out.dtype)
+    finite = ref[torch.isfinite(ref)]
+    atol = tol * max(finite.abs().max().item() if finite.numel() else 1.0, 1.0)
+    ok = _agrees(got, ref, tol, atol)
+    if out.dtype != torch.float64 and not ok.all():
+        # A sample exactly on a pixel or on the border gives a tap of weight
+        # 0, or none, by a rounding: which way it falls (whether an inf
+        # reaches the output, whether a border pixel counts) is the
+        # arithmetic's precision.  There the same formula in float32, the
+        # kernels' compute type, is as right as the float64 one.
+        ref32 = reference(*[_as(a, torch.float32) for a in case.args]).detach().double()
+        ok |= _agrees(got, ref32, tol, atol)
+    bad = (~ok).nonzero()[:5].tolist()
+    assert ok.all(), (f"{int((~ok).sum())} of {ok.numel()} outputs differ from the reference, "
+                      f"e.g. at {bad}: kernel {[got[tuple(i)].item() for i in bad]} vs reference "
+                      f"{[ref[tuple(i)].item() for i in bad]}")
+
+
+def _agrees(got: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> torch.Tensor:
+    """Elementwise: NaN where the reference has NaN, the same inf where it has
+    inf, and within atol + rtol * |ref| elsewhere."""
+    both_nan = torch.isnan(got) & torch.isnan(ref)
+    same_inf = torch.isinf(ref) & (got == ref)
+    near = (torch.isfinite(got) & torch.isfinite(ref)
+            & ((got - ref).abs() <= atol + rtol * ref.abs()))
+    return both_nan | same_inf | near
 
 
 def case_seed(family: str, base: int, i: int) -> int:

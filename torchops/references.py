@@ -18,6 +18,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.modules.utils import _pair
 
 __all__ = ["matmul", "d_sigmoid", "nms", "batched_nms", "box_iou", "roi_align", "roi_pool",
            "sigmoid_focal_loss", "deform_conv2d"]
@@ -410,8 +411,24 @@ def masked_conv2d(input: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | No
     convolution, then ``torch.where``.  ``mask`` is ``(N or 1, H_out,
     W_out)``, bool or floating; the gradient flows to input, weight and bias
     through the selected positions only."""
-    out = F.conv2d(input, weight, bias, stride, padding, dilation, groups)
+    n, c, h, w = input.shape
+    if c == 0 or h == 0 or w == 0:
+        # Every sum is empty: the selected positions hold the bias (or 0).
+        # ATen's convolution instead returns no output channels for an input
+        # without channels and rejects a zero height or width.
+        (ph, pw), (sh, sw), (dh, dw) = _pair(padding), _pair(stride), _pair(dilation)
+        kh, kw = weight.shape[-2:]
+        oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+        ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        # Empty sums keep the result differentiable, like the kernels'.
+        out = input.new_zeros((n, weight.shape[0], oh, ow)) + input[:0].sum() + weight[:0].sum()
+        if bias is not None:
+            out = out + bias.view(1, -1, 1, 1)
+    else:
+        out = F.conv2d(input, weight, bias, stride, padding, dilation, groups)
     return torch.where((mask > 0).unsqueeze(1), out, out.new_zeros(()))
+
+
 def carafe(features: Tensor, masks: Tensor, kernel_size: int, group_size: int,
            scale_factor: int) -> Tensor:
     """CARAFE with mmcv's semantics: ``out[n, c, oh, ow]`` sums, over the
