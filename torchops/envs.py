@@ -60,6 +60,13 @@ def _v(name, type, audience, read_by, meaning, **kw) -> EnvVar:
     return EnvVar(name, type, audience, tuple(read_by.split(",")), meaning, **kw)
 
 
+def _forced_path(name, meaning, *paths) -> EnvVar:
+    """A testing switch, read by C++, that forces one of an op's internal paths;
+    `auto`, the default, leaves the choice to the op."""
+    return _v(name, "choice", "testing", "C++", meaning, default="auto",
+              choices=("auto", *paths))
+
+
 VARIABLES: tuple[EnvVar, ...] = (
     # -- users ---------------------------------------------------------------------------
     _v("TORCHOPS_JIT", "bool", "user", "python",
@@ -94,10 +101,10 @@ VARIABLES: tuple[EnvVar, ...] = (
        "`1` builds the CUDA library without the Hopper kernels' register hand-over "
        "(`setmaxnreg`), on which compute-sanitizer's racecheck deadlocks; the GPU check's "
        "racecheck runs such a JIT build (its own cache entry; docs/design.md)", default="0"),
-    _v("TORCHOPS_TESTING_MATMUL_PATH", "choice", "testing", "C++",
-       "a named path becomes the CUDA matmul's first choice wherever it can run the call "
-       "(read at each call; docs/design.md)",
-       default="auto", choices=("auto", "decode", "sm90", "sm80", "simt")),
+    _forced_path("TORCHOPS_TESTING_MATMUL_PATH",
+                 "a named path becomes the CUDA matmul's first choice wherever it can run the "
+                 "call (read at each call; docs/design.md)",
+                 "decode", "sm90", "sm80", "simt"),
     _v("TORCHOPS_TESTING_MATMUL_NARROW", "bool", "testing", "C++",
        "`1` runs the CPU matmul's 32-byte (AVX2/SSE) kernels even on an AVX-512 CPU "
        "(read at each call)", unset="the widest kernels the CPU has"),
@@ -112,26 +119,26 @@ VARIABLES: tuple[EnvVar, ...] = (
        "`L1,L2,L3`: the per-core cache sizes in bytes that the CPU matmul derives its "
        "block sizes from, so tests can force many small blocks (read once per process)",
        unset="detected", count=3, minimum=1),
-    _v("TORCHOPS_TESTING_ROI_ALIGN_WALK", "choice", "testing", "C++",
-       "every RoI of the CPU roi_align walks its taps the named way, and a RoI that walk "
-       "cannot serve raises (read at each call)",
-       default="auto", choices=("auto", "sparse", "four", "dense")),
-    _v("TORCHOPS_TESTING_DEFORM_INPUT_GRAD", "choice", "testing", "C++",
-       "forces deform_conv2d's CUDA input-gradient path outside deterministic mode "
-       "(read at each call; docs/design.md)",
-       default="auto", choices=("auto", "atomic", "gather")),
+    _forced_path("TORCHOPS_TESTING_ROI_ALIGN_WALK",
+                 "every RoI of the CPU roi_align walks its taps the named way, and a RoI that "
+                 "walk cannot serve raises (read at each call)",
+                 "sparse", "four", "dense"),
+    _forced_path("TORCHOPS_TESTING_DEFORM_INPUT_GRAD",
+                 "forces deform_conv2d's CUDA input-gradient path outside deterministic mode "
+                 "(read at each call; docs/design.md)",
+                 "atomic", "gather"),
     _v("TORCHOPS_TESTING_DEFORM_COLUMN_BYTES", "int", "testing", "C++",
        "bytes of deform_conv2d's column buffer per chunk of images: a small value runs the "
        "multi-chunk paths on small problems (read at each call)",
        unset="the built-in budget (`kColumnBytes`, csrc/common/deform_conv2d.h)", minimum=1),
-    _v("TORCHOPS_TESTING_CARAFE_PATH", "choice", "testing", "C++",
-       "forces the CUDA carafe's kernels: `generic` everywhere, or `tiled`, which raises "
-       "where the tiled kernels cannot run the call (read at each call)",
-       default="auto", choices=("auto", "generic", "tiled")),
-    _v("TORCHOPS_TESTING_MASKED_CONV_PATH", "choice", "testing", "C++",
-       "forces masked_conv2d's forward path: `sparse` (the selected positions only) or "
-       "`dense` (the library's convolution, then the mask) (read at each call)",
-       default="auto", choices=("auto", "sparse", "dense")),
+    _forced_path("TORCHOPS_TESTING_CARAFE_PATH",
+                 "forces the CUDA carafe's kernels: `generic` everywhere, or `tiled`, which "
+                 "raises where the tiled kernels cannot run the call (read at each call)",
+                 "generic", "tiled"),
+    _forced_path("TORCHOPS_TESTING_MASKED_CONV_PATH",
+                 "forces masked_conv2d's forward path: `sparse` (the selected positions only) or "
+                 "`dense` (the library's convolution, then the mask) (read at each call)",
+                 "sparse", "dense"),
     # -- the matmul kernel harness (scripts/matmul_dev/README.md; its own builds only) ------
     _v("TORCHOPS_DEV_SM80_CFG", "int", "harness", "C++",
        "the sm80 path's tile config, an index of its harness table", unset="automatic"),

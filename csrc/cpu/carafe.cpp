@@ -219,12 +219,14 @@ at::Tensor padded_features(const at::Tensor& features, int64_t r) {
   return at::constant_pad_nd(features.to(t), {r, r, r, r}, 0).contiguous();
 }
 
-// Tap pointers into the padded plane for the task: tap (ky, kx) reads
-// padded row y + ky from column q0 + kx.
+// Tap pointers into the task's image's padded plane of channel c (of
+// `padded`, the planes of padded_features): tap (ky, kx) reads padded row
+// y + ky from column q0 + kx.
 template <typename T>
-void tap_rows(const CarafeShape& p, const Task& t, const T* plane,
+void tap_rows(const CarafeShape& p, const Task& t, const T* padded, int64_t c,
               const T** taps) {
   const int64_t pw = p.w + 2 * p.radius();
+  const T* plane = padded + (t.n * p.c + c) * (p.h + 2 * p.radius()) * pw;
   for (int64_t ky = 0; ky < p.k; ++ky) {
     for (int64_t kx = 0; kx < p.k; ++kx) {
       taps[ky * p.k + kx] = plane + (t.y + ky) * pw + t.q0 + kx;
@@ -232,9 +234,18 @@ void tap_rows(const CarafeShape& p, const Task& t, const T* plane,
   }
 }
 
-// Elements of one zero-padded feature plane.
-inline int64_t padded_plane(const CarafeShape& p) {
-  return (p.h + 2 * p.radius()) * (p.w + 2 * p.radius());
+// Runs every task, in parallel.  `chunk()` is called once per parallel chunk
+// and returns the function that runs one task, so that a thread allocates
+// its buffers once for all the tasks of its chunk.
+template <typename Chunk>
+void parallel_over_tasks(const CarafeShape& p, const Chunk& chunk) {
+  const int64_t spans = ceil_div(p.w, kSpan);
+  at::parallel_for(0, p.n * p.g * p.h * spans, 1, [&](int64_t b, int64_t e) {
+    auto run = chunk();
+    for (int64_t task = b; task < e; ++task) {
+      run(task_of(p, task, spans));
+    }
+  });
 }
 
 template <typename scalar_t>
@@ -242,21 +253,18 @@ void forward_kernel(const CarafeShape& p, const at::Tensor& padded,
                     const scalar_t* masks, scalar_t* out) {
   using T = at::opmath_type<scalar_t>;
   const int64_t k2 = p.taps(), s = p.s, cg = p.group_channels();
-  const int64_t spans = ceil_div(p.w, kSpan);
-  const int64_t pplane = padded_plane(p);
   const int64_t oplane = p.ho * p.wo;
   const T* fp = padded.const_data_ptr<T>();
-  at::parallel_for(0, p.n * p.g * p.h * spans, 1, [&](int64_t b, int64_t e) {
-    std::vector<T> mrows(s * s * k2 * kSpan), acc(s * kSpan);
-    std::vector<const T*> taps(k2), m(k2);
-    for (int64_t task = b; task < e; ++task) {
-      const Task t = task_of(p, task, spans);
+  parallel_over_tasks(p, [&] {
+    return [&, mrows = std::vector<T>(s * s * k2 * kSpan),
+            acc = std::vector<T>(s * kSpan), taps = std::vector<const T*>(k2),
+            m = std::vector<const T*>(k2)](const Task& t) mutable {
       const PhaseRows rows{t.len, k2, s};
       split_phases(p, t, masks + (t.n * p.g + t.grp) * k2 * oplane, k2,
                    mrows.data());
       drop_outside_taps(p, t, mrows.data());
       for (int64_t c = t.grp * cg; c < (t.grp + 1) * cg; ++c) {
-        tap_rows(p, t, fp + (t.n * p.c + c) * pplane, taps.data());
+        tap_rows(p, t, fp, c, taps.data());
         for (int64_t i = 0; i < s; ++i) {
           for (int64_t phase = 0; phase < s; ++phase) {
             for (int64_t tap = 0; tap < k2; ++tap) {
@@ -274,7 +282,7 @@ void forward_kernel(const CarafeShape& p, const at::Tensor& padded,
           }
         }
       }
-    }
+    };
   });
 }
 
@@ -283,21 +291,18 @@ void grad_masks_kernel(const CarafeShape& p, const scalar_t* grad,
                        const at::Tensor& padded, scalar_t* grad_masks) {
   using T = at::opmath_type<scalar_t>;
   const int64_t k2 = p.taps(), s = p.s, cg = p.group_channels();
-  const int64_t spans = ceil_div(p.w, kSpan);
-  const int64_t pplane = padded_plane(p);
   const int64_t oplane = p.ho * p.wo;
   const T* fp = padded.const_data_ptr<T>();
-  at::parallel_for(0, p.n * p.g * p.h * spans, 1, [&](int64_t b, int64_t e) {
-    std::vector<T> acc(s * s * k2 * kSpan), grows(s * s * kSpan);
-    std::vector<const T*> taps(k2);
-    std::vector<T*> outs(k2);
-    for (int64_t task = b; task < e; ++task) {
-      const Task t = task_of(p, task, spans);
+  parallel_over_tasks(p, [&] {
+    return [&, acc = std::vector<T>(s * s * k2 * kSpan),
+            grows = std::vector<T>(s * s * kSpan),
+            taps = std::vector<const T*>(k2),
+            outs = std::vector<T*>(k2)](const Task& t) mutable {
       const PhaseRows rows{t.len, k2, s};
       const PhaseRows grad_rows{t.len, 1, s};
       std::fill(acc.begin(), acc.end(), T(0));
       for (int64_t c = t.grp * cg; c < (t.grp + 1) * cg; ++c) {
-        tap_rows(p, t, fp + (t.n * p.c + c) * pplane, taps.data());
+        tap_rows(p, t, fp, c, taps.data());
         split_phases(p, t, grad + (t.n * p.c + c) * oplane, 1, grows.data());
         for (int64_t i = 0; i < s; ++i) {
           for (int64_t phase = 0; phase < s; ++phase) {
@@ -321,7 +326,7 @@ void grad_masks_kernel(const CarafeShape& p, const scalar_t* grad,
           }
         }
       }
-    }
+    };
   });
 }
 

@@ -139,11 +139,8 @@ void pool_bins(const scalar_t* __restrict__ plane, int64_t width,
           b));
     }
   } else {
-    const int64_t* ri = t.rows.index.data();
-    const T* rw = t.rows.weight.data();
+    const auto [ri, rw, ci, cw] = TapArrays<T>(t.rows, t.cols);
     const T* rs = t.rows.slope.data();
-    const int64_t* ci = t.cols.index.data();
-    const T* cw = t.cols.weight.data();
     const T* cs = t.cols.slope.data();
     for (int64_t b = 0; b < bins; ++b) {
       const int64_t q0 = t.cols.begin(b), q1 = t.cols.end(b);
@@ -225,18 +222,15 @@ at::Tensor forward(const char* op, const at::Tensor& input_in,
         T* sx = with_slopes ? slopes->mutable_data_ptr<T>() : nullptr;
         T* sy = with_slopes ? sx + out.numel() : nullptr;
         const int64_t bins = pooled_height * pooled_width;
-        const int64_t plane = height * width;
-        parallel_over_roi_channels(
-            images_of(taps), input.size(0), channels, bins * 4,
-            [&](int64_t i, int64_t c) {
-              const BinTaps<T>& t = taps[static_cast<size_t>(i)];
-              const scalar_t* src = in + (t.batch * channels + c) * plane;
-              const int64_t at = (i * channels + c) * bins;
+        for_each_roi_plane</*Scatter=*/false>(
+            taps, input.size(0), channels, height * width, bins,
+            [&](const BinTaps<T>& t, int64_t src, int64_t at) {
               if (with_slopes) {
-                pool_bins<true>(src, width, t, bins, o + at, sx + at, sy + at);
+                pool_bins<true>(in + src, width, t, bins, o + at, sx + at,
+                                sy + at);
               } else {
-                pool_bins<false, scalar_t, T>(src, width, t, bins, o + at, nullptr,
-                                              nullptr);
+                pool_bins<false, scalar_t, T>(in + src, width, t, bins, o + at,
+                                              nullptr, nullptr);
               }
             });
       });
@@ -286,14 +280,11 @@ std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
             height, width, p, /*slopes=*/false);
         const scalar_t* gp = grad.const_data_ptr<scalar_t>();
         const int64_t bins = pooled_height * pooled_width;
-        const int64_t plane = height * width;
         T* gi = grad_input.mutable_data_ptr<T>();
-        parallel_over_planes(
-            images_of(taps), batch_size, channels, bins * 4,
-            [&](int64_t i, int64_t c) {
-              const BinTaps<T>& t = taps[static_cast<size_t>(i)];
-              scatter_bins(gp + (i * channels + c) * bins, t, bins, width,
-                           gi + (t.batch * channels + c) * plane);
+        for_each_roi_plane</*Scatter=*/true>(
+            taps, batch_size, channels, height * width, bins,
+            [&](const BinTaps<T>& t, int64_t src, int64_t dst) {
+              scatter_bins(gp + dst, t, bins, width, gi + src);
             });
         if (!slopes.defined()) {
           return;

@@ -29,7 +29,6 @@
 #include "common/env.h"
 #include "common/roi_align.h"
 #include "cpu/common/parallel.h"
-#include "cpu/common/roi_loops.h"
 #include "cpu/common/roi_taps.h"
 
 namespace torchops::cpu {
@@ -260,10 +259,7 @@ void pool_plane(const scalar_t* __restrict__ plane, int64_t width,
                 const RoiTaps<T>& t, int64_t pooled_height,
                 int64_t pooled_width, T* __restrict__ buf,
                 scalar_t* __restrict__ out) {
-  const int64_t* ri = t.rows.index.data();
-  const T* rw = t.rows.weight.data();
-  const int64_t* ci = t.cols.index.data();
-  const T* cw = t.cols.weight.data();
+  const auto [ri, rw, ci, cw] = TapArrays<T>(t.rows, t.cols);
   if (t.walk == TapWalk::kFour) {
     // Padding taps (zero weight) reread the bin's first row or column.
     for (int64_t ph = 0; ph < pooled_height; ++ph) {
@@ -306,10 +302,7 @@ template <typename scalar_t, typename T>
 void scatter_plane(const scalar_t* __restrict__ grad, const RoiTaps<T>& t,
                    int64_t pooled_height, int64_t pooled_width, int64_t width,
                    T* __restrict__ buf, T* __restrict__ plane) {
-  const int64_t* ri = t.rows.index.data();
-  const T* rw = t.rows.weight.data();
-  const int64_t* ci = t.cols.index.data();
-  const T* cw = t.cols.weight.data();
+  const auto [ri, rw, ci, cw] = TapArrays<T>(t.rows, t.cols);
   if (t.walk == TapWalk::kFour) {
     for (int64_t ph = 0; ph < pooled_height; ++ph) {
       for (int64_t pw = 0; pw < pooled_width; ++pw) {
@@ -379,15 +372,12 @@ at::Tensor roi_align(const at::Tensor& input_in, const at::Tensor& rois_in,
             build_taps<scalar_t, T>(op, rp, k, height, width, p, walk);
         const scalar_t* in = input.const_data_ptr<scalar_t>();
         scalar_t* o = out.mutable_data_ptr<scalar_t>();
-        const int64_t bins = pooled_height * pooled_width;
-        const int64_t plane = height * width;
-        parallel_over_roi_channels(
-            images_of(taps), input.size(0), channels, bins * 4,
-            [&](int64_t i, int64_t c) {
-              const RoiTaps<T>& t = taps[static_cast<size_t>(i)];
-              pool_plane(in + (t.batch * channels + c) * plane, width, t,
-                         pooled_height, pooled_width, thread_buffer<T>(width),
-                         o + (i * channels + c) * bins);
+        for_each_roi_plane</*Scatter=*/false>(
+            taps, input.size(0), channels, height * width,
+            pooled_height * pooled_width,
+            [&](const RoiTaps<T>& t, int64_t src, int64_t dst) {
+              pool_plane(in + src, width, t, pooled_height, pooled_width,
+                         thread_buffer<T>(width), o + dst);
             });
       });
   return out;
@@ -426,15 +416,12 @@ at::Tensor roi_align_backward(const at::Tensor& grad_in,
             build_taps<scalar_t, T>(op, rp, k, height, width, p, walk);
         const scalar_t* gp = grad.const_data_ptr<scalar_t>();
         T* gi = grad_input.mutable_data_ptr<T>();
-        const int64_t bins = pooled_height * pooled_width;
-        const int64_t plane = height * width;
-        parallel_over_planes(
-            images_of(taps), batch_size, channels, bins * 4,
-            [&](int64_t i, int64_t c) {
-              const RoiTaps<T>& t = taps[static_cast<size_t>(i)];
-              scatter_plane(gp + (i * channels + c) * bins, t, pooled_height,
-                            pooled_width, width, thread_buffer<T>(width),
-                            gi + (t.batch * channels + c) * plane);
+        for_each_roi_plane</*Scatter=*/true>(
+            taps, batch_size, channels, height * width,
+            pooled_height * pooled_width,
+            [&](const RoiTaps<T>& t, int64_t src, int64_t dst) {
+              scatter_plane(gp + dst, t, pooled_height, pooled_width, width,
+                            thread_buffer<T>(width), gi + src);
             });
       });
   return grad_input.to(dtype);

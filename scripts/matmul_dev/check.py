@@ -146,6 +146,14 @@ def make(shape_a, shape_b, dtype, layout, gen):
     return a, b
 
 
+def operands(batch, m, n, k, dtype, layout, gen):
+    """A (m x k) and B (k x n), each with a leading batch dimension unless
+    `batch` is None."""
+    sa = (batch, m, k) if batch else (m, k)
+    sb = (batch, k, n) if batch else (k, n)
+    return make(sa, sb, dtype, layout, gen)
+
+
 CORRECTNESS = [  # (batch or None, m, n, k)
     (None, 1, 1, 1), (None, 1, 4096, 4096), (None, 16, 4096, 4096), (None, 7, 257, 4099),
     (None, 3, 64, 2048), (None, 13, 1000, 768), (None, 128, 128, 64), (None, 127, 129, 65),
@@ -176,9 +184,7 @@ def check(libs, seed, tag="", dkeys=None):
                 for layout in ("nn", "tn", "nt", "tt", "xb"):
                     if layout == "xb" and batch is None:
                         continue
-                    sa = (batch, m, k) if batch else (m, k)
-                    sb = (batch, k, n) if batch else (k, n)
-                    a, b = make(sa, sb, dtype, layout, gen)
+                    a, b = operands(batch, m, n, k, dtype, layout, gen)
                     call = run.prepare(a, b)
                     if call is None:
                         continue
@@ -273,6 +279,20 @@ BENCH = [  # (label, batch, m, n, k, dtype key, layout)
 ]
 
 
+def bench_case(batch, m, n, k, dkey, layout, gen, do_bench):
+    """The operands of a timing row, its flop count and torch.matmul's time on
+    them (TF32 allowed exactly for the f32tf32 rows)."""
+    a, b = operands(batch, m, n, k, DTYPES[dkey][0], layout, gen)
+    flop = 2.0 * (batch or 1) * m * n * k
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = dkey == "f32tf32"
+    try:
+        t_ref = do_bench(lambda: torch.matmul(a, b), warmup=50, rep=300)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    return a, b, flop, t_ref
+
+
 def sweep_values(sweeps, name):
     """--sweep PATH:VAR=v1/v2/..: each value of the tuning variable VAR is
     timed as its own row for PATH (the harness's hooks, dev_<path>.cuh,
@@ -292,15 +312,7 @@ def bench(libs, sweeps=(), only=None):
     for label, batch, m, n, k, dkey, layout in BENCH:
         if only and not any(o in label for o in only):
             continue
-        dtype = DTYPES[dkey][0]
-        sa = (batch, m, k) if batch else (m, k)
-        sb = (batch, k, n) if batch else (k, n)
-        a, b = make(sa, sb, dtype, layout, gen)
-        flop = 2.0 * (batch or 1) * m * n * k
-        old = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = dkey == "f32tf32"
-        t_ref = do_bench(lambda: torch.matmul(a, b), warmup=50, rep=300)
-        torch.backends.cuda.matmul.allow_tf32 = old
+        a, b, flop, t_ref = bench_case(batch, m, n, k, dkey, layout, gen, do_bench)
         for name, lib in libs.items():
             if dkey not in PATHS[name][1]:
                 continue
@@ -319,29 +331,20 @@ def bench(libs, sweeps=(), only=None):
                 os.environ.pop(var, None)
 
 
+def bench_rows(*labels):
+    """The BENCH rows of these labels, in this order."""
+    by_label = {row[0]: row for row in BENCH}
+    return [by_label[label] for label in labels]
+
+
 CFG_BENCH = {  # path -> [(label, batch, m, n, k, dtype key, layout)] for --cfgs
-    "sm80": [
-        ("bf16 4096^3", None, 4096, 4096, 4096, "bf16", "nn"),
-        ("bf16 8192x1024x8192", None, 8192, 1024, 8192, "bf16", "nn"),
-        ("bf16 1000x3000x768", None, 1000, 3000, 768, "bf16", "nn"),
-        ("f32tf32 4096^3", None, 4096, 4096, 4096, "f32tf32", "nn"),
-    ],
-    "simt": [
-        ("f32 4096^3", None, 4096, 4096, 4096, "f32", "nn"),
-        ("f32 2048^3", None, 2048, 2048, 2048, "f32", "nn"),
-        ("f32 1000x3000x768", None, 1000, 3000, 768, "f32", "nn"),
-    # few output tiles, long K (the CUDA-core path's split-K)
-    ("f32 512^3", None, 512, 512, 512, "f32", "nn"),
-    ("f32 1024^3", None, 1024, 1024, 1024, "f32", "nn"),
-    ("f32 768x768x8192", None, 768, 768, 8192, "f32", "nn"),
-    ("f32 256x256x16384", None, 256, 256, 16384, "f32", "nn"),
-    ("f64 512^3", None, 512, 512, 512, "f64", "nn"),
-        ("f64 1024^3", None, 1024, 1024, 1024, "f64", "nn"),
-    ],
-    "decode": [
-        ("bf16 16x4096x4096", None, 16, 4096, 4096, "bf16", "nn"),
-        ("bf16 16x4096x4096 W^T", None, 16, 4096, 4096, "bf16", "nt"),
-        ("bf16 1x4096x4096", None, 1, 4096, 4096, "bf16", "nn"),
+    "sm80": bench_rows("bf16 4096^3", "bf16 8192x1024x8192", "bf16 1000x3000x768",
+                       "f32tf32 4096^3"),
+    "simt": bench_rows("f32 4096^3", "f32 2048^3", "f32 1000x3000x768",
+                       # few output tiles, long K (the CUDA-core path's split-K)
+                       "f32 512^3", "f32 1024^3", "f32 768x768x8192", "f32 256x256x16384",
+                       "f64 512^3", "f64 1024^3"),
+    "decode": bench_rows("bf16 16x4096x4096", "bf16 16x4096x4096 W^T", "bf16 1x4096x4096") + [
         ("bf16 4x4096x4096", None, 4, 4096, 4096, "bf16", "nn"),
         ("bf16 8x4096x4096", None, 8, 4096, 4096, "bf16", "nn"),
         ("f16 16x4096x4096", None, 16, 4096, 4096, "f16", "nn"),
@@ -403,17 +406,9 @@ def run_cfgs(name, lib, spec, do_check, do_bench, only=None):
             for label, batch, m, n, k, dkey, layout in CFG_BENCH[name]:
                 if only and not any(o in label for o in only):
                     continue
-                dtype = DTYPES[dkey][0]
-                sa = (batch, m, k) if batch else (m, k)
-                sb = (batch, k, n) if batch else (k, n)
-                a, b = make(sa, sb, dtype, layout, gen)
-                flop = 2.0 * (batch or 1) * m * n * k
+                a, b, flop, t_ref = bench_case(batch, m, n, k, dkey, layout, gen, do_bench)
                 # compulsory bytes: A and B read, C written once
                 nbytes = (a.numel() + b.numel() + (batch or 1) * m * n) * a.element_size()
-                old = torch.backends.cuda.matmul.allow_tf32
-                torch.backends.cuda.matmul.allow_tf32 = dkey == "f32tf32"
-                t_ref = do_bench(lambda: torch.matmul(a, b), warmup=50, rep=300)
-                torch.backends.cuda.matmul.allow_tf32 = old
                 rows = [("auto", "auto")] + [(str(i), f"{i}: {c}") for i, c, dts in cfgs
                                              if not dts or dkey in dts]
                 for env, cname in rows:

@@ -47,6 +47,25 @@ def bank_check(addrs):
         slots = [(addrs[8*j+r] % 8) for r in range(8)]
         assert len(set(slots)) == 8, ("bank conflict", slots)
 
+def ldsm_addrs(CPR, base, kk, k_inner, odd_rows):
+    # Chunk addresses of one ldmatrix.x4 (a 16x16 block at M or N index `base`,
+    # k-step kk); lane l addresses a row of matrix j = l >> 3.  k_inner: the
+    # tile stores K innermost.  odd_rows: matrix j reads rows +8 for odd j and
+    # chunk j >> 1 (else rows +8 for j >= 2 and chunk j & 1); the A tile wants
+    # that when K is innermost, the B tile when it is not.
+    addrs = []
+    for lane in range(32):
+        j, r8 = lane >> 3, lane & 7
+        lr = r8 + ((j & 1) if odd_rows else (j >> 1)) * 8
+        lc = (j >> 1) if odd_rows else (j & 1)
+        lx = lc ^ swz_xor(CPR, lr)
+        row = base if k_inner else kk*16; ch = kk*2 if k_inner else base // 8
+        ad = (row + lr) * CPR + (ch ^ lx)
+        assert ad == swz(CPR, row + lr, ch + lc)
+        addrs.append(ad)
+    bank_check(addrs)
+    return addrs
+
 def run_block(A, B, M, N, K, m0, n0, BM, BN, BK, WARPS_M, WARPS_N, A_K, B_K):
     THREADS = 32 * WARPS_M * WARPS_N
     WM, WN = BM // WARPS_M, BN // WARPS_N; MI, NI = WM // 16, WN // 8; KK = BK // 16
@@ -66,32 +85,10 @@ def run_block(A, B, M, N, K, m0, n0, BM, BN, BK, WARPS_M, WARPS_N, A_K, B_K):
             for kk in range(KK):
                 af = {}; bf = {}
                 for mi in range(MI):
-                    addrs = []
-                    for lane in range(32):
-                        j, r8 = lane >> 3, lane & 7
-                        a_lr = r8 + ((j & 1) if A_K else (j >> 1)) * 8
-                        a_lc = (j >> 1) if A_K else (j & 1)
-                        a_lx = a_lc ^ swz_xor(TA_CPR, a_lr)
-                        mb = wm0 + mi*16
-                        row = mb if A_K else kk*16; ch = kk*2 if A_K else mb // 8
-                        ad = (row + a_lr) * TA_CPR + (ch ^ a_lx)
-                        assert ad == swz(TA_CPR, row + a_lr, ch + a_lc)
-                        addrs.append(ad)
-                    bank_check(addrs)
+                    addrs = ldsm_addrs(TA_CPR, wm0 + mi*16, kk, A_K, A_K)
                     af[mi] = ldsm_x4(sa, addrs, not A_K)
                 for nj in range(NI // 2):
-                    addrs = []
-                    for lane in range(32):
-                        j, r8 = lane >> 3, lane & 7
-                        b_lr = r8 + ((j >> 1) if B_K else (j & 1)) * 8
-                        b_lc = (j & 1) if B_K else (j >> 1)
-                        b_lx = b_lc ^ swz_xor(TB_CPR, b_lr)
-                        nb = wn0 + nj*16
-                        row = nb if B_K else kk*16; ch = kk*2 if B_K else nb // 8
-                        ad = (row + b_lr) * TB_CPR + (ch ^ b_lx)
-                        assert ad == swz(TB_CPR, row + b_lr, ch + b_lc)
-                        addrs.append(ad)
-                    bank_check(addrs)
+                    addrs = ldsm_addrs(TB_CPR, wn0 + nj*16, kk, B_K, not B_K)
                     r = ldsm_x4(sb, addrs, not B_K)
                     bf[2*nj] = [(r[l][0], r[l][1]) for l in range(32)]
                     bf[2*nj+1] = [(r[l][2], r[l][3]) for l in range(32)]

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/roi_align.h"
+#include "cpu/common/roi_loops.h"
 
 namespace torchops::cpu {
 
@@ -168,26 +169,52 @@ inline void add4x4(T g, const int64_t* ro, const T* wr, const int64_t* co,
   }
 }
 
+// The index and weight arrays of a row and a column pattern, as raw
+// pointers for the inner loops (`const auto [ri, rw, ci, cw] = ...`).
+template <typename T>
+struct TapArrays {
+  const int64_t* ri;
+  const T* rw;
+  const int64_t* ci;
+  const T* cw;
+
+  TapArrays(const AxisTaps<T>& rows, const AxisTaps<T>& cols)
+      : ri(rows.index.data()),
+        rw(rows.weight.data()),
+        ci(cols.index.data()),
+        cw(cols.weight.data()) {}
+};
+
+// The taps of one bin (or output pixel): row group `gr` of `rows` by column
+// group `gc` of `cols`, the arrays with the bounds of the two groups.
+template <typename T>
+struct TapBlock : TapArrays<T> {
+  int64_t r0, r1, q0, q1;
+
+  TapBlock(const AxisTaps<T>& rows, int64_t gr, const AxisTaps<T>& cols,
+           int64_t gc)
+      : TapArrays<T>(rows, cols),
+        r0(rows.begin(gr)),
+        r1(rows.end(gr)),
+        q0(cols.begin(gc)),
+        q1(cols.end(gc)) {}
+};
+
 // One bin's value: sum_r wy[r] * sum_q wx[q] * plane[r, q] over row group
 // `gr` of `rows` and column group `gc` of `cols`.
 template <typename scalar_t, typename T>
 inline T separable_sum(const scalar_t* __restrict__ plane, int64_t width,
                        const AxisTaps<T>& rows, int64_t gr,
                        const AxisTaps<T>& cols, int64_t gc) {
-  const int64_t* ri = rows.index.data();
-  const T* rw = rows.weight.data();
-  const int64_t* ci = cols.index.data();
-  const T* cw = cols.weight.data();
-  const int64_t r0 = rows.begin(gr), r1 = rows.end(gr);
-  const int64_t q0 = cols.begin(gc), q1 = cols.end(gc);
+  const TapBlock<T> b(rows, gr, cols, gc);
   T acc = T(0);
-  for (int64_t r = r0; r < r1; ++r) {
-    const scalar_t* row = plane + ri[r] * width;
+  for (int64_t r = b.r0; r < b.r1; ++r) {
+    const scalar_t* row = plane + b.ri[r] * width;
     T s = T(0);
-    for (int64_t q = q0; q < q1; ++q) {
-      s += cw[q] * static_cast<T>(row[ci[q]]);
+    for (int64_t q = b.q0; q < b.q1; ++q) {
+      s += b.cw[q] * static_cast<T>(row[b.ci[q]]);
     }
-    acc += rw[r] * s;
+    acc += b.rw[r] * s;
   }
   return acc;
 }
@@ -222,18 +249,36 @@ template <typename T>
 inline void separable_add(T g, const AxisTaps<T>& rows, int64_t gr,
                           const AxisTaps<T>& cols, int64_t gc, int64_t width,
                           T* __restrict__ plane) {
-  const int64_t* ri = rows.index.data();
-  const T* rw = rows.weight.data();
-  const int64_t* ci = cols.index.data();
-  const T* cw = cols.weight.data();
-  const int64_t r0 = rows.begin(gr), r1 = rows.end(gr);
-  const int64_t q0 = cols.begin(gc), q1 = cols.end(gc);
-  for (int64_t r = r0; r < r1; ++r) {
-    T* row = plane + ri[r] * width;
-    const T gr_w = g * rw[r];
-    for (int64_t q = q0; q < q1; ++q) {
-      row[ci[q]] += gr_w * cw[q];
+  const TapBlock<T> b(rows, gr, cols, gc);
+  for (int64_t r = b.r0; r < b.r1; ++r) {
+    T* row = plane + b.ri[r] * width;
+    const T gr_w = g * b.rw[r];
+    for (int64_t q = b.q0; q < b.q1; ++q) {
+      row[b.ci[q]] += gr_w * b.cw[q];
     }
+  }
+}
+
+// f(t, in, out) for each RoI t of `taps` and channel c, where
+// in = (t.batch * channels + c) * plane is the offset of the input plane the
+// RoI reads and out = (i * channels + c) * bins that of its pooled bins.
+// `Scatter` (the backward passes, which add into the input planes) splits
+// the work by input plane: one thread a plane, its RoIs in index order, so
+// the sums do not depend on the thread count.  The forward passes split it
+// any way that keeps the threads busy.
+template <bool Scatter, typename Taps, typename F>
+inline void for_each_roi_plane(const std::vector<Taps>& taps, int64_t n_images,
+                               int64_t channels, int64_t plane, int64_t bins,
+                               const F& f) {
+  const auto pair = [&](int64_t i, int64_t c) {
+    const Taps& t = taps[static_cast<size_t>(i)];
+    f(t, (t.batch * channels + c) * plane, (i * channels + c) * bins);
+  };
+  if constexpr (Scatter) {
+    parallel_over_planes(images_of(taps), n_images, channels, bins * 4, pair);
+  } else {
+    parallel_over_roi_channels(images_of(taps), n_images, channels, bins * 4,
+                               pair);
   }
 }
 
