@@ -61,6 +61,10 @@ class Case:
     flops: Callable[[tuple], float] | None = None
     bytes: Callable[[tuple], float] | None = None
     note: str = ""
+    # float32 follows PyTorch's convolution TF32 flag (torch.backends.cudnn
+    # .allow_tf32), not the matmul precision: the roofline is TF32's where
+    # that flag lets CUDA convolutions use it.
+    conv_precision: bool = False
 
     def missing(self) -> str | None:
         if not hasattr(torch.ops.torchops, self.op):
@@ -302,7 +306,7 @@ def _masked_flops(args, backward=False) -> float:
     return fwd * (3 if weight.requires_grad else 2)
 
 
-MASKED_CONV = dict(op="masked_conv2d", inputs=inputs.masked_conv_args,
+MASKED_CONV = dict(op="masked_conv2d", inputs=inputs.masked_conv_args, conv_precision=True,
                    reference=references.masked_conv2d,
                    reference_name="F.conv2d + torch.where (cuDNN / oneDNN)")
 MASKED_CPU_THREADS = (2, 16)

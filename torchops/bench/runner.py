@@ -178,7 +178,9 @@ def _run_row(case: Case, device: str, size: Size, row: Row, opts: Options,
             roof = rooflines.setdefault(device, Roofline(device, opts.quick))
             row.metric = "TFLOP/s" if case.flops else "GB/s"
             row.work = float((case.flops or case.bytes)(sets[0]))
-            row.peak = (roof.flops(size.dtype, row.threads) if case.flops
+            tf32 = (device == "cuda" and torch.backends.cudnn.allow_tf32
+                    if case.conv_precision else None)
+            row.peak = (roof.flops(size.dtype, row.threads, tf32) if case.flops
                         else roof.bandwidth(row.threads))
         set_bytes = sum(t.numel() * t.element_size() for t in _tensors(sets[0]))
         sets += [case.make_inputs(size, device) for _ in range(input_sets(device, set_bytes) - 1)]

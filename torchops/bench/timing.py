@@ -225,16 +225,23 @@ class Roofline:
             self._measure(("copy", threads), 2 * src.nbytes, lambda: dst.copy_(src))
         return self.peaks["copy", threads]
 
-    def flops(self, dtype: torch.dtype, threads: int) -> float:
-        # float32's peak depends on the precision setting (TF32 or not).
-        name = str(dtype).removeprefix("torch.")
-        if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
-            name += "(tf32)"
+    def flops(self, dtype: torch.dtype, threads: int, tf32: bool | None = None) -> float:
+        """float32's peak is TF32's where `tf32` says so (None: where the
+        matmul precision setting allows TF32)."""
+        if tf32 is None:
+            tf32 = torch.get_float32_matmul_precision() != "highest"
+        tf32 = tf32 and dtype == torch.float32
+        name = str(dtype).removeprefix("torch.") + ("(tf32)" if tf32 else "")
         if (name, threads) not in self.peaks:
             n = ((4096 if self.quick else 8192) if self.device == "cuda"
                  else (512 if self.quick else 2048))
             a, b = (torch.randn(n, n, device=self.device).to(dtype) for _ in range(2))
-            self._measure((name, threads), 2 * n**3, lambda: torch.mm(a, b))
+            before = torch.get_float32_matmul_precision()
+            torch.set_float32_matmul_precision("high" if tf32 else "highest")
+            try:
+                self._measure((name, threads), 2 * n**3, lambda: torch.mm(a, b))
+            finally:
+                torch.set_float32_matmul_precision(before)
         return self.peaks[name, threads]
 
     def to_dict(self) -> dict:
