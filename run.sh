@@ -64,7 +64,7 @@ if installed_up_to_date; then
   echo "run.sh: torchops is installed from this checkout and built from its sources"
 else
   # Build requirements (no build isolation), then torchops itself, editable.
-  pip_install "setuptools>=64" wheel ninja filelock
+  pip_install "setuptools>=77" wheel ninja filelock
   extra=""
   [ "$cmd" = test ] && extra="[test]"
   pip_install --no-build-isolation -e ".${extra}"
