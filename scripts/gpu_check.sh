@@ -38,7 +38,7 @@
 # GPU_CHECK_PART=racecheck: the check in three commands, each with the whole
 # budget, for when the benchmarks and racecheck no longer fit beside the
 # tests in one (every CPU row included; racecheck needs ~300 s after its own
-# build, on a 16-core H200/H100 machine on 2026-11-27).  "tests" runs every
+# build on a 16-core GPU machine).  "tests" runs every
 # step but racecheck and bench (its precompile fills the compile caches a
 # bench on the same machine reads); "bench" runs wheels, env, build-aot
 # (incremental on the same machine) and bench; "racecheck" runs wheels, env,

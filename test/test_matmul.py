@@ -433,7 +433,7 @@ def test_cuda_big_tile_f32_sanitizer_shapes(m, k, n):
 
 
 # Shapes for each tile of the sm90 path, (batch, m, k, n) -> (tile rows, tile
-# columns) that `choose` picks on a GPU of 132 SMs (H100 / H200 SXM): the
+# columns) that `choose` picks on a GPU of 132 SMs (the Hopper SXM parts): the
 # small shapes elsewhere in this file mostly take 64x64 tiles (64x32 where
 # B is K-major).  32 x 4096 x 4096 (long K, A filling half of a 64-row tile)
 # takes 64x128 split K-wise.  None: no sm90 kernel (batches of at most 64 x

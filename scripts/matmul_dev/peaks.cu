@@ -6,8 +6,8 @@
 //
 //   nvcc -O3 -arch=sm_90a -o /tmp/peaks scripts/matmul_dev/peaks.cu && /tmp/peaks
 //
-// H200, 2026-11-26: FFMA 64.4 TFLOP/s; mma.sync bf16 621-630 TFLOP/s (4 to 16
-// warps a block, 2 blocks per SM).
+// It prints FFMA and mma.sync bf16 TFLOP/s (4 to 16 warps a block, 2 blocks
+// per SM).
 #include <cstdio>
 #include <cuda_runtime.h>
 
