@@ -74,14 +74,16 @@ def make_build_ext(libs):
         """Writes a manifest beside each library: what it was built for."""
 
         def build_extension(self, ext):
-            super().build_extension(ext)
             lib = by_ext_name[ext.name]
-            out = Path(self.get_ext_fullpath(ext.name))
             arch = os.environ.get("TORCH_CUDA_ARCH_LIST") if lib.cuda else None
+            # The sources' hash as the compiler is about to read them: a source
+            # edited during the build must leave the library stale, not current.
+            manifest = lib.manifest(ROOT / "csrc", built_by="aot", arch_list=arch)
+            super().build_extension(ext)
+            out = Path(self.get_ext_fullpath(ext.name))
             # Size and sha256 of the library: the loader checks them before
             # loading it, so a damaged install falls back instead of crashing.
-            manifest = lib.manifest(ROOT / "csrc", built_by="aot", arch_list=arch,
-                                    library_file=out)
+            manifest.update(_build.file_fingerprint(out))
             _build.Library.manifest_path(out).write_text(json.dumps(manifest, indent=2))
 
         def copy_extensions_to_source(self):
