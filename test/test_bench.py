@@ -422,7 +422,8 @@ def test_torch_native_peers_take_the_ops_arguments():
     torch.manual_seed(0)
     x, r = torch.randn(3, 4, 6), torch.randn(3, 4, 6)
     w, b = torch.rand(4, 6) + 0.5, torch.randn(4, 6)
-    rms = lambda t, dims, eps: t * torch.rsqrt(t.pow(2).mean(dims, keepdim=True) + eps)  # noqa: E731
+    def rms(t, dims, eps):
+        return t * torch.rsqrt(t.pow(2).mean(dims, keepdim=True) + eps)
     eps32 = torch.finfo(torch.float32).eps
     native = {op: peers.torch_native(op).load() for op in peers.TORCH_NATIVE_OPS}
     assert [peers.torch_native(op).label for op in peers.TORCH_NATIVE_OPS] == [
@@ -516,7 +517,8 @@ def test_liger_adapters_turn_the_ops_arguments_into_ligers(monkeypatch):
     assert [op for op in peers.LIGER_OPS if peers.liger(op).bound] == [
         "scaled_masked_softmax", "scaled_upper_triang_masked_softmax"]
     torch.manual_seed(0)
-    x, r, w, b = torch.randn(3, 4, 6), torch.randn(3, 4, 6), torch.rand(4, 6) + 0.5, torch.randn(4, 6)
+    x, r = torch.randn(3, 4, 6), torch.randn(3, 4, 6)
+    w, b = torch.rand(4, 6) + 0.5, torch.randn(4, 6)
     native = {op: peers.torch_native(op).load() for op in peers.TORCH_NATIVE_OPS}
     for args in ((x, [6]), (x, [6], w[0], 1e-3), (x, (4, 6), w)):
         torch.testing.assert_close(L["rms_norm"](*args), native["rms_norm"](*args))

@@ -19,9 +19,9 @@ from torchops import envs
 DESCRIPTION = """\
 Time every torchops operator against its eager PyTorch reference, torch.compile
 of that reference and the peers (torchvision, PyTorch's native ops,
-Liger-Kernel, the vendor BLAS) where installed.  Prints a table, writes bench.csv, bench.json and (with matplotlib)
-bench.png into --out, and with --write-doc the Markdown of docs/performance.md.
-Method: docs/benchmarks.md."""
+Liger-Kernel, the vendor BLAS) where installed. Prints a table, writes
+bench.csv, bench.json and (with matplotlib) bench.png into --out, and with
+--write-doc the Markdown of docs/performance.md. Method: docs/benchmarks.md."""
 
 
 def add_parser(sub) -> None:

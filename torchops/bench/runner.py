@@ -186,7 +186,10 @@ def _copy(args: tuple) -> tuple:
     """The arguments with every tensor copied (same strides, same
     requires_grad), so a call that writes into its inputs leaves them be."""
     def one(a):
-        if not isinstance(a, torch.Tensor):
+        # A broadcast (a stride 0 over several elements) cannot be copied
+        # stride for stride; it is read-only in practice: shared.
+        if not isinstance(a, torch.Tensor) or any(st == 0 and n > 1
+                                                  for n, st in zip(a.shape, a.stride())):
             return a
         c = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
         with torch.no_grad():
