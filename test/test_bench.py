@@ -591,3 +591,7 @@ def test_attach_adds_every_known_peer_once():
     peers.attach(cs)
     assert len(cs[0].all_peers()) == 2
     assert [p.label for p in peers.for_op("layer_norm")] == ["F.layer_norm", "Liger"]
+    same = Case(name="l", op="layer_norm", inputs=inputs.vector, sizes={"cpu": [Size("s")]},
+                peer=Peer("torch.nn.functional.layer_norm", lambda: abs))
+    peers.attach([same])
+    assert [p.label for p in same.all_peers()] == ["peer", "Liger"]

@@ -253,9 +253,10 @@ def for_op(op: str) -> tuple[Peer, ...]:
 def attach(cases: Iterable[Case], ops: Iterable[str] | None = None) -> None:
     """Give every case whose op is in `ops` (default: every op with a peer
     here) the peers :func:`for_op` knows, after its own; a peer whose label
-    the case already has is left out."""
+    or name the case already has is left out."""
     ops = set(TORCH_NATIVE_OPS + LIGER_OPS if ops is None else ops)
     for case in cases:
         if case.op in ops:
-            have = {p.label for p in case.all_peers()}
-            case.peers += tuple(p for p in for_op(case.op) if p.label not in have)
+            have = {x for p in case.all_peers() for x in (p.label, p.name)}
+            case.peers += tuple(p for p in for_op(case.op)
+                                if p.label not in have and p.name not in have)
