@@ -192,6 +192,8 @@ step env 60 env PY="$PY" SANITIZER="$SANITIZER" bash -c '
   for m in torchvision matplotlib expecttest hypothesis pytest ninja setuptools filelock; do
     "$PY" -c "import $m; print(\"$m\", getattr($m, \"__version__\", \"?\"))" 2>/dev/null || echo "MISSING: $m"
   done
+  # Optional: without it the bench skips its Liger peers (a note per row).
+  "$PY" -c "import importlib.metadata as m; v = m.version(\"liger_kernel\"); import liger_kernel.transformers.functional; print(\"liger_kernel\", v)" 2>&1 | tail -n 1 | sed "s/^/liger_kernel (optional, bench peers): /"
   echo "nvcc: $(command -v nvcc) $(nvcc --version 2>/dev/null | grep -o "release [0-9.]*")"
   command -v nvcc > /dev/null || echo "MISSING: nvcc"
   echo "compute-sanitizer: $SANITIZER"; command -v "$SANITIZER" > /dev/null || echo "MISSING: compute-sanitizer"
