@@ -84,7 +84,7 @@ BUDGET=${GPU_CHECK_BUDGET:-570}
 # loss's block reduction, carafe's and masked_conv2d's tiles, the RoI
 # gather backward's output tiles), forward and backward.
 MEMCHECK_K=${GPU_CHECK_MEMCHECK_K:-"correctness or grad_vs_reference or error_inputs or deterministic or gather_backward or sanitizer_shapes or 3xtf32_in_kernel"}
-RACECHECK_K=${GPU_CHECK_RACECHECK_K:-"(correctness or grad_vs_reference) and (matmul or box_iou or nms or sigmoid_focal_loss or carafe or masked_conv2d) or gather_backward or sanitizer_shapes or 3xtf32_in_kernel"}
+RACECHECK_K=${GPU_CHECK_RACECHECK_K:-"(correctness or grad_vs_reference) and (matmul or box_iou or nms or sigmoid_focal_loss or carafe or masked_conv2d or rms_norm or layer_norm or rotary_embedding or silu_and_mul or gelu_and_mul or masked_softmax) or gather_backward or sanitizer_shapes or 3xtf32_in_kernel"}
 T0=$(date +%s)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
