@@ -217,6 +217,9 @@ class OpInfo:
     def __post_init__(self):
         if self.differentiable is None:
             self.differentiable = not self.mutated_args
+        if self.mutated_args:
+            # The written args are the outputs: they keep the caller's layout.
+            self.contiguous_outputs = False
         if self.mutated_args and self.differentiable:
             raise ValueError(f"{self.name}: an op that writes its arguments (mutated_args) "
                              f"has no gradients; leave differentiable unset")
