@@ -104,6 +104,11 @@ from .upsample import CARAFE, UPSAMPLE_OPS, carafe_inputs
 OP_DB: list[OpInfo] = [*BASIC_OPS, *BOX_OPS, *ROI_OPS, *LOSS_OPS, *DEFORM_OPS, *MASKED_CONV_OPS,
                        *UPSAMPLE_OPS]
 
+# --- norms ---
+from .norms import FUSED_ADD_RMS_NORM, FUSED_ADD_RMS_NORM_, LAYER_NORM, NORM_OPS, RMS_NORM  # noqa: E402
+
+OP_DB += NORM_OPS
+
 __all__ = [
     "OP_DB", "BASIC_OPS", "BOX_OPS", "ROI_OPS", "LOSS_OPS", "DEFORM_OPS",
     "MATMUL", "D_SIGMOID", "NMS", "BATCHED_NMS", "BOX_IOU", "ROI_ALIGN", "ROI_POOL",
@@ -116,3 +121,4 @@ __all__ = [
 ]
 __all__ += ["MASKED_CONV_OPS", "MASKED_CONV2D", "random_mask"]
 __all__ += ["UPSAMPLE_OPS", "CARAFE", "carafe_inputs"]
+__all__ += ["NORM_OPS", "RMS_NORM", "FUSED_ADD_RMS_NORM", "FUSED_ADD_RMS_NORM_", "LAYER_NORM"]
