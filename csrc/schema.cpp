@@ -116,4 +116,36 @@ TORCH_LIBRARY(torchops, m) {
   // Returns (grad_features, grad_masks).
   m.def("_carafe_backward(Tensor grad, Tensor features, Tensor masks, "
         "int kernel_size, int group_size, int scale_factor) -> (Tensor, Tensor)", pt2);
+
+  // --- norms -------------------------------------------------------------------------------
+  // Normalise over the trailing dims `normalized_shape` (drop-ins for
+  // torch.nn.functional.rms_norm / layer_norm).  weight/bias: the input's
+  // dtype, or float32 beside a half input.  The _forward ops also return the
+  // row statistics the backward reads (float32, float64 for float64 inputs,
+  // shaped as the input's leading dims); the backward ops return a
+  // (0,)-shaped placeholder for a gradient output_mask does not ask for.
+  m.def("rms_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, "
+        "float? eps=None) -> Tensor", pt2);
+  m.def("_rms_norm_forward(Tensor input, SymInt[] normalized_shape, Tensor? weight, "
+        "float? eps) -> (Tensor, Tensor)", pt2);
+  m.def("_rms_norm_backward(Tensor grad, Tensor input, Tensor rstd, "
+        "SymInt[] normalized_shape, Tensor? weight, bool[2] output_mask) -> (Tensor, Tensor)",
+        pt2);
+  // Returns (rms_norm(input + residual), input + residual).
+  m.def("fused_add_rms_norm(Tensor input, Tensor residual, SymInt[] normalized_shape, "
+        "Tensor? weight=None, float? eps=None) -> (Tensor, Tensor)", pt2);
+  m.def("_fused_add_rms_norm_forward(Tensor input, Tensor residual, "
+        "SymInt[] normalized_shape, Tensor? weight, float? eps) -> (Tensor, Tensor, Tensor)",
+        pt2);
+  // vLLM's in-place inference variant over the last dim: the norm into
+  // input, the sum into residual.
+  m.def("fused_add_rms_norm_(Tensor(a!) input, Tensor(b!) residual, Tensor weight, "
+        "float eps) -> ()", pt2);
+  m.def("layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, "
+        "Tensor? bias=None, float eps=1e-05) -> Tensor", pt2);
+  m.def("_layer_norm_forward(Tensor input, SymInt[] normalized_shape, Tensor? weight, "
+        "Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)", pt2);
+  m.def("_layer_norm_backward(Tensor grad, Tensor input, Tensor mean, Tensor rstd, "
+        "SymInt[] normalized_shape, Tensor? weight, Tensor? bias, bool[3] output_mask) "
+        "-> (Tensor, Tensor, Tensor)", pt2);
 }

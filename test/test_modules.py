@@ -236,3 +236,49 @@ def test_carafe_pack_parameters_init_and_compile():
     torch.testing.assert_close(mask.view(1, 1, 25, 12, 14).sum(2), torch.ones(1, 1, 12, 14))
     expect = m(x)
     torch.testing.assert_close(torch.compile(m, fullgraph=True)(x), expect)
+
+
+# --- norms ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_rms_norm_module_equals_op_and_loads_torch_state(affine):
+    ref = torch.nn.RMSNorm((3, 8), eps=1e-6, elementwise_affine=affine)
+    if affine:
+        torch.nn.init.uniform_(ref.weight, 0.5, 1.5)
+    m = torchops.RMSNorm((3, 8), eps=1e-6, elementwise_affine=affine)
+    m.load_state_dict(ref.state_dict())
+    assert m.state_dict().keys() == ref.state_dict().keys()
+    x = torch.randn(4, 3, 8)
+    torch.testing.assert_close(m(x), torchops.rms_norm(x, (3, 8), m.weight, 1e-6), rtol=0, atol=0)
+    torch.testing.assert_close(m(x), ref(x))
+    back = torch.nn.RMSNorm((3, 8), eps=1e-6, elementwise_affine=affine)
+    back.load_state_dict(m.state_dict())
+    torch.testing.assert_close(back(x), m(x))
+
+
+@pytest.mark.parametrize("affine,bias", [(True, True), (True, False), (False, False)])
+def test_layer_norm_module_equals_op_and_loads_torch_state(affine, bias):
+    ref = torch.nn.LayerNorm(8, elementwise_affine=affine, bias=bias)
+    for p in ref.parameters():
+        torch.nn.init.uniform_(p, 0.5, 1.5)
+    m = torchops.LayerNorm(8, elementwise_affine=affine, bias=bias)
+    m.load_state_dict(ref.state_dict())
+    assert m.state_dict().keys() == ref.state_dict().keys()
+    x = torch.randn(5, 8, requires_grad=True)
+    torch.testing.assert_close(m(x), torchops.layer_norm(x, (8,), m.weight, m.bias, 1e-5),
+                               rtol=0, atol=0)
+    torch.testing.assert_close(m(x), ref(x))
+    m(x).sum().backward()
+    back = torch.nn.LayerNorm(8, elementwise_affine=affine, bias=bias)
+    back.load_state_dict(m.state_dict())
+    torch.testing.assert_close(back(x), m(x))
+
+
+def test_norm_modules_take_half_inputs_with_float32_weights_and_compile():
+    m = torchops.RMSNorm(16)
+    x = torch.randn(4, 16, dtype=torch.bfloat16)
+    assert m(x).dtype == torch.bfloat16
+    ln = torchops.LayerNorm(16)
+    compiled = torch.compile(ln, fullgraph=True)
+    torch.testing.assert_close(compiled(x), ln(x))

@@ -488,3 +488,32 @@ class CARAFEPack(nn.Module):
                 f"encoder_kernel={self.encoder_kernel}, "
                 f"encoder_dilation={self.encoder_dilation}, "
                 f"compressed_channels={self.compressed_channels}")
+
+
+# --- norms ----------------------------------------------------------------------
+
+__all__ += ["RMSNorm", "LayerNorm"]
+
+
+class RMSNorm(nn.RMSNorm):
+    """``torch.nn.RMSNorm`` computed by :func:`torchops.rms_norm`: the same
+    constructor arguments (``normalized_shape, eps=None,
+    elementwise_affine=True, device, dtype``), attributes and state-dict keys
+    (``weight``), so a checkpoint of either loads into the other.  A float32
+    module may take half inputs (mixed precision): the result has the input's
+    dtype."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+
+class LayerNorm(nn.LayerNorm):
+    """``torch.nn.LayerNorm`` computed by :func:`torchops.layer_norm`: the same
+    constructor arguments (``normalized_shape, eps=1e-5,
+    elementwise_affine=True, bias=True, device, dtype``), attributes and
+    state-dict keys (``weight``, ``bias``), so a checkpoint of either loads
+    into the other.  A float32 module may take half inputs (mixed
+    precision): the result has the input's dtype."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)

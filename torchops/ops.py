@@ -1182,3 +1182,222 @@ def _carafe_backward_fake(grad: Tensor, features: Tensor, masks: Tensor, kernel_
                  lambda: f"torchops.{op}: expected 'grad' to have the output's shape "
                  f"{tuple(shape)}, but got {grad_shape}")
     return features.new_empty(features.shape), masks.new_empty(masks.shape)
+
+
+# --- norms ------------------------------------------------------------------------------------
+
+__all__ += ["rms_norm", "fused_add_rms_norm", "fused_add_rms_norm_", "layer_norm"]
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _shape_list(normalized_shape) -> list:
+    """An int or a sequence of ints, as torch.nn.functional takes it."""
+    if isinstance(normalized_shape, (int, torch.SymInt)):
+        return [normalized_shape]
+    return list(normalized_shape)
+
+
+def rms_norm(input: Tensor, normalized_shape, weight: Tensor | None = None,
+             eps: float | None = None) -> Tensor:
+    """Root-mean-square normalisation over the trailing dims ``normalized_shape``:
+    ``input / sqrt(mean(input^2) + eps) * weight``, a drop-in for
+    ``torch.nn.functional.rms_norm`` (``eps=None``: ``torch.finfo(input.dtype).eps``).
+
+    float32, float64, float16, bfloat16 on CPU and CUDA.  Half inputs are
+    computed in float32 (float64 inputs in float64) and the result has the
+    input's dtype.  ``weight`` (shape ``normalized_shape``) has the input's
+    dtype, or float32 beside a float16/bfloat16 input (mixed precision).
+    Differentiable in input and weight; the weight gradient is summed in a
+    fixed order (deterministic).  Under ``torch.autocast`` a weight of another
+    dtype is cast to float32 and the result keeps the input's dtype.  Raises
+    RuntimeError naming the argument for a shape, dtype or device mismatch.
+    """
+    return torch.ops.torchops.rms_norm.default(input, _shape_list(normalized_shape), weight, eps)
+
+
+def fused_add_rms_norm(input: Tensor, residual: Tensor, normalized_shape,
+                       weight: Tensor | None = None,
+                       eps: float | None = None) -> tuple[Tensor, Tensor]:
+    """``(rms_norm(input + residual), input + residual)`` in one pass: the
+    pre-norm residual pattern of transformer layers.
+
+    ``residual`` has the shape and dtype of ``input``.  The sum is rounded to
+    the input's dtype before it is normalised, as the unfused formula in that
+    dtype computes it; the returned sum is that rounded value.  Dtypes,
+    devices, weight, eps, autocast and errors as :func:`rms_norm`;
+    differentiable in input, residual and weight (deterministic).
+    """
+    return torch.ops.torchops.fused_add_rms_norm.default(
+        input, residual, _shape_list(normalized_shape), weight, eps)
+
+
+def fused_add_rms_norm_(input: Tensor, residual: Tensor, weight: Tensor, eps: float) -> None:
+    """In-place inference variant of :func:`fused_add_rms_norm` over the last
+    dim, with vLLM's semantics: ``residual`` becomes ``input + residual``
+    (rounded to the input's dtype) and ``input`` becomes its RMS norm times
+    ``weight`` (shape ``(input.shape[-1],)``).  Returns None.
+
+    No autograd: call it under ``torch.no_grad()``/``inference_mode``.  The
+    two tensors must not share memory, nor be expanded.  Dtypes and devices as
+    :func:`rms_norm`.
+    """
+    torch.ops.torchops.fused_add_rms_norm_.default(input, residual, weight, eps)
+
+
+def layer_norm(input: Tensor, normalized_shape, weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """Layer normalisation over the trailing dims ``normalized_shape``:
+    ``(input - mean) / sqrt(var + eps) * weight + bias`` (biased variance), a
+    drop-in for ``torch.nn.functional.layer_norm``.
+
+    Dtypes, devices, the mixed-precision rule for weight and bias (the two of
+    one dtype), autocast and errors as :func:`rms_norm`.  Differentiable in
+    input, weight and bias; their gradients are summed in a fixed order
+    (deterministic).
+    """
+    return torch.ops.torchops.layer_norm.default(input, _shape_list(normalized_shape), weight,
+                                                 bias, eps)
+
+
+def _check_norm_param(op: str, input: Tensor, p: Tensor | None, name: str, shape) -> None:
+    if p is None:
+        return
+    _check_floating(op, name, p)
+    dtype, pdtype = input.dtype, p.dtype
+    half = dtype in _HALF
+    torch._check(pdtype == dtype or (half and pdtype == torch.float32),
+                 lambda: f"torchops.{op}: expected '{name}' to have the dtype of 'input' "
+                 f"({dtype}){' or float32' if half else ''}, but got {pdtype}")
+    pshape, want = tuple(p.shape), tuple(shape)
+    torch._check(pshape == want, lambda: f"torchops.{op}: expected '{name}' to have shape "
+                 f"'normalized_shape' {list(want)}, but got {pshape}")
+
+
+def _check_norm(op: str, input: Tensor, residual: Tensor | None, normalized_shape,
+                weight: Tensor | None, bias: Tensor | None) -> tuple:
+    """The kernels' check_norm_forward; returns the statistics' shape."""
+    others = {k: v for k, v in (("residual", residual), ("weight", weight), ("bias", bias))
+              if v is not None}
+    _check_same_device(op, input=input, **others)
+    _check_floating(op, "input", input)
+    if residual is not None:
+        _check_same_dtype(op, input=input, residual=residual)
+        ishape, rshape = tuple(input.shape), tuple(residual.shape)
+        torch._check(ishape == rshape, lambda: f"torchops.{op}: expected 'residual' to have "
+                     f"the shape of 'input' ({ishape}), but got {rshape}")
+    nd = len(normalized_shape)
+    torch._check(nd >= 1, lambda: f"torchops.{op}: expected 'normalized_shape' to have at "
+                 f"least one dimension")
+    axis = input.dim() - nd
+    ishape, want = tuple(input.shape), tuple(normalized_shape)
+    torch._check(axis >= 0 and ishape[axis:] == want,
+                 lambda: f"torchops.{op}: expected the trailing dims of 'input' (shape "
+                 f"{ishape}) to equal 'normalized_shape' {list(want)}")
+    _check_norm_param(op, input, weight, "weight", normalized_shape)
+    _check_norm_param(op, input, bias, "bias", normalized_shape)
+    if weight is not None and bias is not None:
+        _check_same_dtype(op, weight=weight, bias=bias)
+    return tuple(input.shape[:axis])
+
+
+def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check_norm_stat(op: str, input: Tensor, stat: Tensor, name: str, shape: tuple) -> None:
+    _check_same_device(op, input=input, **{name: stat})
+    want, dtype = _stat_dtype(input.dtype), stat.dtype
+    torch._check(dtype == want, lambda: f"torchops.{op}: expected '{name}' to be {want}, "
+                 f"but got {dtype}")
+    sshape = tuple(stat.shape)
+    torch._check(sshape == shape, lambda: f"torchops.{op}: expected '{name}' to have the row "
+                 f"dims of 'input' {list(shape)}, but got {sshape}")
+
+
+def _check_norm_backward(op: str, grad: Tensor, input: Tensor, mean: Tensor | None,
+                         rstd: Tensor, normalized_shape, weight, bias) -> None:
+    _check_same_device(op, input=input, grad=grad)
+    stat_shape = _check_norm(op, input, None, normalized_shape, weight, bias)
+    _check_same_dtype(op, input=input, grad=grad)
+    ishape, gshape = tuple(input.shape), tuple(grad.shape)
+    torch._check(ishape == gshape, lambda: f"torchops.{op}: expected 'grad' to have the shape "
+                 f"of 'input' ({ishape}), but got {gshape}")
+    if mean is not None:
+        _check_norm_stat(op, input, mean, "mean", stat_shape)
+    _check_norm_stat(op, input, rstd, "rstd", stat_shape)
+
+
+def _param_grad(p: Tensor | None, input: Tensor, wanted: bool) -> Tensor:
+    """A parameter's gradient, or the (0,)-shaped placeholder the kernels return."""
+    if wanted and p is not None:
+        return p.new_empty(p.shape)
+    return (p if p is not None else input).new_empty((0,))
+
+
+@torch.library.register_fake("torchops::rms_norm")
+def _rms_norm_fake(input, normalized_shape, weight=None, eps=None):
+    _check_norm("rms_norm", input, None, normalized_shape, weight, None)
+    return input.new_empty(input.shape)
+
+
+@torch.library.register_fake("torchops::_rms_norm_forward")
+def _rms_norm_forward_fake(input, normalized_shape, weight, eps):
+    stat = _check_norm("_rms_norm_forward", input, None, normalized_shape, weight, None)
+    return input.new_empty(input.shape), input.new_empty(stat, dtype=_stat_dtype(input.dtype))
+
+
+@torch.library.register_fake("torchops::_rms_norm_backward")
+def _rms_norm_backward_fake(grad, input, rstd, normalized_shape, weight, output_mask):
+    _check_norm_backward("_rms_norm_backward", grad, input, None, rstd, normalized_shape,
+                         weight, None)
+    dx = input.new_empty(input.shape if output_mask[0] else (0,))
+    return dx, _param_grad(weight, input, output_mask[1])
+
+
+@torch.library.register_fake("torchops::fused_add_rms_norm")
+def _fused_add_rms_norm_fake(input, residual, normalized_shape, weight=None, eps=None):
+    _check_norm("fused_add_rms_norm", input, residual, normalized_shape, weight, None)
+    return input.new_empty(input.shape), input.new_empty(input.shape)
+
+
+@torch.library.register_fake("torchops::_fused_add_rms_norm_forward")
+def _fused_add_rms_norm_forward_fake(input, residual, normalized_shape, weight, eps):
+    stat = _check_norm("_fused_add_rms_norm_forward", input, residual, normalized_shape, weight,
+                       None)
+    return (input.new_empty(input.shape), input.new_empty(input.shape),
+            input.new_empty(stat, dtype=_stat_dtype(input.dtype)))
+
+
+@torch.library.register_fake("torchops::fused_add_rms_norm_")
+def _fused_add_rms_norm_inplace_fake(input, residual, weight, eps):
+    op = "fused_add_rms_norm_"
+    _check_same_device(op, input=input, residual=residual, weight=weight)
+    torch._check(input.dim() >= 1, lambda: f"torchops.{op}: expected 'input' to have at least "
+                 f"one dimension")
+    _check_norm(op, input, residual, input.shape[-1:], weight, None)
+    return None
+
+
+@torch.library.register_fake("torchops::layer_norm")
+def _layer_norm_fake(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    _check_norm("layer_norm", input, None, normalized_shape, weight, bias)
+    return input.new_empty(input.shape)
+
+
+@torch.library.register_fake("torchops::_layer_norm_forward")
+def _layer_norm_forward_fake(input, normalized_shape, weight, bias, eps):
+    stat = _check_norm("_layer_norm_forward", input, None, normalized_shape, weight, bias)
+    sdtype = _stat_dtype(input.dtype)
+    return (input.new_empty(input.shape), input.new_empty(stat, dtype=sdtype),
+            input.new_empty(stat, dtype=sdtype))
+
+
+@torch.library.register_fake("torchops::_layer_norm_backward")
+def _layer_norm_backward_fake(grad, input, mean, rstd, normalized_shape, weight, bias,
+                              output_mask):
+    _check_norm_backward("_layer_norm_backward", grad, input, mean, rstd, normalized_shape,
+                         weight, bias)
+    dx = input.new_empty(input.shape if output_mask[0] else (0,))
+    return (dx, _param_grad(weight, input, output_mask[1]),
+            _param_grad(bias, input, output_mask[2]))

@@ -24,6 +24,7 @@ __all__ = ["matmul", "d_sigmoid", "nms", "batched_nms", "box_iou", "roi_align", 
            "sigmoid_focal_loss", "deform_conv2d"]
 __all__ += ["masked_conv2d"]
 __all__ += ["carafe"]
+__all__ += ["rms_norm", "fused_add_rms_norm", "fused_add_rms_norm_", "layer_norm"]
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -458,3 +459,54 @@ def carafe(features: Tensor, masks: Tensor, kernel_size: int, group_size: int,
     m = torch.where(inside, m, torch.zeros_like(m))
     out = torch.einsum("ngckhw,ngkhiwj->ngchiwj", cols, m)
     return out.reshape(n, c, h * s, w * s)
+
+
+# --- norms ---------------------------------------------------------------------------------
+
+
+def _norm_dims(input: Tensor, normalized_shape) -> tuple[int, ...]:
+    return tuple(range(input.dim() - len(normalized_shape), input.dim()))
+
+
+def _compute_dtype(input: Tensor) -> torch.dtype:
+    """Half inputs are normalised in float32, the result rounded back."""
+    return torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+
+
+def rms_norm(input: Tensor, normalized_shape, weight: Tensor | None = None,
+             eps: float | None = None) -> Tensor:
+    if eps is None:
+        eps = torch.finfo(input.dtype).eps
+    dims = _norm_dims(input, normalized_shape)
+    x = input.to(_compute_dtype(input))
+    y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.to(x.dtype)
+    return y.to(input.dtype)
+
+
+def fused_add_rms_norm(input: Tensor, residual: Tensor, normalized_shape,
+                       weight: Tensor | None = None,
+                       eps: float | None = None) -> tuple[Tensor, Tensor]:
+    s = input + residual  # rounded to the input dtype, as the op's sum
+    return rms_norm(s, normalized_shape, weight, eps), s
+
+
+def fused_add_rms_norm_(input: Tensor, residual: Tensor, weight: Tensor,
+                        eps: float) -> tuple[Tensor, Tensor]:
+    """The new values of (input, residual)."""
+    return fused_add_rms_norm(input, residual, (input.shape[-1],), weight, eps)
+
+
+def layer_norm(input: Tensor, normalized_shape, weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    dims = _norm_dims(input, normalized_shape)
+    x = input.to(_compute_dtype(input))
+    mean = x.mean(dims, keepdim=True)
+    var = (x - mean).pow(2).mean(dims, keepdim=True)
+    y = (x - mean) * torch.rsqrt(var + eps)
+    if weight is not None:
+        y = y * weight.to(x.dtype)
+    if bias is not None:
+        y = y + bias.to(x.dtype)
+    return y.to(input.dtype)

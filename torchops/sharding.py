@@ -161,3 +161,95 @@ def _elementwise_backward(grad, z):
     Replicate, Shard, Partial = placements()
     return ([([Replicate()], [Replicate(), Replicate()])]
             + [([Shard(d)], [Shard(d), Shard(d)]) for d in range(z.ndim)])
+
+
+# --- norms ---------------------------------------------------------------------------
+# A norm reduces over its trailing normalized_shape dims: it runs shard-locally
+# on any other (row) dim, with the weights replicated.  The statistics the
+# _forward ops return have the row dims, so they shard alike; the backward's
+# weight and bias gradients sum over the rows, Partial when the rows are
+# sharded.  fused_add_rms_norm_ has no rule: DTensor does not take in-place
+# ops without a return value.
+
+
+def _norm_strategies(input, nd: int, tensors_in, n_out: int, params: dict[int, bool],
+                     partial_outs: dict[int, bool]):
+    """Strategies of a norm op: `tensors_in` lists per positional argument
+    "x" (an activation-shaped tensor or a row statistic: sharded with the
+    rows), "w" (a weight: replicated) or None.  `params` marks the outputs
+    that do not shard with the rows: parameter gradients, Partial under row
+    sharding where `partial_outs` says so, and (0,)-shaped placeholders,
+    Replicate."""
+    Replicate, Shard, Partial = placements()
+
+    def ins(p):
+        return [None if k is None else (Replicate() if k == "w" else p) for k in tensors_in]
+
+    out = [([Replicate()] * n_out, ins(Replicate()))]
+    for d in range(input.ndim - nd):
+        outs = [(Partial() if partial_outs.get(i) else Replicate()) if params.get(i) else Shard(d)
+                for i in range(n_out)]
+        out.append((outs, ins(Shard(d))))
+    return out
+
+
+def _kind(t, kind):
+    return None if t is None else kind
+
+
+@rule("rms_norm")
+def _rms_norm_rule(input, normalized_shape, weight=None, *rest):
+    return _norm_strategies(input, len(normalized_shape),
+                            ["x", None, _kind(weight, "w"), *([None] * len(rest))], 1, {}, {})
+
+
+@rule("_rms_norm_forward")
+def _rms_norm_forward_rule(input, normalized_shape, weight=None, *rest):
+    return _norm_strategies(input, len(normalized_shape),
+                            ["x", None, _kind(weight, "w"), *([None] * len(rest))], 2, {}, {})
+
+
+@rule("fused_add_rms_norm")
+def _fused_add_rms_norm_rule(input, residual, normalized_shape, weight=None, *rest):
+    return _norm_strategies(input, len(normalized_shape),
+                            ["x", "x", None, _kind(weight, "w"), *([None] * len(rest))], 2, {},
+                            {})
+
+
+@rule("_fused_add_rms_norm_forward")
+def _fused_add_rms_norm_forward_rule(input, residual, normalized_shape, weight=None, *rest):
+    return _norm_strategies(input, len(normalized_shape),
+                            ["x", "x", None, _kind(weight, "w"), *([None] * len(rest))], 3, {},
+                            {})
+
+
+@rule("_rms_norm_backward")
+def _rms_norm_backward_rule(grad, input, rstd, normalized_shape, weight, output_mask):
+    return _norm_strategies(input, len(normalized_shape),
+                            ["x", "x", "x", None, _kind(weight, "w"), None], 2,
+                            {0: not output_mask[0], 1: True},
+                            {1: weight is not None and output_mask[1]})
+
+
+@rule("layer_norm")
+def _layer_norm_rule(input, normalized_shape, weight=None, bias=None, *rest):
+    return _norm_strategies(input, len(normalized_shape),
+                            ["x", None, _kind(weight, "w"), _kind(bias, "w"),
+                             *([None] * len(rest))], 1, {}, {})
+
+
+@rule("_layer_norm_forward")
+def _layer_norm_forward_rule(input, normalized_shape, weight=None, bias=None, *rest):
+    return _norm_strategies(input, len(normalized_shape),
+                            ["x", None, _kind(weight, "w"), _kind(bias, "w"),
+                             *([None] * len(rest))], 3, {}, {})
+
+
+@rule("_layer_norm_backward")
+def _layer_norm_backward_rule(grad, input, mean, rstd, normalized_shape, weight, bias,
+                              output_mask):
+    return _norm_strategies(input, len(normalized_shape),
+                            ["x", "x", "x", "x", None, _kind(weight, "w"), _kind(bias, "w"),
+                             None], 3, {0: not output_mask[0], 1: True, 2: True},
+                            {1: weight is not None and output_mask[1],
+                             2: bias is not None and output_mask[2]})

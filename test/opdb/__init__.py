@@ -59,7 +59,13 @@ fields:
 
 Optional fields (defaults in brackets): ``dtypes`` [all four float dtypes on
 cpu and cuda], ``tols`` [DEFAULT_TOLS] per dtype, ``differentiable`` [True:
-the op has an Autograd kernel], ``supports_gradgrad`` [False: its internal
+the op has an Autograd kernel; False for in-place ops], ``mutated_args`` [():
+indices of the positional args an in-place op writes, marked ``Tensor(a!)``
+in its schema; the generic tests call it on same-strided copies of them and
+compare their new values with the reference's, which returns them as a
+tuple (their strides are the caller's: contiguous_outputs does not apply);
+opcheck still runs (it checks the alias annotations), the gradient tests
+do not], ``supports_gradgrad`` [False: its internal
 backward ops have Autograd kernels too], ``data_dependent_output`` [False: the
 output size depends on the values, like nms], ``internal_ops`` [()]
 (``_<op>_backward`` ops this entry exercises), ``autocast`` [False: the op
@@ -98,6 +104,11 @@ from .upsample import CARAFE, UPSAMPLE_OPS, carafe_inputs
 OP_DB: list[OpInfo] = [*BASIC_OPS, *BOX_OPS, *ROI_OPS, *LOSS_OPS, *DEFORM_OPS, *MASKED_CONV_OPS,
                        *UPSAMPLE_OPS]
 
+# --- norms ---
+from .norms import FUSED_ADD_RMS_NORM, FUSED_ADD_RMS_NORM_, LAYER_NORM, NORM_OPS, RMS_NORM  # noqa: E402
+
+OP_DB += NORM_OPS
+
 __all__ = [
     "OP_DB", "BASIC_OPS", "BOX_OPS", "ROI_OPS", "LOSS_OPS", "DEFORM_OPS",
     "MATMUL", "D_SIGMOID", "NMS", "BATCHED_NMS", "BOX_IOU", "ROI_ALIGN", "ROI_POOL",
@@ -110,3 +121,4 @@ __all__ = [
 ]
 __all__ += ["MASKED_CONV_OPS", "MASKED_CONV2D", "random_mask"]
 __all__ += ["UPSAMPLE_OPS", "CARAFE", "carafe_inputs"]
+__all__ += ["NORM_OPS", "RMS_NORM", "FUSED_ADD_RMS_NORM", "FUSED_ADD_RMS_NORM_", "LAYER_NORM"]

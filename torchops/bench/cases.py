@@ -471,3 +471,53 @@ CASES += [
          backward=True, sizes={"cuda": CARAFE_CUDA, "cpu": CARAFE_CPU},
          bytes=lambda a: _carafe_bytes(a, True)),
 ]
+
+
+# --- norms ----------------------------------------------------------------------------------
+def _norm(rows, d, dtype=torch.float32, quick=False, threads=("all",), **extra):
+    return Size(f"{rows}x{d}", {"rows": rows, "d": d, **extra}, dtype, quick, threads)
+
+
+def _norm_sizes(kind: str, train: bool = False) -> dict:
+    p = {"kind": kind, "train": train}
+    return {"cuda": [_norm(16384, 4096, bf16, **p), _norm(16384, 4096, **p),
+                     _norm(4096, 1024, bf16, quick=True, **p), _norm(4096, 8192, bf16, **p)],
+            "cpu": [_norm(4096, 1024, quick=True, threads=(1, "all"), **p),
+                    _norm(4096, 1024, bf16, threads=(1, "all"), **p)]}
+
+
+def _activation_bytes(args) -> int:
+    return _nbytes(args[0])
+
+
+_F_RMS = Peer("torch.nn.functional.rms_norm", lambda: lambda x, shape, w, eps:
+              torch.nn.functional.rms_norm(x, shape, w, eps))
+_F_LN = Peer("torch.nn.functional.layer_norm", lambda: lambda x, shape, w, b, eps:
+             torch.nn.functional.layer_norm(x, shape, w, b, eps))
+RMS_NORM = dict(op="rms_norm", inputs=inputs.norm_args, reference=references.rms_norm,
+                reference_name="x * rsqrt(mean(x^2) + eps) * w", peer=_F_RMS)
+FUSED_ADD_RMS_NORM = dict(op="fused_add_rms_norm", inputs=inputs.norm_args,
+                          reference=references.fused_add_rms_norm,
+                          reference_name="rms_norm(x + r), x + r")
+LAYER_NORM = dict(op="layer_norm", inputs=inputs.norm_args, reference=references.layer_norm,
+                  reference_name="(x - mean) * rsqrt(var + eps) * w + b", peer=_F_LN)
+NORM_NOTE = "GB/s over the activations each pass must move (weights left out)."
+CASES += [
+    # Forward: x read, y written.  Forward + backward adds grad and x read, dx written.
+    Case(name="rms_norm", **RMS_NORM, sizes=_norm_sizes("rms"),
+         bytes=lambda a: 2 * _activation_bytes(a), note=NORM_NOTE),
+    Case(name="rms_norm fwd+bwd", **RMS_NORM, backward=True, sizes=_norm_sizes("rms", True),
+         bytes=lambda a: 5 * _activation_bytes(a), note=NORM_NOTE + " Weight gradient too."),
+    # x and the residual read, the norm and the sum written; the backward reads
+    # both outputs' gradients and the sum, and writes one gradient (shared).
+    Case(name="fused_add_rms_norm", **FUSED_ADD_RMS_NORM, sizes=_norm_sizes("fused"),
+         bytes=lambda a: 4 * _activation_bytes(a), note=NORM_NOTE),
+    Case(name="fused_add_rms_norm fwd+bwd", **FUSED_ADD_RMS_NORM, backward=True,
+         sizes=_norm_sizes("fused", True), bytes=lambda a: 8 * _activation_bytes(a),
+         note=NORM_NOTE + " Only the input requires grad (with the weight)."),
+    Case(name="layer_norm", **LAYER_NORM, sizes=_norm_sizes("ln"),
+         bytes=lambda a: 2 * _activation_bytes(a), note=NORM_NOTE),
+    Case(name="layer_norm fwd+bwd", **LAYER_NORM, backward=True, sizes=_norm_sizes("ln", True),
+         bytes=lambda a: 5 * _activation_bytes(a),
+         note=NORM_NOTE + " Weight and bias gradients too."),
+]

@@ -164,3 +164,21 @@ def deform_conv2d_args(p: P) -> tuple:
         for t in (weight, bias) + more:
             t.requires_grad_()
     return x, weight, offset, mask, bias, 1, 1, 1, 1, 1, 1, 1, 1, use_mask
+
+
+# --- norms ---------------------------------------------------------------------------------
+
+
+def norm_args(p: P) -> tuple:
+    """A (rows, d) activation normalised over d: ``p["kind"]`` "rms" gives
+    rms_norm's arguments, "fused" fused_add_rms_norm's (a residual too), "ln"
+    layer_norm's.  The weights require their gradient when ``p["train"]``."""
+    rows, d, kind = p["rows"], p["d"], p["kind"]
+    x = torch.randn(rows, d)
+    w = (torch.rand(d) + 0.5).requires_grad_(bool(p.get("train")))
+    if kind == "rms":
+        return x, [d], w, 1e-6
+    if kind == "fused":
+        return x, torch.randn(rows, d), [d], w, 1e-6
+    b = (torch.rand(d) - 0.5).requires_grad_(bool(p.get("train")))
+    return x, [d], w, b, 1e-5
