@@ -458,3 +458,27 @@ def carafe(features: Tensor, masks: Tensor, kernel_size: int, group_size: int,
     m = torch.where(inside, m, torch.zeros_like(m))
     out = torch.einsum("ngckhw,ngkhiwj->ngchiwj", cols, m)
     return out.reshape(n, c, h * s, w * s)
+
+
+# --- softmax ---------------------------------------------------------------------------
+
+__all__ += ["scaled_masked_softmax", "scaled_upper_triang_masked_softmax"]
+
+
+def scaled_masked_softmax(input: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """``softmax(input * scale)`` over the last dim with the keys where
+    ``mask`` (bool, ``(B or 1, 1, Sq, Sk)``) is True at probability 0; a row
+    with every key masked is zeros.  The masked scores are filled with the
+    dtype's most negative finite value rather than -inf, so a fully masked
+    row stays finite (and its gradient zero) before it is zeroed."""
+    x = (input * scale).masked_fill(mask, torch.finfo(input.dtype).min)
+    return torch.softmax(x, -1).masked_fill(mask.all(-1, keepdim=True), 0)
+
+
+def scaled_upper_triang_masked_softmax(input: Tensor, scale: float) -> Tensor:
+    """Causal ``softmax(input * scale)`` over the last dim of ``(B, Sq, Sk)``
+    or ``(B, H, Sq, Sk)`` scores, ``Sq == Sk``: key j of query i masked for
+    j > i (probability 0)."""
+    sq, sk = input.shape[-2], input.shape[-1]
+    above = torch.ones(sq, sk, dtype=torch.bool, device=input.device).triu(1)
+    return torch.softmax((input * scale).masked_fill(above, float("-inf")), -1)

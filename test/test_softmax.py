@@ -1,0 +1,214 @@
+"""Op-specific tests of the fused masked softmaxes
+(torchops.scaled_masked_softmax, torchops.scaled_upper_triang_masked_softmax):
+what the generic opdb tests do not cover -- fully masked rows (zeros, also in
+the backward), that the causal op reads only the lower triangle (forward and
+backward), long rows, NaN handling, the mask's batch broadcast, the autocast
+decision, determinism, and (on a GPU) both CUDA paths against the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchops
+from opdb import attention_mask
+from torchops import references
+
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+TOL = {torch.float64: 1e-9, torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def _scores(shape, device="cpu", dtype=torch.float32, seed=0, scale=3.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(device, dtype)
+
+
+def _value_and_grad(fn, x, *args, seed=1):
+    x = x.detach().requires_grad_()
+    y = fn(x, *args)
+    dy = _scores(y.shape, y.device, y.dtype, seed=seed, scale=1.0)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    return y, dx, dy
+
+
+def _close(a, b, dtype):
+    tol = TOL[dtype]
+    torch.testing.assert_close(a.double(), b.double(), atol=tol, rtol=tol, equal_nan=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_fully_masked_rows_are_zero_forward_and_backward(device, dtype):
+    x = _scores((2, 3, 5, 40), device, dtype)
+    mask = attention_mask((2, 1, 5, 40), device, full_rows=2)
+    y, dx, _ = _value_and_grad(torchops.scaled_masked_softmax, x, mask, 0.5)
+    assert not y.isnan().any() and not dx.isnan().any()
+    assert (y[:, :, :2] == 0).all() and (dx[:, :, :2] == 0).all()
+    # Masked keys: probability 0 and gradient 0; other rows sum to 1.
+    assert (y.masked_select(mask.expand_as(y)) == 0).all()
+    assert (dx.masked_select(mask.expand_as(dx)) == 0).all()
+    _close(y[:, :, 2:].double().sum(-1), torch.ones(2, 3, 3, dtype=torch.float64), dtype)
+
+
+def test_all_keys_masked_differs_from_megatron_fill():
+    # Megatron's -10000 fill gives a uniform row; torchops gives zeros.
+    x = _scores((1, 1, 2, 6))
+    mask = torch.ones(1, 1, 2, 6, dtype=torch.bool)
+    assert (torchops.scaled_masked_softmax(x, mask, 1.0) == 0).all()
+    megatron = torch.softmax(x.masked_fill(mask, -10000.0), -1)
+    torch.testing.assert_close(megatron, torch.full_like(x, 1 / 6))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("s", [7, 64, 96, 300])
+def test_causal_reads_only_the_lower_triangle(device, dtype, s):
+    x = _scores((2, 2, s, s), device, dtype)
+    above = torch.ones(s, s, dtype=torch.bool, device=device).triu(1)
+    poisoned = x.masked_fill(above, float("nan"))
+    y = torchops.scaled_upper_triang_masked_softmax(x, 0.3)
+    y_nan = torchops.scaled_upper_triang_masked_softmax(poisoned, 0.3)
+    torch.testing.assert_close(y_nan, y, atol=0, rtol=0)
+    assert (y.masked_select(above) == 0).all()
+    # The backward reads only the triangle of its gradient too.
+    dy = _scores((2, 2, s, s), device, dtype, seed=2, scale=1.0)
+    bwd = torch.ops.torchops._scaled_upper_triang_masked_softmax_backward.default
+    dx = bwd(dy, y, 0.3)
+    dx_nan = bwd(dy.masked_fill(above, float("nan")), y, 0.3)
+    torch.testing.assert_close(dx_nan, dx, atol=0, rtol=0)
+    assert (dx.masked_select(above) == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_causal_equals_masked_with_the_upper_triangle(device):
+    for shape in [(2, 3, 33, 33), (3, 70, 70)]:
+        x = _scores(shape, device)
+        s = shape[-1]
+        mask = torch.ones(1, 1, s, s, dtype=torch.bool, device=device).triu(1)
+        x4 = x if x.dim() == 4 else x[:, None]
+        y_masked, dx_masked, dy = _value_and_grad(torchops.scaled_masked_softmax, x4, mask, 0.7)
+        x4 = x4.detach().requires_grad_()
+        y = torchops.scaled_upper_triang_masked_softmax(x4, 0.7)
+        (dx,) = torch.autograd.grad(y, x4, dy)
+        torch.testing.assert_close(y, y_masked)
+        torch.testing.assert_close(dx, dx_masked)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_long_rows(device, dtype):
+    # Longer than any peer's limit and than the CUDA kernels' register rows.
+    for sk in ([2048, 2056, 5000, 20000] if device == "cuda" else [5000]):
+        x = _scores((1, 2, 3, sk), device, dtype)
+        mask = attention_mask((1, 1, 3, sk), device, density=0.5)
+        y, dx, dy = _value_and_grad(torchops.scaled_masked_softmax, x, mask, 0.25)
+        x64 = x.double().requires_grad_()
+        y_ref = references.scaled_masked_softmax(x64, mask, 0.25)
+        (dx_ref,) = torch.autograd.grad(y_ref, x64, dy.double())
+        _close(y, y_ref, dtype)
+        _close(dx, dx_ref, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_long_causal_rows(device):
+    s = 2500 if device == "cuda" else 1100
+    x = _scores((1, s, s), device)
+    y, dx, dy = _value_and_grad(torchops.scaled_upper_triang_masked_softmax, x, 0.125)
+    x64 = x.double().requires_grad_()
+    y_ref = references.scaled_upper_triang_masked_softmax(x64, 0.125)
+    (dx_ref,) = torch.autograd.grad(y_ref, x64, dy.double())
+    _close(y, y_ref, torch.float32)
+    _close(dx, dx_ref, torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nan_in_an_unmasked_key_spreads_a_masked_one_does_not(device):
+    x = _scores((1, 1, 3, 16), device)
+    mask = torch.zeros(1, 1, 3, 16, dtype=torch.bool, device=device)
+    mask[..., 1, 5] = True
+    x[..., 0, 3] = float("nan")
+    x[..., 1, 5] = float("nan")
+    y = torchops.scaled_masked_softmax(x, mask, 1.0)
+    assert y[0, 0, 0].isnan().all()
+    assert not y[0, 0, 1:].isnan().any()
+    torch.testing.assert_close(y[0, 0, 1:], references.scaled_masked_softmax(
+        x.nan_to_num(0.0), mask, 1.0)[0, 0, 1:])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_mask_for_the_batch_equals_the_mask_per_entry(device):
+    x = _scores((3, 2, 5, 24), device)
+    mask = attention_mask((1, 1, 5, 24), device, density=0.4)
+    y = torchops.scaled_masked_softmax(x, mask, 0.5)
+    y_each = torchops.scaled_masked_softmax(x, mask.expand(3, 1, 5, 24).contiguous(), 0.5)
+    torch.testing.assert_close(y, y_each, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_no_autocast_policy_keeps_the_dtype(device, dtype):
+    # Decided: no autocast kernel.  The ops compute in float32 for half types
+    # already, so under autocast they return exactly the non-autocast result,
+    # in the input's dtype (torch.softmax's CUDA policy would return float32).
+    x = _scores((2, 2, 4, 8), device, dtype)
+    mask = attention_mask((2, 1, 4, 8), device)
+    plain = (torchops.scaled_masked_softmax(x, mask, 0.5),
+             torchops.scaled_upper_triang_masked_softmax(x[..., :4, :4].contiguous(), 0.5))
+    amp = torch.bfloat16 if device == "cpu" else torch.float16
+    with torch.autocast(device, dtype=amp):
+        got = (torchops.scaled_masked_softmax(x, mask, 0.5),
+               torchops.scaled_upper_triang_masked_softmax(x[..., :4, :4].contiguous(), 0.5))
+    for g, p in zip(got, plain):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g, p, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deterministic_and_independent_of_threads(device):
+    x = _scores((2, 4, 16, 200), device)
+    mask = attention_mask((2, 1, 16, 200), device)
+    y1, dx1, _ = _value_and_grad(torchops.scaled_masked_softmax, x, mask, 0.5)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        y2, dx2, _ = _value_and_grad(torchops.scaled_masked_softmax, x, mask, 0.5)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(y1, y2, atol=0, rtol=0)
+    torch.testing.assert_close(dx1, dx2, atol=0, rtol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("sk", [8, 64, 256, 520, 1024, 2048, 2049, 4096])
+def test_cuda_paths_match_the_cpu(dtype, sk):
+    # Aligned rows up to 2048 keys take the warp kernel, others the block
+    # kernel; an offset view (not 16-byte aligned) forces the block kernel.
+    x = _scores((2, 2, 3, sk + 1), "cpu", dtype)
+    mask = attention_mask((2, 1, 3, sk), "cpu", density=0.3)
+    for xs in (x[..., :sk].contiguous(), x.flatten()[1:2 * 2 * 3 * sk + 1].view(2, 2, 3, sk)):
+        y_cpu, dx_cpu, dy = _value_and_grad(torchops.scaled_masked_softmax, xs, mask, 0.5)
+        xc = xs.cuda().requires_grad_()
+        y = torchops.scaled_masked_softmax(xc, mask.cuda(), 0.5)
+        (dx,) = torch.autograd.grad(y, xc, dy.cuda())
+        _close(y.cpu(), y_cpu, dtype)
+        _close(dx.cpu(), dx_cpu, dtype)
+    s = min(sk, 2100)
+    xs = _scores((1, s, s), "cpu", dtype)
+    y_cpu, dx_cpu, dy = _value_and_grad(torchops.scaled_upper_triang_masked_softmax, xs, 0.5)
+    xc = xs.cuda().requires_grad_()
+    y = torchops.scaled_upper_triang_masked_softmax(xc, 0.5)
+    (dx,) = torch.autograd.grad(y, xc, dy.cuda())
+    _close(y.cpu(), y_cpu, dtype)
+    _close(dx.cpu(), dx_cpu, dtype)
+
+
+@pytest.mark.cuda
+def test_cuda_many_rows_and_a_grid_stride():
+    # More rows than the warp kernel's grid covers in one sweep.
+    x = torch.randn(1, 1, 1 << 24, 8, device="cuda", dtype=torch.bfloat16)
+    mask = torch.zeros(1, 1, 1 << 24, 8, dtype=torch.bool, device="cuda")
+    y = torchops.scaled_masked_softmax(x, mask, 1.0)
+    torch.testing.assert_close(y.float(), torch.softmax(x.float(), -1).to(torch.bfloat16).float(),
+                               atol=1e-2, rtol=1.6e-2)
