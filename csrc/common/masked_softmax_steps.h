@@ -55,7 +55,8 @@ at::Tensor masked_softmax_forward_steps(const at::Tensor& input_in,
   if (y.numel() == 0) {
     return y;
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "torchops.masked_softmax", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, x.scalar_type(), "torchops.masked_softmax", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     Kernels::template forward<scalar_t>(SoftmaxForward<scalar_t>{
         x.const_data_ptr<scalar_t>(),
@@ -76,7 +77,8 @@ at::Tensor masked_softmax_backward_steps(const at::Tensor& grad_in,
   if (dx.numel() == 0) {
     return dx;
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "torchops.masked_softmax_backward", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, y.scalar_type(), "torchops.masked_softmax_backward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     Kernels::template backward<scalar_t>(SoftmaxBackward<scalar_t>{
         dy.const_data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(),

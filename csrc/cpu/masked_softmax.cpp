@@ -35,21 +35,26 @@ constexpr int kLanes = 16;
 template <typename acc_t>
 constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
 
-// buf[j] = scale * x[j], or -inf where mask[j].
+// buf[j] = scale * x[j], or -inf where mask[j].  The mask is read as bytes
+// and applied with bit operations: GCC vectorises neither a load of bool nor
+// a select that it turns into a branch.
 template <typename T, typename acc_t>
-TORCHOPS_CPU_MULTIVERSION void load_scaled(const T* __restrict__ x, const bool* __restrict__ mask,
-                                           acc_t scale, acc_t* __restrict__ buf, int64_t n) {
+TORCHOPS_CPU_MULTIVERSION void load_scaled(const T* __restrict__ x,
+                                           const uint8_t* __restrict__ mask, acc_t scale,
+                                           acc_t* __restrict__ buf, int64_t n) {
   if (mask == nullptr) {
     for (int64_t j = 0; j < n; ++j) {
       buf[j] = static_cast<acc_t>(x[j]) * scale;
     }
   } else if constexpr (std::is_same_v<acc_t, float>) {
     for (int64_t j = 0; j < n; ++j) {
-      buf[j] = vm::select(mask[j], kNegInf<float>, static_cast<float>(x[j]) * scale);
+      const uint32_t all = 0u - static_cast<uint32_t>(mask[j] != 0);
+      const uint32_t v = vm::bits_of(static_cast<float>(x[j]) * scale);
+      buf[j] = vm::float_of((v & ~all) | (vm::bits_of(kNegInf<float>) & all));
     }
   } else {
     for (int64_t j = 0; j < n; ++j) {
-      buf[j] = mask[j] ? kNegInf<acc_t> : static_cast<acc_t>(x[j]) * scale;
+      buf[j] = mask[j] != 0 ? kNegInf<acc_t> : static_cast<acc_t>(x[j]) * scale;
     }
   }
 }
@@ -193,7 +198,9 @@ struct CpuKernels {
         const int64_t len = softmax_row_length(s, r);
         const scalar_t* x = c.x + r * s.sk;
         scalar_t* y = c.y + r * s.sk;
-        const bool* mask = c.mask ? c.mask + softmax_mask_offset(s, r) : nullptr;
+        const auto* mask = c.mask != nullptr
+            ? reinterpret_cast<const uint8_t*>(c.mask + softmax_mask_offset(s, r))
+            : nullptr;
         load_scaled(x, mask, c.scale, buf.data(), len);
         const acc_t m = row_max(buf.data(), len);
         if (m == kNegInf<acc_t>) {

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .core import ErrorInput, OpInfo, Sample, Tol, hyp_size, hyp_tensor, make
+from .core import ErrorInput, OpInfo, Sample, ShardingSample, Tol, hyp_size, hyp_tensor, make
 
 
 def attention_mask(shape, device, density: float = 0.3, seed: int = 0,
@@ -32,8 +32,8 @@ def _masked_samples(device, dtype, requires_grad=False):
     rg = requires_grad
     # Three of one structure (mask batch = input batch >= 2) for compile and export.
     for b, h, sq, sk in [(2, 3, 4, 5), (3, 2, 6, 7), (2, 2, 5, 9)]:
-        yield Sample((make((b, h, sq, sk), device, dtype, rg), attention_mask((b, 1, sq, sk), device),
-                      0.5), name=f"{b}x{h}x{sq}x{sk}")
+        yield Sample((make((b, h, sq, sk), device, dtype, rg),
+                      attention_mask((b, 1, sq, sk), device), 0.5), name=f"{b}x{h}x{sq}x{sk}")
     # One mask for the whole batch; rows of 16-byte packs (the CUDA warp path).
     yield Sample((make((3, 2, 4, 64), device, dtype, rg),
                   attention_mask((1, 1, 4, 64), device, seed=1), 1.25), name="mask_b1")
@@ -114,6 +114,20 @@ def _masked_hypothesis(draw, device, dtype):
     return Sample((x, m, scale), name=f"hyp{tuple(x.shape)}m{mb}")
 
 
+def _masked_sharding(device):
+    # Batch sharded with a mask per batch entry (sharded too) or one mask
+    # (replicated); heads sharded (the mask replicated).
+    x = lambda: make((4, 3, 5, 6), device, torch.float32, requires_grad=True)  # noqa: E731
+    yield ShardingSample(Sample((x(), attention_mask((4, 1, 5, 6), device), 0.5)),
+                         inputs=("S0", "S0", None), outputs=("S0",))
+    yield ShardingSample(Sample((x(), attention_mask((1, 1, 5, 6), device), 0.5)),
+                         inputs=("S0", "R", None), outputs=("S0",))
+    yield ShardingSample(Sample((x(), attention_mask((4, 1, 5, 6), device), 0.5)),
+                         inputs=("S1", "R", None), outputs=("S1",))
+    yield ShardingSample(Sample((x(), attention_mask((1, 1, 5, 6), device), 0.5)),
+                         inputs=("R", "R", None), outputs=("R",))
+
+
 # Half types: the output is rounded once to the dtype, after float32 math.
 _TOLS = {torch.float16: Tol(2e-3, 2e-3)}
 
@@ -125,6 +139,7 @@ SCALED_MASKED_SOFTMAX = OpInfo(
     tols=_TOLS,
     sample_inputs_large=_masked_large,
     hypothesis_sample=_masked_hypothesis,
+    sharding_samples=_masked_sharding,
 )
 
 
@@ -176,6 +191,15 @@ def _causal_hypothesis(draw, device, dtype):
     return Sample((x, scale), name=f"hyp{tuple(x.shape)}")
 
 
+def _causal_sharding(device):
+    x4 = lambda: make((4, 3, 6, 6), device, torch.float32, requires_grad=True)  # noqa: E731
+    for d in (0, 1):
+        yield ShardingSample(Sample((x4(), 0.5)), inputs=(f"S{d}", None), outputs=(f"S{d}",))
+    yield ShardingSample(Sample((make((4, 6, 6), device, torch.float32, requires_grad=True), 0.5)),
+                         inputs=("S0", None), outputs=("S0",))
+    yield ShardingSample(Sample((x4(), 0.5)), inputs=("R", None), outputs=("R",))
+
+
 SCALED_UPPER_TRIANG_MASKED_SOFTMAX = OpInfo(
     name="scaled_upper_triang_masked_softmax",
     sample_inputs=_causal_samples,
@@ -184,6 +208,7 @@ SCALED_UPPER_TRIANG_MASKED_SOFTMAX = OpInfo(
     tols=_TOLS,
     sample_inputs_large=_causal_large,
     hypothesis_sample=_causal_hypothesis,
+    sharding_samples=_causal_sharding,
 )
 
 
