@@ -212,3 +212,20 @@ def test_cuda_many_rows_and_a_grid_stride():
     y = torchops.scaled_masked_softmax(x, mask, 1.0)
     torch.testing.assert_close(y.float(), torch.softmax(x.float(), -1).to(torch.bfloat16).float(),
                                atol=1e-2, rtol=1.6e-2)
+
+
+def test_cpu_float16_conversions_round_as_torch():
+    # The CPU kernels convert float16 with their own branch-free code: on
+    # every finite float16 input, the result equals the float32 computation
+    # rounded by torch (subnormal, zero and large outputs included).
+    bits = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16)
+    h = bits.view(torch.float16)
+    h = h[h.isfinite()][: 992 * 64].reshape(992, 1, 1, 64)
+    mask = torch.zeros(1, 1, 1, 64, dtype=torch.bool)
+    for scale in (1e-4, 1.0):
+        y = torchops.scaled_masked_softmax(h, mask.expand(992, 1, 1, 64), scale)
+        y32 = torchops.scaled_masked_softmax(h.float(), mask.expand(992, 1, 1, 64), scale)
+        assert torch.equal(y, y32.half())
+        bwd = torch.ops.torchops._scaled_masked_softmax_backward.default
+        dy = h.flip(0)
+        assert torch.equal(bwd(dy, y, scale), bwd(dy.float(), y.float(), scale).half())

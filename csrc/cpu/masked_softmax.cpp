@@ -11,6 +11,7 @@
 // zeros for the rest.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -35,6 +36,65 @@ constexpr int kLanes = 16;
 template <typename acc_t>
 constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
 
+// float16 <-> float without branches (c10::Half's conversions branch, and
+// keep the row loops scalar): integer operations, with every choice made by
+// an all-ones or all-zeros mask (GCC turns a select into a branch when one
+// side is computed).
+inline uint32_t all_if(bool c) { return 0u - static_cast<uint32_t>(c); }
+
+inline uint32_t choose(uint32_t mask, uint32_t a, uint32_t b) {
+  return (a & mask) | (b & ~mask);
+}
+
+inline float half_to_float(c10::Half h) {
+  const uint32_t b = h.x;
+  constexpr uint32_t kShiftedExp = 0x7C00u << 13;
+  uint32_t o = (b & 0x7FFFu) << 13;
+  const uint32_t exp = o & kShiftedExp;
+  o += (127u - 15u) << 23;
+  o += all_if(exp == kShiftedExp) & ((128u - 16u) << 23);  // inf and NaN
+  // Zero and subnormals: renormalised by a float subtraction.
+  const uint32_t sub = vm::bits_of(vm::float_of(o + (1u << 23)) - vm::float_of(113u << 23));
+  o = choose(all_if(exp == 0), sub, o);
+  return vm::float_of(o | ((b & 0x8000u) << 16));
+}
+
+// Rounded to nearest even, as c10::Half(float).
+inline c10::Half float_to_half(float v) {
+  constexpr uint32_t kInf = 255u << 23;
+  constexpr uint32_t kHalfMax = (127u + 16u) << 23;
+  constexpr uint32_t kDenormMagic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+  uint32_t f = vm::bits_of(v);
+  const uint32_t sign = f & 0x80000000u;
+  f ^= sign;
+  const uint32_t big = choose(all_if(f > kInf), 0x7E00u, 0x7C00u);  // NaN, or inf
+  const uint32_t small =
+      vm::bits_of(vm::float_of(f) + vm::float_of(kDenormMagic)) - kDenormMagic;
+  const uint32_t mant_odd = (f >> 13) & 1u;
+  const uint32_t normal = (f + ((15u - 127u) << 23) + 0xFFFu + mant_odd) >> 13;
+  const uint32_t o = choose(all_if(f >= kHalfMax), big,
+                            choose(all_if(f < (113u << 23)), small, normal));
+  return c10::Half(static_cast<uint16_t>(o | (sign >> 16)), c10::Half::from_bits());
+}
+
+template <typename acc_t, typename T>
+inline acc_t to_acc(T v) {
+  if constexpr (std::is_same_v<T, c10::Half>) {
+    return half_to_float(v);
+  } else {
+    return static_cast<acc_t>(v);
+  }
+}
+
+template <typename T, typename acc_t>
+inline T from_acc(acc_t v) {
+  if constexpr (std::is_same_v<T, c10::Half>) {
+    return float_to_half(v);
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
 // buf[j] = scale * x[j], or -inf where mask[j].  The mask is read as bytes
 // and applied with bit operations: GCC vectorises neither a load of bool nor
 // a select that it turns into a branch.
@@ -44,17 +104,17 @@ TORCHOPS_CPU_MULTIVERSION void load_scaled(const T* __restrict__ x,
                                            acc_t* __restrict__ buf, int64_t n) {
   if (mask == nullptr) {
     for (int64_t j = 0; j < n; ++j) {
-      buf[j] = static_cast<acc_t>(x[j]) * scale;
+      buf[j] = to_acc<acc_t>(x[j]) * scale;
     }
   } else if constexpr (std::is_same_v<acc_t, float>) {
     for (int64_t j = 0; j < n; ++j) {
       const uint32_t all = 0u - static_cast<uint32_t>(mask[j] != 0);
-      const uint32_t v = vm::bits_of(static_cast<float>(x[j]) * scale);
+      const uint32_t v = vm::bits_of(to_acc<float>(x[j]) * scale);
       buf[j] = vm::float_of((v & ~all) | (vm::bits_of(kNegInf<float>) & all));
     }
   } else {
     for (int64_t j = 0; j < n; ++j) {
-      buf[j] = mask[j] != 0 ? kNegInf<acc_t> : static_cast<acc_t>(x[j]) * scale;
+      buf[j] = mask[j] != 0 ? kNegInf<acc_t> : to_acc<acc_t>(x[j]) * scale;
     }
   }
 }
@@ -146,7 +206,7 @@ template <typename T, typename acc_t>
 TORCHOPS_CPU_MULTIVERSION void store_scaled(const acc_t* __restrict__ v, acc_t mul,
                                             T* __restrict__ out, int64_t n) {
   for (int64_t j = 0; j < n; ++j) {
-    out[j] = static_cast<T>(v[j] * mul);
+    out[j] = from_acc<T>(v[j] * mul);
   }
 }
 
@@ -158,11 +218,11 @@ TORCHOPS_CPU_MULTIVERSION acc_t row_dot(const T* __restrict__ dy, const T* __res
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
     for (int k = 0; k < kLanes; ++k) {
-      acc[k] += static_cast<acc_t>(dy[j + k]) * static_cast<acc_t>(y[j + k]);
+      acc[k] += to_acc<acc_t>(dy[j + k]) * to_acc<acc_t>(y[j + k]);
     }
   }
   for (; j < n; ++j) {
-    acc[0] += static_cast<acc_t>(dy[j]) * static_cast<acc_t>(y[j]);
+    acc[0] += to_acc<acc_t>(dy[j]) * to_acc<acc_t>(y[j]);
   }
   return lanes_total(acc);
 }
@@ -172,8 +232,8 @@ TORCHOPS_CPU_MULTIVERSION void row_grad(const T* __restrict__ dy, const T* __res
                                         acc_t dot, acc_t scale, T* __restrict__ dx,
                                         int64_t n) {
   for (int64_t j = 0; j < n; ++j) {
-    const acc_t yv = static_cast<acc_t>(y[j]);
-    dx[j] = static_cast<T>(scale * yv * (static_cast<acc_t>(dy[j]) - dot));
+    const acc_t yv = to_acc<acc_t>(y[j]);
+    dx[j] = from_acc<T>(scale * yv * (to_acc<acc_t>(dy[j]) - dot));
   }
 }
 
