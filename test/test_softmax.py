@@ -229,3 +229,34 @@ def test_cpu_float16_conversions_round_as_torch():
         bwd = torch.ops.torchops._scaled_masked_softmax_backward.default
         dy = h.flip(0)
         assert torch.equal(bwd(dy, y, scale), bwd(dy.float(), y.float(), scale).half())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("sk", [7, 64, 3000])
+def test_nonfinite_rows_match_the_reference(device, dtype, sk):
+    # Masked keys are exactly 0 in every row; a NaN or +inf among the
+    # unmasked scores makes the others NaN (torch.softmax's rule); -inf
+    # scores count as masked; a negative NaN (0 * inf) is a NaN too.  Both
+    # CUDA paths (warp rows for 64 keys, block rows for 7 and 3000).
+    inf, nan = float("inf"), float("nan")
+    x = _scores((1, 1, 6, sk), "cpu", torch.float64)
+    mask = torch.zeros(1, 1, 6, sk, dtype=torch.bool)
+    mask[..., 2:] = True
+    x[0, 0, 0, 1] = nan                  # a NaN among finite scores
+    x[0, 0, 1, :2] = nan                 # only NaN unmasked
+    x[0, 0, 2, 0] = inf                  # +inf
+    x[0, 0, 3, 0] = -inf                 # -inf and a finite score
+    x[0, 0, 4, :2] = -inf                # every unmasked score -inf: zeros
+    x[0, 0, 5, 0] = inf                  # 0 * inf below: a negative NaN
+    x = x.to(device, dtype)
+    mask = mask.to(device)
+    for scale in (1.0, 0.0):
+        y = torchops.scaled_masked_softmax(x, mask, scale)
+        ref = references.scaled_masked_softmax(x.double(), mask, scale)
+        _close(y, ref, dtype)
+        if sk >= 6:
+            causal = x[0, 0, :, :6].contiguous()
+            y = torchops.scaled_upper_triang_masked_softmax(causal[None], scale)
+            ref = references.scaled_upper_triang_masked_softmax(causal[None].double(), scale)
+            _close(y, ref, dtype)

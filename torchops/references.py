@@ -465,14 +465,21 @@ def carafe(features: Tensor, masks: Tensor, kernel_size: int, group_size: int,
 __all__ += ["scaled_masked_softmax", "scaled_upper_triang_masked_softmax"]
 
 
+def _softmax_of_unmasked(scores: Tensor) -> Tensor:
+    """softmax over the last dim of scores whose masked entries are -inf,
+    those entries exactly 0 (also in a row that a NaN or +inf makes NaN),
+    and a row with no score above -inf all zeros, with a zero gradient (its
+    scores are replaced before the softmax, which would give NaN)."""
+    dropped = scores == float("-inf")
+    empty = dropped.all(-1, keepdim=True)
+    return torch.softmax(scores.masked_fill(empty, 0), -1).masked_fill(dropped, 0)
+
+
 def scaled_masked_softmax(input: Tensor, mask: Tensor, scale: float) -> Tensor:
     """``softmax(input * scale)`` over the last dim with the keys where
-    ``mask`` (bool, ``(B or 1, 1, Sq, Sk)``) is True at probability 0; a row
-    with every key masked is zeros.  The masked scores are filled with the
-    dtype's most negative finite value rather than -inf, so a fully masked
-    row stays finite (and its gradient zero) before it is zeroed."""
-    x = (input * scale).masked_fill(mask, torch.finfo(input.dtype).min)
-    return torch.softmax(x, -1).masked_fill(mask.all(-1, keepdim=True), 0)
+    ``mask`` (bool, ``(B or 1, 1, Sq, Sk)``) is True, or whose score is -inf,
+    at probability 0; a row with every key masked is zeros."""
+    return _softmax_of_unmasked((input * scale).masked_fill(mask, float("-inf")))
 
 
 def scaled_upper_triang_masked_softmax(input: Tensor, scale: float) -> Tensor:
@@ -481,4 +488,4 @@ def scaled_upper_triang_masked_softmax(input: Tensor, scale: float) -> Tensor:
     j > i (probability 0)."""
     sq, sk = input.shape[-2], input.shape[-1]
     above = torch.ones(sq, sk, dtype=torch.bool, device=input.device).triu(1)
-    return torch.softmax((input * scale).masked_fill(above, float("-inf")), -1)
+    return _softmax_of_unmasked((input * scale).masked_fill(above, float("-inf")))

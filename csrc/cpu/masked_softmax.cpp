@@ -119,15 +119,17 @@ TORCHOPS_CPU_MULTIVERSION void load_scaled(const T* __restrict__ x,
   }
 }
 
-// A signed integer that orders like the float (-inf < ... < inf < NaN for
-// NaNs with the sign bit clear); the mapping is its own inverse.
+// A signed integer that orders like the float, -inf < ... < inf, with every
+// NaN above inf (as the largest key, which maps back to a NaN).
 inline int32_t ordered_key(float v) {
-  const auto b = static_cast<int32_t>(vm::bits_of(v));
-  return b ^ ((b >> 31) & 0x7FFFFFFF);
+  const uint32_t u = vm::bits_of(v);
+  const auto b = static_cast<int32_t>(u);
+  const int32_t key = b ^ ((b >> 31) & 0x7FFFFFFF);
+  const auto nan = static_cast<int32_t>(all_if((u & 0x7FFFFFFFu) > 0x7F800000u));
+  return (0x7FFFFFFF & nan) | (key & ~nan);
 }
 
-// The largest value of v[0, n) (n >= 1).  A NaN may or may not win here; the
-// exp pass turns any NaN of the row into a NaN sum either way.
+// The largest value of v[0, n) (n >= 1), NaN if there is one.
 TORCHOPS_CPU_MULTIVERSION float row_max(const float* __restrict__ v, int64_t n) {
   int32_t acc[kLanes];
   for (int k = 0; k < kLanes; ++k) {
@@ -174,19 +176,27 @@ acc_t lanes_total(const acc_t (&acc)[kLanes]) {
   return t[0];
 }
 
-// v[j] = exp(v[j] - m) in place; returns their sum.
+// exp(v - m), and -0.0 for a masked (-inf) v: exp never gives -0.0, so the
+// store can tell a masked key (exactly 0 even in a row that a NaN or +inf
+// makes NaN) from an underflow.
+inline float exp_unmasked(float v, float m) {
+  const uint32_t masked = all_if(vm::bits_of(v) == vm::bits_of(kNegInf<float>));
+  return vm::float_of((vm::bits_of(vm::exp_vec(v - m)) & ~masked) | (0x80000000u & masked));
+}
+
+// v[j] = exp(v[j] - m) in place (0 where masked); returns their sum.
 TORCHOPS_CPU_MULTIVERSION float exp_and_sum(float* __restrict__ v, int64_t n, float m) {
   float acc[kLanes] = {};
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
     for (int k = 0; k < kLanes; ++k) {
-      const float e = vm::exp_vec(v[j + k] - m);
+      const float e = exp_unmasked(v[j + k], m);
       v[j + k] = e;
       acc[k] += e;
     }
   }
   for (; j < n; ++j) {
-    const float e = vm::exp_vec(v[j] - m);
+    const float e = exp_unmasked(v[j], m);
     v[j] = e;
     acc[0] += e;
   }
@@ -196,17 +206,25 @@ TORCHOPS_CPU_MULTIVERSION float exp_and_sum(float* __restrict__ v, int64_t n, fl
 double exp_and_sum(double* v, int64_t n, double m) {
   double acc[kLanes] = {};
   for (int64_t j = 0; j < n; ++j) {
-    v[j] = std::exp(v[j] - m);
+    v[j] = v[j] == kNegInf<double> ? -0.0 : std::exp(v[j] - m);
     acc[j % kLanes] += v[j];
   }
   return lanes_total(acc);
 }
 
+// out[j] = v[j] * mul, and 0 for the masked keys (-0.0 in v).
 template <typename T, typename acc_t>
 TORCHOPS_CPU_MULTIVERSION void store_scaled(const acc_t* __restrict__ v, acc_t mul,
                                             T* __restrict__ out, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    out[j] = from_acc<T>(v[j] * mul);
+  if constexpr (std::is_same_v<acc_t, float>) {
+    for (int64_t j = 0; j < n; ++j) {
+      const uint32_t keep = ~all_if(vm::bits_of(v[j]) == 0x80000000u);
+      out[j] = from_acc<T>(vm::float_of(vm::bits_of(v[j] * mul) & keep));
+    }
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      out[j] = from_acc<T>(v[j] == 0 && std::signbit(v[j]) ? acc_t(0) : v[j] * mul);
+    }
   }
 }
 

@@ -47,6 +47,13 @@ __device__ __forceinline__ acc_t neg_inf() {
 __device__ __forceinline__ float row_exp(float v) { return __expf(v); }
 __device__ __forceinline__ double row_exp(double v) { return ::exp(v); }
 
+__device__ __forceinline__ bool is_negative_zero(float v) {
+  return __float_as_uint(v) == 0x80000000u;
+}
+__device__ __forceinline__ bool is_negative_zero(double v) {
+  return static_cast<unsigned long long>(__double_as_longlong(v)) == 0x8000000000000000ULL;
+}
+
 // max(a, b) that keeps a NaN of either argument.
 template <typename acc_t>
 __device__ __forceinline__ acc_t max_nan(acc_t a, acc_t b) {
@@ -120,11 +127,14 @@ __global__ void __launch_bounds__(kWarpKernelThreads)
       const int64_t base = (static_cast<int64_t>(k) * 32 + lane) * VEC;
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        if (any && base < len) {
+        // Masked keys (-inf, or past a causal row's diagonal) become -0.0,
+        // which exp never gives: the store writes them as exactly 0, also
+        // in a row that a NaN or +inf makes NaN.
+        if (any && base < len && v[k][e] != neg_inf<acc_t>()) {
           v[k][e] = row_exp(v[k][e] - m);
           sum += v[k][e];
         } else {
-          v[k][e] = 0;
+          v[k][e] = -acc_t(0);
         }
       }
     }
@@ -137,7 +147,7 @@ __global__ void __launch_bounds__(kWarpKernelThreads)
         P out;
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          out.v[e] = static_cast<T>(v[k][e] * inv);
+          out.v[e] = static_cast<T>(is_negative_zero(v[k][e]) ? acc_t(0) : v[k][e] * inv);
         }
         *reinterpret_cast<P*>(yr + base) = out;
       }
@@ -210,11 +220,17 @@ __device__ __forceinline__ void online_add(acc_t& m, acc_t& sum, acc_t v) {
   if (v == neg_inf<acc_t>()) {
     return;  // exp(-inf) adds nothing
   }
+  if (v != v || v == -neg_inf<acc_t>()) {
+    // A NaN or +inf score makes the row NaN, as in torch.softmax.
+    m = v;
+    sum = std::numeric_limits<acc_t>::quiet_NaN();
+    return;
+  }
   if (v > m) {
     sum = sum * row_exp(m - v) + acc_t(1);
     m = v;
   } else {
-    // Also a NaN v or m: the sum becomes NaN.
+    // Also after a NaN m: the sum stays NaN.
     sum += row_exp(v - m);
   }
 }
@@ -297,7 +313,8 @@ __global__ void softmax_forward_block(const T* __restrict__ x, const bool* __res
     for (int64_t j = threadIdx.x; j < s.sk; j += blockDim.x) {
       acc_t out = 0;
       if (any && j < len && (mr == nullptr || !mr[j])) {
-        out = row_exp(static_cast<acc_t>(xr[j]) * scale - m) * inv;
+        const acc_t v = static_cast<acc_t>(xr[j]) * scale;
+        out = v == neg_inf<acc_t>() ? acc_t(0) : row_exp(v - m) * inv;
       }
       yr[j] = static_cast<T>(out);
     }
