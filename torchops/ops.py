@@ -1196,8 +1196,9 @@ def scaled_masked_softmax(input: Tensor, mask: Tensor, scale: float) -> Tensor:
     shape ``(B, 1, Sq, Sk)`` or ``(1, 1, Sq, Sk)`` whose True entries are
     masked (Megatron's and ColossalAI's layout): they get probability 0.  A
     row with every key masked is all zeros, not NaN (Megatron fills masked
-    scores with -10000 instead, which makes such a row uniform).  ``scale``
-    is a float.  Any ``Sk``; float32, float64, float16, bfloat16 on CPU and
+    scores with -10000 instead, which makes such a row uniform).  Scores of
+    -inf count as masked; a NaN or +inf score makes the unmasked keys of its
+    row NaN, as in :func:`torch.softmax`.  ``scale`` is a float.  Any ``Sk``; float32, float64, float16, bfloat16 on CPU and
     CUDA, computed in float32 (float64 for float64), returned in the input's
     dtype as a new contiguous tensor.  Differentiable in ``input`` (once):
     ``dx = scale * y * (dy - sum(dy * y))``, zero at masked keys.  No autocast
