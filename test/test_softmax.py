@@ -3,7 +3,8 @@
 what the generic opdb tests do not cover -- fully masked rows (zeros, also in
 the backward), that the causal op reads only the lower triangle (forward and
 backward), long rows, NaN handling, the mask's batch broadcast, the autocast
-decision, determinism, and (on a GPU) both CUDA paths against the CPU."""
+decision, determinism, and (on a GPU) every CUDA path against the CPU and the
+float64 reference (TORCHOPS_TESTING_SOFTMAX_PATH forces each)."""
 
 from __future__ import annotations
 
@@ -260,3 +261,58 @@ def test_nonfinite_rows_match_the_reference(device, dtype, sk):
             y = torchops.scaled_upper_triang_masked_softmax(causal[None], scale)
             ref = references.scaled_upper_triang_masked_softmax(causal[None].double(), scale)
             _close(y, ref, dtype)
+
+
+CUDA_PATHS = ["warp", "chunked", "block"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("path", CUDA_PATHS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("sk", [8, 24, 256, 520, 2048, 2056, 5000])
+def test_every_cuda_path_matches_the_reference(path, dtype, sk, monkeypatch):
+    # Forced paths, forward and backward, against float64: masked rows with
+    # some fully masked, an offset (not 16-byte aligned) view, which forced
+    # warp and chunked paths hand to the block kernel, causal rows (a square
+    # of up to 1104 keys: every length from 1), the mask's batch broadcast.
+    monkeypatch.setenv("TORCHOPS_TESTING_SOFTMAX_PATH", path)
+    x = _scores((2, 2, 4, sk + 1), "cpu", dtype)
+    mask = attention_mask((2, 1, 4, sk), "cpu", density=0.3, full_rows=1)
+    views = (x[..., :sk].contiguous(), x.flatten()[1:2 * 2 * 4 * sk + 1].view(2, 2, 4, sk))
+    for xs in views:
+        for m in (mask, mask[:1]):
+            xc = xs.cuda().requires_grad_()
+            y = torchops.scaled_masked_softmax(xc, m.cuda(), 0.5)
+            dy = _scores(y.shape, "cpu", dtype, seed=3, scale=1.0)
+            (dx,) = torch.autograd.grad(y, xc, dy.cuda())
+            x64 = xs.double().requires_grad_()
+            y_ref = references.scaled_masked_softmax(x64, m, 0.5)
+            (dx_ref,) = torch.autograd.grad(y_ref, x64, dy.double())
+            _close(y.cpu(), y_ref, dtype)
+            _close(dx.cpu(), dx_ref, dtype)
+            assert (y.cpu()[:, :, :1] == 0).all() and (dx.cpu()[:, :, :1] == 0).all()
+    s = min(sk, 1104)
+    xs = _scores((2, s, s), "cpu", dtype, seed=4)
+    xc = xs.cuda().requires_grad_()
+    y = torchops.scaled_upper_triang_masked_softmax(xc, 0.3)
+    dy = _scores(y.shape, "cpu", dtype, seed=5, scale=1.0)
+    (dx,) = torch.autograd.grad(y, xc, dy.cuda())
+    x64 = xs.double().requires_grad_()
+    y_ref = references.scaled_upper_triang_masked_softmax(x64, 0.3)
+    (dx_ref,) = torch.autograd.grad(y_ref, x64, dy.double())
+    _close(y.cpu(), y_ref, dtype)
+    _close(dx.cpu(), dx_ref, dtype)
+    above = torch.ones(s, s, dtype=torch.bool).triu(1)
+    assert (y.cpu().masked_select(above) == 0).all()
+    assert (dx.cpu().masked_select(above) == 0).all()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("path", CUDA_PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_cuda_path_reads_only_the_causal_triangle_and_keeps_nonfinite_rules(
+        path, dtype, monkeypatch):
+    monkeypatch.setenv("TORCHOPS_TESTING_SOFTMAX_PATH", path)
+    test_causal_reads_only_the_lower_triangle("cuda", dtype, 300)
+    for sk in (7, 64, 3000):
+        test_nonfinite_rows_match_the_reference("cuda", dtype, sk)

@@ -466,6 +466,17 @@ SOFTMAX_CPU = [_scores(2, 4, 512, quick=True, threads=(1, "all"))]
 MASKED_SOFTMAX_CUDA = [_scores(8, 16, 2048, bf16, quick=True, mask=True),
                        _scores(8, 16, 2048, mask=True)]
 MASKED_SOFTMAX_CPU = [_scores(2, 4, 512, quick=True, threads=(1, "all"), mask=True)]
+
+
+def _softmax_path(path, dtype=bf16, quick=True, mask=False):
+    """8x16x2048x2048 with TORCHOPS_TESTING_SOFTMAX_PATH forcing a CUDA path."""
+    return Size(f"8x16x2048x2048 {path}", {"b": 8, "h": 16, "s": 2048, "mask": mask}, dtype,
+                quick, env={"TORCHOPS_TESTING_SOFTMAX_PATH": path})
+
+
+SOFTMAX_CUDA += [_softmax_path("warp"), _softmax_path("chunked"),
+                 _softmax_path("chunked", torch.float32, quick=False)]
+MASKED_SOFTMAX_CUDA += [_softmax_path("warp", mask=True), _softmax_path("chunked", mask=True)]
 CAUSAL_SOFTMAX = dict(op="scaled_upper_triang_masked_softmax", inputs=inputs.attention_scores,
                       reference=references.scaled_upper_triang_masked_softmax,
                       reference_name="masked_fill(triu) + softmax",
