@@ -432,7 +432,7 @@ __device__ __forceinline__ void online_add_pack(acc_t& m, acc_t& sum, const acc_
   }
 }
 
-// Row indices are int: the chunked kernels take rows of < 2^31 keys (row
+// Row indices are int: the chunked kernels take rows of < 2^30 keys (row
 // offsets stay int64).
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kChunkThreads, kChunkMinBlocks)
@@ -672,8 +672,9 @@ SoftmaxPath softmax_path(const SoftmaxRows& s, bool packs_ok) {
                                   : (std::is_same_v<scalar_t, float> && kAutoChunkedFloat);
     path = chunked ? SoftmaxPath::kChunked : SoftmaxPath::kWarp;
   }
-  // The chunked kernels index a row with int.
-  if (path == SoftmaxPath::kChunked && s.sk > std::numeric_limits<int>::max()) {
+  // The chunked kernels index a row with int (with room for a batch of
+  // packs past its end).
+  if (path == SoftmaxPath::kChunked && s.sk > std::numeric_limits<int>::max() / 2) {
     return SoftmaxPath::kBlock;
   }
   return path;
