@@ -148,4 +148,15 @@ TORCH_LIBRARY(torchops, m) {
   m.def("_layer_norm_backward(Tensor grad, Tensor input, Tensor mean, Tensor rstd, "
         "SymInt[] normalized_shape, Tensor? weight, Tensor? bias, bool[3] output_mask) "
         "-> (Tensor, Tensor, Tensor)", pt2);
+  // --- softmax ------------------------------------------------------------------------------
+  // Fused masked softmaxes of attention scores over the last dim, in float32
+  // for half types: input (B, H, Sq, Sk) with a bool mask (B or 1, 1, Sq, Sk),
+  // True = masked; the causal one takes (B, Sq, Sk) or (B, H, Sq, Sk), Sq == Sk.
+  // The backward ops take the forward's output.
+  m.def("scaled_masked_softmax(Tensor input, Tensor mask, float scale) -> Tensor", pt2);
+  m.def("_scaled_masked_softmax_backward(Tensor grad, Tensor output, float scale) -> Tensor",
+        pt2);
+  m.def("scaled_upper_triang_masked_softmax(Tensor input, float scale) -> Tensor", pt2);
+  m.def("_scaled_upper_triang_masked_softmax_backward(Tensor grad, Tensor output, "
+        "float scale) -> Tensor", pt2);
 }

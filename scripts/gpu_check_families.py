@@ -31,6 +31,8 @@ FAMILIES: dict[str, tuple[tuple[str, ...], str, bool]] = {
     "upsample": (("carafe",), "test/test_upsample.py", False),
     "norms": (("rms_norm", "fused_add_rms_norm", "fused_add_rms_norm_", "layer_norm"),
               "test/test_norms.py", False),
+    "softmax": (("scaled_masked_softmax", "scaled_upper_triang_masked_softmax"),
+                "test/test_softmax.py", False),
 }
 
 # Test files generated from the op database (test ids carry the op's name),

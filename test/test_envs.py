@@ -291,6 +291,10 @@ def _carafe(device):
     return torchops.carafe(f, m, 3, 1, 2)
 
 
+def _causal_softmax(device):
+    return torchops.scaled_upper_triang_masked_softmax(torch.randn(1, 8, 8, device=device), 1.0)
+
+
 # (variable, a value it does not allow, the call that reads it, its op)
 CPP_READS = [
     ("TORCHOPS_TESTING_ROI_ALIGN_WALK", "diagonal", _roi_align, "roi_align", "cpu"),
@@ -305,6 +309,9 @@ CPP_READS = [
     ("TORCHOPS_TESTING_CARAFE_PATH", "fast", _carafe, "carafe", "cuda"),
     ("TORCHOPS_TESTING_DEFORM_INPUT_GRAD", "sideways", _deform_conv2d_backward,
      "deform_conv2d", "cuda"),
+    # softmax
+    ("TORCHOPS_TESTING_SOFTMAX_PATH", "fast", _causal_softmax,
+     "scaled_upper_triang_masked_softmax", "cuda"),
 ]
 
 

@@ -244,6 +244,38 @@ FAMILIES = {
 }
 
 
+# softmax
+def _softmax_scale(rng: random.Random) -> float:
+    return rng.choice((1.0, 0.125, -2.0, 0.0))
+
+
+def gen_scaled_masked_softmax(rng: random.Random, device: str) -> Case:
+    dtype = rng.choice(DTYPES)
+    b, h, sq, sk = _size(rng, 1, 3), _size(rng, 1, 3), _size(rng, 1, 5), _size(rng, 1, 40)
+    x = make(rng, (b, h, sq, sk), dtype, device, nonfinite=0.3, scale=rng.choice((1.0, 30.0)))
+    shape = [rng.choice((1, b)), 1, sq, sk]
+    if rng.random() < 0.1:  # a wrong mask shape
+        shape[rng.randrange(4)] += rng.choice((1, 2))
+    density = rng.choice((0.0, 0.3, 0.9, 1.0))
+    mask = make(rng, shape, torch.float32, device, low=0.0, high=1.0) < density
+    if rng.random() < 0.05:
+        mask = mask.to(dtype)
+    return Case("scaled_masked_softmax", "scaled_masked_softmax", [x, mask, _softmax_scale(rng)])
+
+
+def gen_scaled_upper_triang_masked_softmax(rng: random.Random, device: str) -> Case:
+    dtype = rng.choice(DTYPES)
+    s = _size(rng, 1, 40)
+    pre = (_size(rng, 1, 3),) + ((_size(rng, 1, 3),) if rng.random() < 0.6 else ())
+    shape = (*pre, s, s if rng.random() < 0.9 else s + 1)
+    x = make(rng, shape, dtype, device, nonfinite=0.3, scale=rng.choice((1.0, 30.0)))
+    return Case("scaled_upper_triang_masked_softmax", "scaled_upper_triang_masked_softmax",
+                [x, _softmax_scale(rng)])
+
+
+FAMILIES["scaled_masked_softmax"] = gen_scaled_masked_softmax
+FAMILIES["scaled_upper_triang_masked_softmax"] = gen_scaled_upper_triang_masked_softmax
+
 # --- checking one call ------------------------------------------------------------
 
 

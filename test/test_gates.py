@@ -302,6 +302,8 @@ torchops::_rms_norm_backward(Tensor grad, Tensor input, Tensor rstd, SymInt[] no
 torchops::_rms_norm_forward(Tensor input, SymInt[] normalized_shape, Tensor? weight, float? eps) -> (Tensor, Tensor)  [pt2_compliant_tag]
 torchops::_roi_align_backward(Tensor grad, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width, SymInt batch_size, SymInt channels, SymInt height, SymInt width, int sampling_ratio, bool aligned) -> Tensor  [pt2_compliant_tag]
 torchops::_roi_pool_backward(Tensor grad, Tensor rois, Tensor argmax, float spatial_scale, SymInt pooled_height, SymInt pooled_width, SymInt batch_size, SymInt channels, SymInt height, SymInt width) -> Tensor  [pt2_compliant_tag]
+torchops::_scaled_masked_softmax_backward(Tensor grad, Tensor output, float scale) -> Tensor  [pt2_compliant_tag]
+torchops::_scaled_upper_triang_masked_softmax_backward(Tensor grad, Tensor output, float scale) -> Tensor  [pt2_compliant_tag]
 torchops::_sigmoid_focal_loss_backward(Tensor grad, Tensor inputs, Tensor targets, float alpha, float gamma, str reduction) -> Tensor  [pt2_compliant_tag]
 torchops::batched_nms(Tensor boxes, Tensor scores, Tensor idxs, float iou_threshold) -> Tensor  [pt2_compliant_tag]
 torchops::box_iou(Tensor boxes1, Tensor boxes2) -> Tensor  [pt2_compliant_tag]
@@ -318,6 +320,8 @@ torchops::nms(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor  [pt2_
 torchops::rms_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None) -> Tensor  [pt2_compliant_tag]
 torchops::roi_align(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width, int sampling_ratio, bool aligned) -> Tensor  [pt2_compliant_tag]
 torchops::roi_pool(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width) -> (Tensor, Tensor)  [pt2_compliant_tag]
+torchops::scaled_masked_softmax(Tensor input, Tensor mask, float scale) -> Tensor  [pt2_compliant_tag]
+torchops::scaled_upper_triang_masked_softmax(Tensor input, float scale) -> Tensor  [pt2_compliant_tag]
 torchops::sigmoid_focal_loss(Tensor inputs, Tensor targets, float alpha=0.25, float gamma=2., str reduction="none") -> Tensor  [pt2_compliant_tag]
 """)
 

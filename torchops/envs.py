@@ -139,6 +139,13 @@ VARIABLES: tuple[EnvVar, ...] = (
                  "forces masked_conv2d's forward path: `sparse` (the selected positions only) or "
                  "`dense` (the library's convolution, then the mask) (read at each call)",
                  "sparse", "dense"),
+    # -- softmax (scaled_masked_softmax, scaled_upper_triang_masked_softmax) ------------
+    _forced_path("TORCHOPS_TESTING_SOFTMAX_PATH",
+                 "forces the CUDA masked softmaxes' kernels (forward and backward): `warp` "
+                 "(a row in a warp's registers) or `chunked` (a row streamed twice in 16-byte "
+                 "packs) where they can run the call, else `block`; `block` everywhere "
+                 "(read at each call)",
+                 "warp", "chunked", "block"),
     # -- the matmul kernel harness (scripts/matmul_dev/README.md; its own builds only) ------
     _v("TORCHOPS_DEV_SM80_CFG", "int", "harness", "C++",
        "the sm80 path's tile config, an index of its harness table", unset="automatic"),

@@ -1401,3 +1401,112 @@ def _layer_norm_backward_fake(grad, input, mean, rstd, normalized_shape, weight,
     dx = input.new_empty(input.shape if output_mask[0] else (0,))
     return (dx, _param_grad(weight, input, output_mask[1]),
             _param_grad(bias, input, output_mask[2]))
+# --- softmax ------------------------------------------------------------------------
+
+__all__ += ["scaled_masked_softmax", "scaled_upper_triang_masked_softmax"]
+
+
+def scaled_masked_softmax(input: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """Fused ``softmax(input * scale)`` over the last dim, masked keys left out.
+
+    ``input`` is ``(B, H, Sq, Sk)`` attention scores; ``mask`` a bool tensor of
+    shape ``(B, 1, Sq, Sk)`` or ``(1, 1, Sq, Sk)`` whose True entries are
+    masked (Megatron's and ColossalAI's layout): they get probability 0.  A
+    row with every key masked is all zeros, not NaN (Megatron fills masked
+    scores with -10000 instead, which makes such a row uniform).  Scores of
+    -inf count as masked; a NaN or +inf score makes the unmasked keys of its
+    row NaN, as in :func:`torch.softmax`.  ``scale`` is a float.  Any ``Sk``; float32, float64, float16, bfloat16 on CPU and
+    CUDA, computed in float32 (float64 for float64), returned in the input's
+    dtype as a new contiguous tensor.  Differentiable in ``input`` (once):
+    ``dx = scale * y * (dy - sum(dy * y))``, zero at masked keys.  No autocast
+    policy: the input's dtype is kept under ``torch.autocast``.
+    Deterministic.  Raises RuntimeError on wrong shapes, dtypes or devices.
+    """
+    return torch.ops.torchops.scaled_masked_softmax.default(input, mask, scale)
+
+
+def scaled_upper_triang_masked_softmax(input: Tensor, scale: float) -> Tensor:
+    """Fused causal ``softmax(input * scale)`` over the last dim.
+
+    ``input`` is ``(B, Sq, Sk)`` or ``(B, H, Sq, Sk)`` with ``Sq == Sk``
+    (self-attention, as Megatron requires); key ``j`` of query ``i`` is
+    masked for ``j > i``.  Only the lower triangle is read and computed;
+    the output has zeros above the diagonal.  Any ``Sk``; float32, float64,
+    float16, bfloat16 on CPU and CUDA, computed in float32 (float64 for
+    float64), returned in the input's dtype as a new contiguous tensor.
+    Differentiable in ``input`` (once; the backward also reads only the
+    triangle).  No autocast policy.  Deterministic.  Raises RuntimeError on
+    wrong shapes, dtypes or devices.
+    """
+    return torch.ops.torchops.scaled_upper_triang_masked_softmax.default(input, scale)
+
+
+def _check_softmax_dim(op: str, name: str, t: Tensor, dims: tuple[int, ...]) -> None:
+    ndim, shape = t.dim(), tuple(t.shape)
+    want = " or ".join(str(d) for d in dims)
+    torch._check(ndim in dims, lambda: f"torchops.{op}: expected '{name}' to have {want} "
+                 f"dimensions, but got {ndim} (shape {shape})")
+
+
+def _check_upper_triang(op: str, name: str, t: Tensor) -> None:
+    shape = tuple(t.shape)
+    torch._check(t.dim() in (3, 4), lambda: f"torchops.{op}: expected '{name}' to have 3 "
+                 f"dimensions (B, Sq, Sk) or 4 (B, H, Sq, Sk), but got {len(shape)} "
+                 f"(shape {shape})")
+    torch._check(t.shape[-1] == t.shape[-2], lambda: f"torchops.{op}: expected '{name}' to be "
+                 f"square in its last two dimensions (Sq == Sk, the causal mask of "
+                 f"self-attention), but got shape {shape}")
+
+
+def _check_softmax_backward(op: str, grad: Tensor, output: Tensor, causal: bool) -> None:
+    _check_same_device(op, output=output, grad=grad)
+    _check_floating(op, "output", output)
+    _check_same_dtype(op, output=output, grad=grad)
+    oshape, gshape = tuple(output.shape), tuple(grad.shape)
+    torch._check(grad.shape == output.shape, lambda: f"torchops.{op}: expected 'grad' to have "
+                 f"the shape of 'output' ({oshape}), but got {gshape}")
+    if causal:
+        _check_upper_triang(op, "output", output)
+    else:
+        _check_softmax_dim(op, "output", output, (4,))
+
+
+@torch.library.register_fake("torchops::scaled_masked_softmax")
+def _scaled_masked_softmax_fake(input: Tensor, mask: Tensor, scale: float) -> Tensor:
+    op = "scaled_masked_softmax"
+    _check_same_device(op, input=input, mask=mask)
+    _check_floating(op, "input", input)
+    _check_softmax_dim(op, "input", input, (4,))
+    mdtype = mask.dtype
+    torch._check(mdtype == torch.bool, lambda: f"torchops.{op}: expected 'mask' to be a bool "
+                 f"tensor, but got {mdtype}")
+    _check_softmax_dim(op, "mask", mask, (4,))
+    ishape, mshape = tuple(input.shape), tuple(mask.shape)
+    torch._check(
+        (mask.shape[0] == 1 or mask.shape[0] == input.shape[0]) and mask.shape[1] == 1
+        and mask.shape[2] == input.shape[2] and mask.shape[3] == input.shape[3],
+        lambda: f"torchops.{op}: expected 'mask' to have shape ({ishape[0]} or 1, 1, "
+        f"{ishape[2]}, {ishape[3]}) for 'input' of shape {ishape}, but got {mshape}")
+    return torch.empty(input.shape, dtype=input.dtype, device=input.device)
+
+
+@torch.library.register_fake("torchops::_scaled_masked_softmax_backward")
+def _scaled_masked_softmax_backward_fake(grad: Tensor, output: Tensor, scale: float) -> Tensor:
+    _check_softmax_backward("_scaled_masked_softmax_backward", grad, output, causal=False)
+    return torch.empty(output.shape, dtype=output.dtype, device=output.device)
+
+
+@torch.library.register_fake("torchops::scaled_upper_triang_masked_softmax")
+def _scaled_upper_triang_masked_softmax_fake(input: Tensor, scale: float) -> Tensor:
+    op = "scaled_upper_triang_masked_softmax"
+    _check_floating(op, "input", input)
+    _check_upper_triang(op, "input", input)
+    return torch.empty(input.shape, dtype=input.dtype, device=input.device)
+
+
+@torch.library.register_fake("torchops::_scaled_upper_triang_masked_softmax_backward")
+def _scaled_upper_triang_masked_softmax_backward_fake(grad: Tensor, output: Tensor,
+                                                      scale: float) -> Tensor:
+    _check_softmax_backward("_scaled_upper_triang_masked_softmax_backward", grad, output,
+                            causal=True)
+    return torch.empty(output.shape, dtype=output.dtype, device=output.device)

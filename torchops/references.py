@@ -510,3 +510,32 @@ def layer_norm(input: Tensor, normalized_shape, weight: Tensor | None = None,
     if bias is not None:
         y = y + bias.to(x.dtype)
     return y.to(input.dtype)
+# --- softmax ---------------------------------------------------------------------------
+
+__all__ += ["scaled_masked_softmax", "scaled_upper_triang_masked_softmax"]
+
+
+def _softmax_of_unmasked(scores: Tensor) -> Tensor:
+    """softmax over the last dim of scores whose masked entries are -inf,
+    those entries exactly 0 (also in a row that a NaN or +inf makes NaN),
+    and a row with no score above -inf all zeros, with a zero gradient (its
+    scores are replaced before the softmax, which would give NaN)."""
+    dropped = scores == float("-inf")
+    empty = dropped.all(-1, keepdim=True)
+    return torch.softmax(scores.masked_fill(empty, 0), -1).masked_fill(dropped, 0)
+
+
+def scaled_masked_softmax(input: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """``softmax(input * scale)`` over the last dim with the keys where
+    ``mask`` (bool, ``(B or 1, 1, Sq, Sk)``) is True, or whose score is -inf,
+    at probability 0; a row with every key masked is zeros."""
+    return _softmax_of_unmasked((input * scale).masked_fill(mask, float("-inf")))
+
+
+def scaled_upper_triang_masked_softmax(input: Tensor, scale: float) -> Tensor:
+    """Causal ``softmax(input * scale)`` over the last dim of ``(B, Sq, Sk)``
+    or ``(B, H, Sq, Sk)`` scores, ``Sq == Sk``: key j of query i masked for
+    j > i (probability 0)."""
+    sq, sk = input.shape[-2], input.shape[-1]
+    above = torch.ones(sq, sk, dtype=torch.bool, device=input.device).triu(1)
+    return _softmax_of_unmasked((input * scale).masked_fill(above, float("-inf")))

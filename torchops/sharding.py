@@ -253,3 +253,31 @@ def _layer_norm_backward_rule(grad, input, mean, rstd, normalized_shape, weight,
                              None], 3, {0: not output_mask[0], 1: True, 2: True},
                             {1: weight is not None and output_mask[1],
                              2: bias is not None and output_mask[2]})
+# --- softmax -------------------------------------------------------------------------
+# Rows of attention scores are independent and a causal row's mask depends only
+# on its position within (Sq, Sk): batch and heads shard freely.  The mask of
+# scaled_masked_softmax is sharded with the batch when it has one entry per
+# batch entry, else replicated (also when the heads are sharded).
+
+@rule("scaled_masked_softmax")
+def _scaled_masked_softmax(input, mask, scale):
+    Replicate, Shard, Partial = placements()
+    mask_batch = Shard(0) if mask.shape[0] > 1 else Replicate()
+    return [([Replicate()], [Replicate(), Replicate(), None]),
+            ([Shard(0)], [Shard(0), mask_batch, None]),
+            ([Shard(1)], [Shard(1), Replicate(), None])]
+
+
+@rule("scaled_upper_triang_masked_softmax")
+def _scaled_upper_triang_masked_softmax(input, scale):
+    Replicate, Shard, Partial = placements()
+    # (B, Sq, Sk): the batch; (B, H, Sq, Sk): the batch or the heads.
+    return ([([Replicate()], [Replicate(), None])]
+            + [([Shard(d)], [Shard(d), None]) for d in range(input.ndim - 2)])
+
+
+@rule("_scaled_masked_softmax_backward", "_scaled_upper_triang_masked_softmax_backward")
+def _masked_softmax_backward(grad, output, scale):
+    Replicate, Shard, Partial = placements()
+    return ([([Replicate()], [Replicate(), Replicate(), None])]
+            + [([Shard(d)], [Shard(d), Shard(d), None]) for d in range(output.ndim - 2)])

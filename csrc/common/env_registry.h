@@ -46,5 +46,8 @@ inline constexpr EnvVar kTestingCarafePath = {
 inline constexpr const char* kTestingMaskedConvPathValues[] = {"auto", "sparse", "dense"};
 inline constexpr EnvVar kTestingMaskedConvPath = {
     "TORCHOPS_TESTING_MASKED_CONV_PATH", EnvKind::kChoice, kTestingMaskedConvPathValues, 3, INT64_MIN, true};
+inline constexpr const char* kTestingSoftmaxPathValues[] = {"auto", "warp", "chunked", "block"};
+inline constexpr EnvVar kTestingSoftmaxPath = {
+    "TORCHOPS_TESTING_SOFTMAX_PATH", EnvKind::kChoice, kTestingSoftmaxPathValues, 4, INT64_MIN, true};
 
 }  // namespace torchops::env

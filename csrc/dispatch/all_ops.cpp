@@ -24,3 +24,5 @@
 #include "dispatch/roi_pool_dispatch.cpp"
 #include "dispatch/sigmoid_focal_loss_dispatch.cpp"
 #include "dispatch/norms_dispatch.cpp"
+// softmax
+#include "dispatch/masked_softmax_dispatch.cpp"

@@ -122,3 +122,11 @@ __all__ = [
 __all__ += ["MASKED_CONV_OPS", "MASKED_CONV2D", "random_mask"]
 __all__ += ["UPSAMPLE_OPS", "CARAFE", "carafe_inputs"]
 __all__ += ["NORM_OPS", "RMS_NORM", "FUSED_ADD_RMS_NORM", "FUSED_ADD_RMS_NORM_", "LAYER_NORM"]
+
+# softmax
+from .softmax import (SCALED_MASKED_SOFTMAX, SCALED_UPPER_TRIANG_MASKED_SOFTMAX,  # noqa: E402
+                      SOFTMAX_OPS, attention_mask)
+
+OP_DB += SOFTMAX_OPS
+__all__ += ["SOFTMAX_OPS", "SCALED_MASKED_SOFTMAX", "SCALED_UPPER_TRIANG_MASKED_SOFTMAX",
+            "attention_mask"]

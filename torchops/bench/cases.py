@@ -521,3 +521,59 @@ CASES += [
          bytes=lambda a: 5 * _activation_bytes(a),
          note=NORM_NOTE + " Weight and bias gradients too."),
 ]
+
+# --- softmax: attention scores, 16 heads of 128 ---------------------------------------------
+
+def _scores(b, h, s, dtype=torch.float32, quick=False, threads=("all",), mask=False):
+    return Size(f"{b}x{h}x{s}x{s}", {"b": b, "h": h, "s": s, "mask": mask}, dtype, quick, threads)
+
+
+def _causal_bytes(args, backward=False) -> float:
+    """The lower triangle read and the whole output written (zeros above
+    the diagonal); backward: the triangles of the output and its gradient
+    read, the input's gradient written."""
+    x = _nbytes(args[0])
+    return 1.5 * x + (2 * x if backward else 0)
+
+
+def _masked_softmax_bytes(args, backward=False) -> float:
+    """Scores and mask read, the output written; backward: the output and
+    its gradient read, the scores' gradient written."""
+    x = _nbytes(args[0])
+    return 2 * x + _nbytes(args[1]) + (3 * x if backward else 0)
+
+
+SOFTMAX_CUDA = [_scores(8, 16, 2048, bf16, quick=True), _scores(8, 16, 2048)]
+SOFTMAX_CPU = [_scores(2, 4, 512, quick=True, threads=(1, "all"))]
+MASKED_SOFTMAX_CUDA = [_scores(8, 16, 2048, bf16, quick=True, mask=True),
+                       _scores(8, 16, 2048, mask=True)]
+MASKED_SOFTMAX_CPU = [_scores(2, 4, 512, quick=True, threads=(1, "all"), mask=True)]
+
+
+def _softmax_path(path, dtype=bf16, quick=True, mask=False):
+    """8x16x2048x2048 with TORCHOPS_TESTING_SOFTMAX_PATH forcing a CUDA path."""
+    return Size(f"8x16x2048x2048 {path}", {"b": 8, "h": 16, "s": 2048, "mask": mask}, dtype,
+                quick, env={"TORCHOPS_TESTING_SOFTMAX_PATH": path})
+
+
+SOFTMAX_CUDA += [_softmax_path("warp"), _softmax_path("chunked"),
+                 _softmax_path("chunked", torch.float32, quick=False)]
+MASKED_SOFTMAX_CUDA += [_softmax_path("warp", mask=True), _softmax_path("chunked", mask=True)]
+CAUSAL_SOFTMAX = dict(op="scaled_upper_triang_masked_softmax", inputs=inputs.attention_scores,
+                      reference=references.scaled_upper_triang_masked_softmax,
+                      reference_name="masked_fill(triu) + softmax",
+                      sizes={"cuda": SOFTMAX_CUDA, "cpu": SOFTMAX_CPU},
+                      note="scale 1/sqrt(128); the output's zeros above the diagonal written.")
+MASKED_SOFTMAX = dict(op="scaled_masked_softmax", inputs=inputs.attention_scores,
+                      reference=references.scaled_masked_softmax,
+                      reference_name="masked_fill + softmax",
+                      sizes={"cuda": MASKED_SOFTMAX_CUDA, "cpu": MASKED_SOFTMAX_CPU},
+                      note="padding mask (B, 1, S, S): each sequence keeps 1/2 to all keys.")
+CASES += [
+    Case(name="scaled_upper_triang_masked_softmax", **CAUSAL_SOFTMAX, bytes=_causal_bytes),
+    Case(name="scaled_upper_triang_masked_softmax fwd+bwd", **CAUSAL_SOFTMAX, backward=True,
+         bytes=lambda a: _causal_bytes(a, True)),
+    Case(name="scaled_masked_softmax", **MASKED_SOFTMAX, bytes=_masked_softmax_bytes),
+    Case(name="scaled_masked_softmax fwd+bwd", **MASKED_SOFTMAX, backward=True,
+         bytes=lambda a: _masked_softmax_bytes(a, True)),
+]

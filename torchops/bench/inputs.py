@@ -182,3 +182,20 @@ def norm_args(p: P) -> tuple:
         return x, torch.randn(rows, d), [d], w, 1e-6
     b = (torch.rand(d) - 0.5).requires_grad_(bool(p.get("train")))
     return x, [d], w, b, 1e-5
+# --- softmax --------------------------------------------------------------------------
+
+
+def attention_scores(p: P) -> tuple:
+    """Attention scores ``(B, H, S, S)`` (``(B, S, S)`` with ``h`` None),
+    normal, and a head size's ``scale`` 1/sqrt(128).  With ``mask``, a
+    padding mask ``(B, 1, S, S)``: batch entry b keeps its first L_b keys, L_b
+    drawn in [S/2, S] (True = masked): the arguments of scaled_masked_softmax;
+    without it, those of scaled_upper_triang_masked_softmax."""
+    b, h, s = p["b"], p.get("h"), p["s"]
+    x = torch.randn(b, h, s, s) if h else torch.randn(b, s, s)
+    scale = 1 / math.sqrt(128)
+    if not p.get("mask"):
+        return x, scale
+    lengths = torch.randint(s // 2, s + 1, (b,))
+    mask = (torch.arange(s)[None, :] >= lengths[:, None])[:, None, None, :].expand(b, 1, s, s)
+    return x, mask.contiguous(), scale
