@@ -116,4 +116,13 @@ TORCH_LIBRARY(torchops, m) {
   // Returns (grad_features, grad_masks).
   m.def("_carafe_backward(Tensor grad, Tensor features, Tensor masks, "
         "int kernel_size, int group_size, int scale_factor) -> (Tensor, Tensor)", pt2);
+
+  // --- activations ---------------------------------------------------------------------------
+  // Gated activations (vLLM's layout): x = [a, b] along its even last
+  // dimension, out = act(a) * b of shape (..., size / 2).  The backward
+  // returns the gradient of x, both halves.
+  m.def("silu_and_mul(Tensor x) -> Tensor", pt2);
+  m.def("_silu_and_mul_backward(Tensor grad, Tensor x) -> Tensor", pt2);
+  m.def("gelu_and_mul(Tensor x, str approximate=\"none\") -> Tensor", pt2);
+  m.def("_gelu_and_mul_backward(Tensor grad, Tensor x, str approximate) -> Tensor", pt2);
 }

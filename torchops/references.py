@@ -458,3 +458,25 @@ def carafe(features: Tensor, masks: Tensor, kernel_size: int, group_size: int,
     m = torch.where(inside, m, torch.zeros_like(m))
     out = torch.einsum("ngckhw,ngkhiwj->ngchiwj", cols, m)
     return out.reshape(n, c, h * s, w * s)
+
+
+# --- activations --------------------------------------------------------------------------
+
+__all__ += ["silu_and_mul", "gelu_and_mul"]
+
+
+def _act_and_mul(act, x: Tensor) -> Tensor:
+    """``act(a) * b`` for ``x = [a, b]`` split in halves along its last
+    dimension: the gated activations' layout."""
+    d = x.shape[-1] // 2
+    return act(x[..., :d]) * x[..., d:]
+
+
+def silu_and_mul(x: Tensor) -> Tensor:
+    """``F.silu(a) * b`` (SwiGLU's gate)."""
+    return _act_and_mul(F.silu, x)
+
+
+def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
+    """``F.gelu(a, approximate=approximate) * b`` (GeGLU's gate)."""
+    return _act_and_mul(lambda a: F.gelu(a, approximate=approximate), x)

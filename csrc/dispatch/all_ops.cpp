@@ -23,3 +23,5 @@
 #include "dispatch/roi_align_dispatch.cpp"
 #include "dispatch/roi_pool_dispatch.cpp"
 #include "dispatch/sigmoid_focal_loss_dispatch.cpp"
+// activations
+#include "dispatch/act_and_mul_dispatch.cpp"

@@ -106,3 +106,9 @@ __all__ = [
 ]
 __all__ += ["MASKED_CONV_OPS", "MASKED_CONV2D", "random_mask"]
 __all__ += ["UPSAMPLE_OPS", "CARAFE", "carafe_inputs"]
+
+# activations
+from .activations import ACTIVATION_OPS, GELU_AND_MUL, SILU_AND_MUL  # noqa: E402
+
+OP_DB += ACTIVATION_OPS
+__all__ += ["ACTIVATION_OPS", "SILU_AND_MUL", "GELU_AND_MUL"]

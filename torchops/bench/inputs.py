@@ -164,3 +164,14 @@ def deform_conv2d_args(p: P) -> tuple:
         for t in (weight, bias) + more:
             t.requires_grad_()
     return x, weight, offset, mask, bias, 1, 1, 1, 1, 1, 1, 1, 1, use_mask
+
+
+# --- activations ----------------------------------------------------------------------------
+
+
+def gated_args(p: P) -> tuple:
+    """The gated activations' ``x``: ``rows`` rows of ``2 d`` (activation
+    input and gate side by side), standard normal; with ``approximate``,
+    gelu_and_mul's second argument."""
+    x = torch.randn(p["rows"], 2 * p["d"])
+    return (x, p["approximate"]) if "approximate" in p else (x,)
