@@ -29,23 +29,30 @@ OPS = {
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("act", list(OPS))
 def test_float32_accuracy_against_float64(device, act):
-    """The vectorised exp/erf/tanh (CPU: ATen's exp_u20, erf and SLEEF's
-    tanh; CUDA: libdevice) stay within a few float32 ulp of the float64
-    result over the whole range, tails included, forward and backward."""
+    """In float32 the kernels' exp, erf and tanh (CPU: ATen's vectorised
+    exp_u20 and erf, SLEEF's tanh) are as accurate as PyTorch's own float32
+    activations, forward and backward, over the whole range and its tails:
+    each error against float64 is within twice PyTorch's (which is large
+    where the formula cancels, as 1 + erf(x / sqrt 2) for x << 0) plus 32
+    ulp of the value (exp_u20 is a 20-ulp exp); gradients near the slopes'
+    zero crossings, where O(1) terms cancel, within 4 ulp of those terms."""
     op, ref = OPS[act]
-    a = torch.linspace(-40, 40, 50001, dtype=torch.float64)
-    x = torch.cat([a, torch.ones_like(a)]).view(1, -1).float()
-    x32 = x.to(device).requires_grad_()
-    x64 = x.double().requires_grad_()
-    out, expect = op(x32), ref(x64)
-    g = torch.randn(expect.shape, dtype=torch.float64).float()
-    (dx,) = torch.autograd.grad(out, x32, g.to(device))
-    (dx_ref,) = torch.autograd.grad(expect, x64, g.double())
-    for got, want in ((out.detach().cpu(), expect.detach()), (dx.cpu(), dx_ref)):
-        err = (got.double() - want).abs()
-        # A few ulp of the value, or of the O(1) terms where they cancel
-        # (the slopes' zero crossings).
-        assert (err <= 4e-6 * want.abs() + 2e-7).all(), err.max().item()
+    a = torch.linspace(-40, 40, 20001, dtype=torch.float64)
+    x = torch.cat([a, torch.ones_like(a)]).view(1, -1).float().to(device)
+    g = torch.randn(1, a.numel(), dtype=torch.float64).float().to(device)
+
+    def run(fn, x):
+        x = x.detach().requires_grad_()
+        out = fn(x)
+        (dx,) = torch.autograd.grad(out, x, g.to(x.dtype))
+        return out.detach().double(), dx.double()
+
+    eps = torch.finfo(torch.float32).eps
+    terms = (0.0, 4 * eps * g.double().abs().repeat(1, 2))
+    ours, torch32, exact = run(op, x), run(ref, x), run(ref, x.double())
+    for got, theirs, want, term in zip(ours, torch32, exact, terms):
+        bound = 2 * (theirs - want).abs() + 32 * eps * want.abs() + term + 1e-30
+        assert ((got - want).abs() <= bound).all(), ((got - want).abs() - bound).max().item()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -64,8 +71,8 @@ def test_long_rows_split_into_column_blocks(act, dtype):
         torch.set_num_threads(threads)
     many = op(x)
     assert torch.equal(one, many)
-    torch.testing.assert_close(many.double(), ref(x.double()),
-                               **({} if dtype == torch.float32 else {"atol": 1e-2, "rtol": 1.6e-2}))
+    tol = {torch.float32: (1e-5, 1.3e-5), torch.bfloat16: (1e-2, 1.6e-2)}[dtype]
+    torch.testing.assert_close(many.double(), ref(x.double()), atol=tol[0], rtol=tol[1])
 
 
 def test_scalar_path_matches_the_vector_path():
@@ -84,17 +91,20 @@ def test_scalar_path_matches_the_vector_path():
                 y = fn(x)
                 (g,) = torch.autograd.grad(y, x, torch.ones_like(y))
                 out[(name, str(dtype))] = (y.detach().double(), g.double())
-        torch.save(out, {path!r})
+        torch.save(out, PATH)
     """)
     results = []
     for capability in ("default", None):
         path = os.path.join(os.environ.get("TMPDIR", "/tmp"),
                             f"torchops_act_{os.getpid()}_{capability}.pt")
         env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(torchops.__file__)))
+        env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         env.pop("ATEN_CPU_CAPABILITY", None)
         if capability:
             env["ATEN_CPU_CAPABILITY"] = capability
-        subprocess.run([sys.executable, "-c", code.format(path=path)], env=env, check=True,
+        subprocess.run([sys.executable, "-c", code.replace("PATH", repr(path))], env=env,
+                       check=True,
                        timeout=300)
         results.append(torch.load(path))
         os.remove(path)

@@ -11,7 +11,10 @@
 //   Act::value_and_slope<M>(x, v, dv)  act(x) and act'(x), sharing their terms
 // ScalarMath (below) serves float and double on both devices; the CPU
 // kernels pass a policy over at::vec::Vectorized, so the same formulas run
-// on whole vectors there.  Half types are computed in float (opmath) and
+// on whole vectors there.  Every function here is always inlined: the CPU
+// kernels call them from code compiled for AVX2 (cpu/common/vectorized.h),
+// and an out-of-line copy would be compiled for the baseline target, which
+// passes vectors by another ABI.  Half types are computed in float (opmath) and
 // rounded once at the end.
 #pragma once
 
@@ -27,22 +30,22 @@ namespace torchops {
 
 struct ScalarMath {
   template <typename T>
-  C10_HOST_DEVICE static T exp(T x) { return std::exp(x); }
+  C10_HOST_DEVICE C10_ALWAYS_INLINE static T exp(const T& x) { return std::exp(x); }
   template <typename T>
-  C10_HOST_DEVICE static T erf(T x) { return std::erf(x); }
+  C10_HOST_DEVICE C10_ALWAYS_INLINE static T erf(const T& x) { return std::erf(x); }
   template <typename T>
-  C10_HOST_DEVICE static T tanh(T x) { return std::tanh(x); }
+  C10_HOST_DEVICE C10_ALWAYS_INLINE static T tanh(const T& x) { return std::tanh(x); }
 };
 
 // silu(x) = x s with s = sigmoid(x);  silu'(x) = s (1 + x (1 - s)).
 // exp(-x) overflows to inf for very negative x, where s is then 0: no nan.
 struct Silu {
   template <typename M, typename T>
-  C10_HOST_DEVICE static T value(T x) {
+  C10_HOST_DEVICE C10_ALWAYS_INLINE static T value(const T& x) {
     return x / (T(1) + M::exp(T(0) - x));
   }
   template <typename M, typename T>
-  C10_HOST_DEVICE static void value_and_slope(T x, T& v, T& dv) {
+  C10_HOST_DEVICE C10_ALWAYS_INLINE static void value_and_slope(const T& x, T& v, T& dv) {
     const T s = T(1) / (T(1) + M::exp(T(0) - x));
     v = x * s;
     dv = s * (T(1) + x * (T(1) - s));
@@ -53,11 +56,11 @@ struct Silu {
 // gelu'(x) = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
 struct GeluErf {
   template <typename M, typename T>
-  C10_HOST_DEVICE static T value(T x) {
+  C10_HOST_DEVICE C10_ALWAYS_INLINE static T value(const T& x) {
     return T(0.5) * x * (T(1) + M::erf(x * T(0.70710678118654752440)));
   }
   template <typename M, typename T>
-  C10_HOST_DEVICE static void value_and_slope(T x, T& v, T& dv) {
+  C10_HOST_DEVICE C10_ALWAYS_INLINE static void value_and_slope(const T& x, T& v, T& dv) {
     const T cdf = T(0.5) * (T(1) + M::erf(x * T(0.70710678118654752440)));
     const T pdf = M::exp(T(-0.5) * x * x) * T(0.39894228040143267794);
     v = x * cdf;
@@ -70,12 +73,12 @@ struct GeluErf {
 // gelu'(x) = (1 + t) / 2 + x (1 - t^2) k (1 + 3 c x^2) / 2.
 struct GeluTanh {
   template <typename M, typename T>
-  C10_HOST_DEVICE static T value(T x) {
+  C10_HOST_DEVICE C10_ALWAYS_INLINE static T value(const T& x) {
     const T t = M::tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x));
     return T(0.5) * x * (T(1) + t);
   }
   template <typename M, typename T>
-  C10_HOST_DEVICE static void value_and_slope(T x, T& v, T& dv) {
+  C10_HOST_DEVICE C10_ALWAYS_INLINE static void value_and_slope(const T& x, T& v, T& dv) {
     const T x2 = x * x;
     const T k = T(0.79788456080286535588);
     const T t = M::tanh(k * (x + T(0.044715) * x2 * x));
@@ -87,13 +90,14 @@ struct GeluTanh {
 
 // act(a) * b.
 template <typename Act, typename M, typename T>
-C10_HOST_DEVICE inline T act_and_mul_value(T a, T b) {
+C10_HOST_DEVICE C10_ALWAYS_INLINE T act_and_mul_value(const T& a, const T& b) {
   return Act::template value<M>(a) * b;
 }
 
 // The gradients of both halves for the output gradient g.
 template <typename Act, typename M, typename T>
-C10_HOST_DEVICE inline void act_and_mul_grad(T g, T a, T b, T& da, T& db) {
+C10_HOST_DEVICE C10_ALWAYS_INLINE void act_and_mul_grad(const T& g, const T& a, const T& b, T& da,
+                                                         T& db) {
   T v, dv;
   Act::template value_and_slope<M>(a, v, dv);
   da = g * b * dv;

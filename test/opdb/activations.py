@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .core import ErrorInput, OpInfo, Sample, Tol, hyp_tensor, make, make_transposed
+from .core import (ErrorInput, OpInfo, Sample, ShardingSample, Tol, hyp_tensor, make,
+                   make_transposed)
 
 
 def _gated_layouts(device, dtype, rg, extra=()):
@@ -113,6 +114,21 @@ def _gated_hypothesis(extra=()):
     return sample
 
 
+def _gated_sharding(extra=()):
+    def samples(device):
+        # Sharded on every dim but the last (batch, tokens), forward and
+        # backward; an odd size shards unevenly.  (The last dim holds both
+        # halves: no rule shards it, so DTensor would gather x first.)
+        scalars = (None,) * len(extra)
+        for d in range(2):
+            x = make((4, 7, 12), device, torch.float32, requires_grad=True)
+            yield ShardingSample(Sample((x, *extra)), inputs=(f"S{d}", *scalars),
+                                 outputs=(f"S{d}",))
+        yield ShardingSample(Sample((make((5, 6), device, torch.float32, requires_grad=True),
+                                     *extra)), inputs=("R", *scalars), outputs=("R",))
+    return samples
+
+
 # Products of two rounded halves: float16's rounding of values up to ~30.
 _GATED_TOLS = {torch.float16: Tol(2e-3, 2e-3)}
 
@@ -124,6 +140,7 @@ SILU_AND_MUL = OpInfo(
     tols=_GATED_TOLS,
     sample_inputs_large=_gated_large(),
     hypothesis_sample=_gated_hypothesis(),
+    sharding_samples=_gated_sharding(),
 )
 
 GELU_AND_MUL = OpInfo(
@@ -134,6 +151,7 @@ GELU_AND_MUL = OpInfo(
     tols=_GATED_TOLS,
     sample_inputs_large=_gated_large(("tanh",)),
     hypothesis_sample=_gated_hypothesis(("none",)),
+    sharding_samples=_gated_sharding(("tanh",)),
 )
 
 

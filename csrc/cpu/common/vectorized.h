@@ -64,6 +64,9 @@
 #pragma GCC target("avx2,fma,f16c")
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunknown-pragmas"  // their CUDA-style unrolls
+// GCC notes the AVX ABI of their vector-returning lambdas when templates
+// from outside (always inlined into this code) are instantiated with them.
+#pragma GCC diagnostic ignored "-Wpsabi"
 #define CPU_CAPABILITY AVX2
 #define CPU_CAPABILITY_AVX2
 // The pragma does not define the feature macros, and sleef.h declares its
