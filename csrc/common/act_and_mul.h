@@ -33,6 +33,12 @@ struct ScalarMath {
   C10_HOST_DEVICE C10_ALWAYS_INLINE static T exp(const T& x) { return std::exp(x); }
   template <typename T>
   C10_HOST_DEVICE C10_ALWAYS_INLINE static T erf(const T& x) { return std::erf(x); }
+  // erf(z) and exp(-z^2) together (a policy may share their terms).
+  template <typename T>
+  C10_HOST_DEVICE C10_ALWAYS_INLINE static void erf_and_gaussian(const T& z, T& e, T& g) {
+    e = std::erf(z);
+    g = std::exp(-z * z);
+  }
   template <typename T>
   C10_HOST_DEVICE C10_ALWAYS_INLINE static T tanh(const T& x) { return std::tanh(x); }
 };
@@ -61,10 +67,12 @@ struct GeluErf {
   }
   template <typename M, typename T>
   C10_HOST_DEVICE C10_ALWAYS_INLINE static void value_and_slope(const T& x, T& v, T& dv) {
-    const T cdf = T(0.5) * (T(1) + M::erf(x * T(0.70710678118654752440)));
-    const T pdf = M::exp(T(-0.5) * x * x) * T(0.39894228040143267794);
+    // exp(-x^2 / 2) = exp(-z^2) for z = x / sqrt 2.
+    T e, g;
+    M::erf_and_gaussian(x * T(0.70710678118654752440), e, g);
+    const T cdf = T(0.5) * (T(1) + e);
     v = x * cdf;
-    dv = cdf + x * pdf;
+    dv = cdf + x * g * T(0.39894228040143267794);
   }
 };
 
