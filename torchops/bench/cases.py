@@ -451,8 +451,8 @@ def _gated(rows, d, dtype=torch.float32, quick=False, threads=("all",), **extra)
 # read, x's gradient written.
 GATED_FWD_BYTES = lambda a: 1.5 * _nbytes(a[0])  # noqa: E731
 GATED_FWD_BWD_BYTES = lambda a: 4.0 * _nbytes(a[0])  # noqa: E731
-GATED_NOTE = ("Rows of x = [a, b] (d = 14336: a LLaMA-3-8B MLP over 4096 tokens); "
-              "the 28670 column row has an odd d, off the 16-byte packed path.")
+GATED_NOTE = ("Rows of x = [a, b]; CUDA 4096x28672 is d = 14336, a LLaMA-3-8B MLP over 4096 "
+              "tokens, and 4096x28670 has an odd d, off the 16-byte packed path.")
 
 
 def _gated_sizes(approximate=None, backward=False):
