@@ -157,6 +157,9 @@ def test_cuda_packed_and_unpacked_paths(dtype):
         "offset_base": make((33, 2 * 64 + 1), "cuda", dtype)[:, 1:],
         "odd_row_stride": make((33, 2 * 64 + 2), "cuda", dtype)[:, :128],
         "one_row_offset": make((1, 2 * 64 + 3), "cuda", dtype)[:, 3:],
+        # Rows split into several column tiles, the last one partly filled.
+        "column_tiles": make((5, 2 * 8800), "cuda", dtype),
+        "column_tiles_odd_d": make((5, 2 * 4097), "cuda", dtype),
     }
     tol = {torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3),
            torch.float32: (1e-5, 1.3e-5), torch.float64: (1e-9, 1e-7)}[dtype]
@@ -173,3 +176,26 @@ def test_cuda_packed_and_unpacked_paths(dtype):
                                        msg=f"{name} {act}")
             torch.testing.assert_close(dx.double(), dx_ref, atol=tol[0] * 4, rtol=tol[1] * 2,
                                        msg=f"{name} {act} backward")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("d", [8 * 520, 1033], ids=["packed", "odd_d"])
+def test_cuda_rows_beyond_the_grid(d):
+    """More rows than the CUDA kernels' grid covers (it is bounded by a few
+    waves of the SMs: with one row per block here, about 60 blocks per SM,
+    so 12000 rows loop on any GPU of under 200 SMs): every row is computed,
+    forward and backward, packed and element path."""
+    x = make((12000, 2 * d), "cuda", torch.bfloat16)
+    for act, (op, ref) in OPS.items():
+        xg = x.detach().requires_grad_()
+        out = op(xg)
+        x64 = x.detach().double().requires_grad_()
+        expect = ref(x64)
+        g = torch.randn_like(expect)
+        (dx,) = torch.autograd.grad(out, xg, g.to(torch.bfloat16))
+        (dx_ref,) = torch.autograd.grad(expect, x64, g)
+        torch.testing.assert_close(out.double(), expect.detach(), atol=2e-2, rtol=2e-2,
+                                   msg=act)
+        torch.testing.assert_close(dx.double(), dx_ref, atol=8e-2, rtol=4e-2,
+                                   msg=f"{act} backward")
