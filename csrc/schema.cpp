@@ -159,4 +159,12 @@ TORCH_LIBRARY(torchops, m) {
   m.def("scaled_upper_triang_masked_softmax(Tensor input, float scale) -> Tensor", pt2);
   m.def("_scaled_upper_triang_masked_softmax_backward(Tensor grad, Tensor output, "
         "float scale) -> Tensor", pt2);
+  // --- activations ---------------------------------------------------------------------------
+  // Gated activations (vLLM's layout): x = [a, b] along its even last
+  // dimension, out = act(a) * b of shape (..., size / 2).  The backward
+  // returns the gradient of x, both halves.
+  m.def("silu_and_mul(Tensor x) -> Tensor", pt2);
+  m.def("_silu_and_mul_backward(Tensor grad, Tensor x) -> Tensor", pt2);
+  m.def("gelu_and_mul(Tensor x, str approximate=\"none\") -> Tensor", pt2);
+  m.def("_gelu_and_mul_backward(Tensor grad, Tensor x, str approximate) -> Tensor", pt2);
 }

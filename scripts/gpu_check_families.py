@@ -33,6 +33,8 @@ FAMILIES: dict[str, tuple[tuple[str, ...], str, bool]] = {
               "test/test_norms.py", False),
     "softmax": (("scaled_masked_softmax", "scaled_upper_triang_masked_softmax"),
                 "test/test_softmax.py", False),
+    # activations
+    "activations": (("silu_and_mul", "gelu_and_mul"), "test/test_activations.py", False),
 }
 
 # Test files generated from the op database (test ids carry the op's name),

@@ -297,6 +297,7 @@ torchops::_deform_roi_pool_forward(Tensor input, Tensor rois, Tensor offset, flo
 torchops::_fused_add_rms_norm_forward(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight, float? eps) -> (Tensor, Tensor, Tensor)  [pt2_compliant_tag]
 torchops::_layer_norm_backward(Tensor grad, Tensor input, Tensor mean, Tensor rstd, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)  [pt2_compliant_tag]
 torchops::_layer_norm_forward(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)  [pt2_compliant_tag]
+torchops::_gelu_and_mul_backward(Tensor grad, Tensor x, str approximate) -> Tensor  [pt2_compliant_tag]
 torchops::_masked_conv2d_backward(Tensor grad, Tensor input, Tensor mask, Tensor weight, int[2] padding, int[2] stride, int[2] dilation, int groups, bool[3] output_mask) -> (Tensor, Tensor, Tensor)  [pt2_compliant_tag]
 torchops::_rms_norm_backward(Tensor grad, Tensor input, Tensor rstd, SymInt[] normalized_shape, Tensor? weight, bool[2] output_mask) -> (Tensor, Tensor)  [pt2_compliant_tag]
 torchops::_rms_norm_forward(Tensor input, SymInt[] normalized_shape, Tensor? weight, float? eps) -> (Tensor, Tensor)  [pt2_compliant_tag]
@@ -305,6 +306,7 @@ torchops::_roi_pool_backward(Tensor grad, Tensor rois, Tensor argmax, float spat
 torchops::_scaled_masked_softmax_backward(Tensor grad, Tensor output, float scale) -> Tensor  [pt2_compliant_tag]
 torchops::_scaled_upper_triang_masked_softmax_backward(Tensor grad, Tensor output, float scale) -> Tensor  [pt2_compliant_tag]
 torchops::_sigmoid_focal_loss_backward(Tensor grad, Tensor inputs, Tensor targets, float alpha, float gamma, str reduction) -> Tensor  [pt2_compliant_tag]
+torchops::_silu_and_mul_backward(Tensor grad, Tensor x) -> Tensor  [pt2_compliant_tag]
 torchops::batched_nms(Tensor boxes, Tensor scores, Tensor idxs, float iou_threshold) -> Tensor  [pt2_compliant_tag]
 torchops::box_iou(Tensor boxes1, Tensor boxes2) -> Tensor  [pt2_compliant_tag]
 torchops::carafe(Tensor features, Tensor masks, int kernel_size, int group_size, int scale_factor) -> Tensor  [pt2_compliant_tag]
@@ -314,6 +316,7 @@ torchops::deform_roi_pool(Tensor input, Tensor rois, Tensor? offset, float spati
 torchops::fused_add_rms_norm(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None) -> (Tensor, Tensor)  [pt2_compliant_tag]
 torchops::fused_add_rms_norm_(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps) -> ()  [pt2_compliant_tag]
 torchops::layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1.0000000000000001e-05) -> Tensor  [pt2_compliant_tag]
+torchops::gelu_and_mul(Tensor x, str approximate="none") -> Tensor  [pt2_compliant_tag]
 torchops::masked_conv2d(Tensor input, Tensor mask, Tensor weight, Tensor? bias=None, int[2] padding=0, int[2] stride=1, int[2] dilation=1, int groups=1) -> Tensor  [pt2_compliant_tag]
 torchops::matmul(Tensor a, Tensor b) -> Tensor  [pt2_compliant_tag]
 torchops::nms(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor  [pt2_compliant_tag]
@@ -323,6 +326,7 @@ torchops::roi_pool(Tensor input, Tensor rois, float spatial_scale, SymInt pooled
 torchops::scaled_masked_softmax(Tensor input, Tensor mask, float scale) -> Tensor  [pt2_compliant_tag]
 torchops::scaled_upper_triang_masked_softmax(Tensor input, float scale) -> Tensor  [pt2_compliant_tag]
 torchops::sigmoid_focal_loss(Tensor inputs, Tensor targets, float alpha=0.25, float gamma=2., str reduction="none") -> Tensor  [pt2_compliant_tag]
+torchops::silu_and_mul(Tensor x) -> Tensor  [pt2_compliant_tag]
 """)
 
 

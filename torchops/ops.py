@@ -1510,3 +1510,96 @@ def _scaled_upper_triang_masked_softmax_backward_fake(grad: Tensor, output: Tens
     _check_softmax_backward("_scaled_upper_triang_masked_softmax_backward", grad, output,
                             causal=True)
     return torch.empty(output.shape, dtype=output.dtype, device=output.device)
+# --- activations ------------------------------------------------------------------------
+
+__all__ += ["silu_and_mul", "gelu_and_mul"]
+
+_GATED_ACTIVATION_DOC = """
+
+    ``x`` holds the activation's input ``a`` and the gate ``b`` side by side
+    in its last dimension (vLLM's and ColossalAI's layout): with
+    ``d = x.shape[-1] // 2``, ``a = x[..., :d]`` and ``b = x[..., d:]``.  The
+    result has shape ``(..., d)``, x's dtype, and is a new contiguous tensor.
+
+    Any leading dimensions, strides and empty inputs are accepted; rows whose
+    last dimension is contiguous (a slice along it, rows picked with a step)
+    are read in place, anything else is copied first.  float32, float64,
+    float16 and bfloat16 (the half types computed in float32, rounded once)
+    on CPU and CUDA.  Differentiable once with respect to ``x`` (one fused
+    backward pass writes both halves of its gradient); deterministic.  No
+    autocast policy, like :func:`torch.nn.functional.silu` and
+    :func:`~torch.nn.functional.gelu`: inside ``torch.autocast`` it runs in
+    x's dtype.
+
+    Raises RuntimeError naming the op and ``'x'`` when the last dimension of
+    ``x`` is odd, ``x`` is 0-dim, or not floating point.
+    """
+
+
+def silu_and_mul(x: Tensor) -> Tensor:
+    return torch.ops.torchops.silu_and_mul.default(x)
+
+
+def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
+    return torch.ops.torchops.gelu_and_mul.default(x, approximate)
+
+
+silu_and_mul.__doc__ = ("``F.silu(a) * b``: the gated SiLU (SwiGLU) of a LLaMA-style MLP, "
+                        "in one pass." + _GATED_ACTIVATION_DOC)
+gelu_and_mul.__doc__ = ("``F.gelu(a, approximate=approximate) * b``: the gated GELU (GeGLU), "
+                        "in one pass; ``approximate`` is ``\"none\"`` (erf) or ``\"tanh\"``, "
+                        "as for :func:`torch.nn.functional.gelu` (anything else raises "
+                        "RuntimeError naming ``'approximate'``)." + _GATED_ACTIVATION_DOC)
+
+
+def _check_act_and_mul(op: str, x: Tensor) -> list:
+    """The kernels' checks (csrc/common/act_and_mul.h); the output's shape."""
+    _check_floating(op, "x", x)
+    torch._check(x.dim() >= 1, lambda: f"torchops.{op}: expected 'x' to have at least 1 "
+                 "dimension, but got a 0-dim tensor")
+    shape = tuple(x.shape)
+    torch._check(x.shape[-1] % 2 == 0,
+                 lambda: f"torchops.{op}: expected the last dimension of 'x' to be even (the "
+                 f"activation's input and the gate, side by side), but got shape {shape}")
+    return [*x.shape[:-1], x.shape[-1] // 2]
+
+
+def _check_gelu_approximate(op: str, approximate: str) -> None:
+    if approximate not in ("none", "tanh"):
+        raise RuntimeError(f"torchops.{op}: expected 'approximate' to be 'none' or 'tanh', "
+                           f"but got '{approximate}'")
+
+
+def _check_act_and_mul_backward(op: str, grad: Tensor, x: Tensor) -> None:
+    _check_same_device(op, x=x, grad=grad)
+    out_shape = _check_act_and_mul(op, x)
+    _check_same_dtype(op, x=x, grad=grad)
+    grad_shape = tuple(grad.shape)
+    torch._check(grad.dim() == len(out_shape) and all(a == b for a, b in zip(grad.shape, out_shape)),
+                 lambda: f"torchops.{op}: expected 'grad' to have the output's shape "
+                 f"{tuple(out_shape)}, but got {grad_shape}")
+
+
+@torch.library.register_fake("torchops::silu_and_mul")
+def _silu_and_mul_fake(x: Tensor) -> Tensor:
+    return x.new_empty(_check_act_and_mul("silu_and_mul", x))
+
+
+@torch.library.register_fake("torchops::gelu_and_mul")
+def _gelu_and_mul_fake(x: Tensor, approximate: str = "none") -> Tensor:
+    shape = _check_act_and_mul("gelu_and_mul", x)
+    _check_gelu_approximate("gelu_and_mul", approximate)
+    return x.new_empty(shape)
+
+
+@torch.library.register_fake("torchops::_silu_and_mul_backward")
+def _silu_and_mul_backward_fake(grad: Tensor, x: Tensor) -> Tensor:
+    _check_act_and_mul_backward("_silu_and_mul_backward", grad, x)
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("torchops::_gelu_and_mul_backward")
+def _gelu_and_mul_backward_fake(grad: Tensor, x: Tensor, approximate: str) -> Tensor:
+    _check_act_and_mul_backward("_gelu_and_mul_backward", grad, x)
+    _check_gelu_approximate("_gelu_and_mul_backward", approximate)
+    return x.new_empty(x.shape)

@@ -539,3 +539,23 @@ def scaled_upper_triang_masked_softmax(input: Tensor, scale: float) -> Tensor:
     sq, sk = input.shape[-2], input.shape[-1]
     above = torch.ones(sq, sk, dtype=torch.bool, device=input.device).triu(1)
     return _softmax_of_unmasked((input * scale).masked_fill(above, float("-inf")))
+# --- activations --------------------------------------------------------------------------
+
+__all__ += ["silu_and_mul", "gelu_and_mul"]
+
+
+def _act_and_mul(act, x: Tensor) -> Tensor:
+    """``act(a) * b`` for ``x = [a, b]`` split in halves along its last
+    dimension: the gated activations' layout."""
+    d = x.shape[-1] // 2
+    return act(x[..., :d]) * x[..., d:]
+
+
+def silu_and_mul(x: Tensor) -> Tensor:
+    """``F.silu(a) * b`` (SwiGLU's gate)."""
+    return _act_and_mul(F.silu, x)
+
+
+def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
+    """``F.gelu(a, approximate=approximate) * b`` (GeGLU's gate)."""
+    return _act_and_mul(lambda a: F.gelu(a, approximate=approximate), x)

@@ -281,3 +281,25 @@ def _masked_softmax_backward(grad, output, scale):
     Replicate, Shard, Partial = placements()
     return ([([Replicate()], [Replicate(), Replicate(), None])]
             + [([Shard(d)], [Shard(d), Shard(d), None]) for d in range(output.ndim - 2)])
+# --- activations ---------------------------------------------------------------------
+
+# Gated activations: each row's halves meet in one element-wise pass, so x
+# (and the backward's grad) shards on any dim but the last; the last dim
+# holds both halves and must stay whole.  gelu_and_mul's `approximate` is a
+# scalar (None).
+
+
+@rule("silu_and_mul", "gelu_and_mul")
+def _gated(x, *scalars):
+    Replicate, Shard, Partial = placements()
+    rest = [None] * len(scalars)
+    return ([([Replicate()], [Replicate(), *rest])]
+            + [([Shard(d)], [Shard(d), *rest]) for d in range(x.ndim - 1)])
+
+
+@rule("_silu_and_mul_backward", "_gelu_and_mul_backward")
+def _gated_backward(grad, x, *scalars):
+    Replicate, Shard, Partial = placements()
+    rest = [None] * len(scalars)
+    return ([([Replicate()], [Replicate(), Replicate(), *rest])]
+            + [([Shard(d)], [Shard(d), Shard(d), *rest]) for d in range(x.ndim - 1)])

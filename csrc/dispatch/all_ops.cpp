@@ -26,3 +26,5 @@
 #include "dispatch/norms_dispatch.cpp"
 // softmax
 #include "dispatch/masked_softmax_dispatch.cpp"
+// activations
+#include "dispatch/act_and_mul_dispatch.cpp"

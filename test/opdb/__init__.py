@@ -130,3 +130,9 @@ from .softmax import (SCALED_MASKED_SOFTMAX, SCALED_UPPER_TRIANG_MASKED_SOFTMAX,
 OP_DB += SOFTMAX_OPS
 __all__ += ["SOFTMAX_OPS", "SCALED_MASKED_SOFTMAX", "SCALED_UPPER_TRIANG_MASKED_SOFTMAX",
             "attention_mask"]
+
+# activations
+from .activations import ACTIVATION_OPS, GELU_AND_MUL, SILU_AND_MUL  # noqa: E402
+
+OP_DB += ACTIVATION_OPS
+__all__ += ["ACTIVATION_OPS", "SILU_AND_MUL", "GELU_AND_MUL"]

@@ -577,3 +577,45 @@ CASES += [
     Case(name="scaled_masked_softmax fwd+bwd", **MASKED_SOFTMAX, backward=True,
          bytes=lambda a: _masked_softmax_bytes(a, True)),
 ]
+
+# --- activations --------------------------------------------------------------------------------
+
+
+def _gated(rows, d, dtype=torch.float32, quick=False, threads=("all",), **extra):
+    """x of rows x 2d: a LLaMA-style MLP's gate-and-up projection output."""
+    return Size(f"{rows}x{2 * d}", {"rows": rows, "d": d, **extra}, dtype, quick, threads)
+
+
+# Forward: x read, half of it written.  Backward: the output's gradient and x
+# read, x's gradient written.
+GATED_FWD_BYTES = lambda a: 1.5 * _nbytes(a[0])  # noqa: E731
+GATED_FWD_BWD_BYTES = lambda a: 4.0 * _nbytes(a[0])  # noqa: E731
+GATED_NOTE = ("Rows of x = [a, b]; CUDA 4096x28672 is d = 14336, a LLaMA-3-8B MLP over 4096 "
+              "tokens, and 4096x28670 has an odd d, off the 16-byte packed path.")
+
+
+def _gated_sizes(approximate=None, backward=False):
+    extra = {} if approximate is None else {"approximate": approximate}
+    cuda = [_gated(4096, 14336, bf16, quick=True, **extra), _gated(4096, 14336, **extra)]
+    if not backward:
+        cuda.append(_gated(4096, 14335, bf16, **extra))
+    cpu = [_gated(256, 2048, quick=True, threads=(1, "all"), **extra),
+           _gated(256, 2048, bf16, threads=(1, "all"), **extra)]
+    return {"cuda": cuda, "cpu": cpu}
+
+
+SILU_AND_MUL = dict(op="silu_and_mul", inputs=inputs.gated_args,
+                    reference=references.silu_and_mul, reference_name="F.silu(a) * b",
+                    note=GATED_NOTE)
+GELU_AND_MUL = dict(op="gelu_and_mul", inputs=inputs.gated_args,
+                    reference=references.gelu_and_mul, reference_name="F.gelu(a) * b",
+                    note=GATED_NOTE + " approximate='none' (erf).")
+CASES += [
+    Case(name="silu_and_mul", **SILU_AND_MUL, sizes=_gated_sizes(), bytes=GATED_FWD_BYTES),
+    Case(name="silu_and_mul fwd+bwd", **SILU_AND_MUL, backward=True,
+         sizes=_gated_sizes(backward=True), bytes=GATED_FWD_BWD_BYTES),
+    Case(name="gelu_and_mul", **GELU_AND_MUL, sizes=_gated_sizes("none"),
+         bytes=GATED_FWD_BYTES),
+    Case(name="gelu_and_mul fwd+bwd", **GELU_AND_MUL, backward=True,
+         sizes=_gated_sizes("none", backward=True), bytes=GATED_FWD_BWD_BYTES),
+]

@@ -199,3 +199,12 @@ def attention_scores(p: P) -> tuple:
     lengths = torch.randint(s // 2, s + 1, (b,))
     mask = (torch.arange(s)[None, :] >= lengths[:, None])[:, None, None, :].expand(b, 1, s, s)
     return x, mask.contiguous(), scale
+# --- activations ----------------------------------------------------------------------------
+
+
+def gated_args(p: P) -> tuple:
+    """The gated activations' ``x``: ``rows`` rows of ``2 d`` (activation
+    input and gate side by side), standard normal; with ``approximate``,
+    gelu_and_mul's second argument."""
+    x = torch.randn(p["rows"], 2 * p["d"])
+    return (x, p["approximate"]) if "approximate" in p else (x,)
