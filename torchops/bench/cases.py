@@ -619,3 +619,11 @@ CASES += [
     Case(name="gelu_and_mul fwd+bwd", **GELU_AND_MUL, backward=True,
          sizes=_gated_sizes("none", backward=True), bytes=GATED_FWD_BWD_BYTES),
 ]
+
+
+# --- peers of the transformer-layer ops ------------------------------------------------------
+# PyTorch's native op and Liger-Kernel's (torchops/bench/peers.py) on every case of an op
+# they implement, each timed in the same run as eager and compiled.
+from torchops.bench import peers as _peers  # noqa: E402
+
+_peers.attach(CASES)
