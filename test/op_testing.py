@@ -37,7 +37,28 @@ def op_name(overload: torch._ops.OpOverload) -> str:
     return overload._schema.name.split("::", 1)[1]
 
 
+def _strided_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` with its sizes and strides (a sliced or transposed input
+    stays so), which an in-place op may write without touching the sample."""
+    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return out.copy_(t.detach())
+
+
+def _call_mutating(op: OpInfo, fn, s: Sample):
+    """An in-place op's call (op.mutated_args): on copies of the args it
+    writes, whose new values are its outputs; the sample stays unchanged, so
+    the reference and a second call see the same inputs."""
+    args = list(s.args)
+    for i in op.mutated_args:
+        args[i] = _strided_copy(args[i])
+    ret = fn(*args, **s.kwargs)
+    assert ret is None, f"{op.name}: an in-place op returned {type(ret)}"
+    return tuple(args[i] for i in op.mutated_args)
+
+
 def call(op: OpInfo, s: Sample):
+    if op.mutated_args:
+        return _call_mutating(op, op.op, s)
     return op.op(*s.args, **s.kwargs)
 
 
@@ -55,6 +76,8 @@ def call_via(op: OpInfo, s: Sample, via: str):
     if via == "op":
         return call(op, s)
     w = op.wrapper_sample(s) if op.wrapper_sample is not None else s
+    if op.mutated_args:
+        return _call_mutating(op, op.wrapper, w)
     return op.wrapper(*w.args, **w.kwargs)
 
 

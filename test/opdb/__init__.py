@@ -59,7 +59,12 @@ fields:
 
 Optional fields (defaults in brackets): ``dtypes`` [all four float dtypes on
 cpu and cuda], ``tols`` [DEFAULT_TOLS] per dtype, ``differentiable`` [True:
-the op has an Autograd kernel], ``supports_gradgrad`` [False: its internal
+the op has an Autograd kernel; False for in-place ops], ``mutated_args`` [():
+indices of the positional args an in-place op writes, marked ``Tensor(a!)``
+in its schema; the generic tests call it on same-strided copies of them and
+compare their new values with the reference's, which returns them as a
+tuple; opcheck still runs (it checks the alias annotations), the gradient
+tests do not], ``supports_gradgrad`` [False: its internal
 backward ops have Autograd kernels too], ``data_dependent_output`` [False: the
 output size depends on the values, like nms], ``internal_ops`` [()]
 (``_<op>_backward`` ops this entry exercises), ``autocast`` [False: the op

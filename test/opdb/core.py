@@ -138,7 +138,8 @@ class OpInfo:
     dtypes: dict[str, tuple] = field(default_factory=lambda: {
         "cpu": FLOAT_DTYPES, "cuda": FLOAT_DTYPES})
     tols: dict = field(default_factory=dict)    # per-dtype overrides of DEFAULT_TOLS
-    differentiable: bool = True
+    # None: derived, True unless the op writes its arguments (mutated_args).
+    differentiable: bool | None = None
     supports_gradgrad: bool = False
     data_dependent_output: bool = False
     # Internal ops (backward kernels) that this entry exercises; the coverage
@@ -180,6 +181,12 @@ class OpInfo:
     # The op's outputs -> what the wrapper returns (roi_pool's wrapper drops
     # argmax).  None: the same outputs.
     wrapper_outputs: Callable[[tuple], tuple] | None = None
+    # Indices of the positional args the op writes in place (an inference op
+    # such as fused_add_rms_norm_, whose schema marks them Tensor(a!)).  The
+    # generic tests then call it on copies of those args (same strides) and
+    # treat their new values, in order, as its outputs; the reference returns
+    # them as a tuple.  Such an op has no gradients: differentiable is False.
+    mutated_args: tuple[int, ...] = ()
     # Named after the op, so never given: torch.ops.torchops.<name>.default,
     # the typed Python wrapper torchops.<name>, and the pure-PyTorch
     # torchops.references.<name> (called on float64 copies).
@@ -188,6 +195,11 @@ class OpInfo:
     reference: Callable = field(init=False)
 
     def __post_init__(self):
+        if self.differentiable is None:
+            self.differentiable = not self.mutated_args
+        if self.mutated_args and self.differentiable:
+            raise ValueError(f"{self.name}: an op that writes its arguments (mutated_args) "
+                             f"has no gradients; leave differentiable unset")
         import torchops
         from torchops import references
         self.op = getattr(torch.ops.torchops, self.name).default
