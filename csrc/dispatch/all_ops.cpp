@@ -23,3 +23,4 @@
 #include "dispatch/roi_align_dispatch.cpp"
 #include "dispatch/roi_pool_dispatch.cpp"
 #include "dispatch/sigmoid_focal_loss_dispatch.cpp"
+#include "dispatch/rotary_embedding_dispatch.cpp"
