@@ -29,6 +29,8 @@ FAMILIES: dict[str, tuple[tuple[str, ...], str, bool]] = {
     "deform": (("deform_conv2d",), "test/test_deform.py", True),
     "masked_conv": (("masked_conv2d",), "test/test_masked_conv2d.py", False),
     "upsample": (("carafe",), "test/test_upsample.py", False),
+    # rotary
+    "rotary": (("rotary_embedding", "rotary_embedding_"), "test/test_rotary.py", False),
 }
 
 # Test files generated from the op database (test ids carry the op's name),

@@ -111,3 +111,10 @@ __all__ = [
 ]
 __all__ += ["MASKED_CONV_OPS", "MASKED_CONV2D", "random_mask"]
 __all__ += ["UPSAMPLE_OPS", "CARAFE", "carafe_inputs"]
+
+# --- rotary ---
+from .rotary import ROTARY_EMBEDDING, ROTARY_EMBEDDING_, ROTARY_OPS, rotary_cache_inputs, rotary_inputs  # noqa: E402
+
+OP_DB += ROTARY_OPS
+__all__ += ["ROTARY_OPS", "ROTARY_EMBEDDING", "ROTARY_EMBEDDING_", "rotary_inputs",
+            "rotary_cache_inputs"]
