@@ -36,7 +36,7 @@ FAMILIES: dict[str, tuple[tuple[str, ...], str, bool]] = {
 # Test files generated from the op database (test ids carry the op's name),
 # and the seeded fuzzer (its ids too); a missing one is left out.
 GENERIC_FILES = ("test/test_ops.py", "test/test_export.py", "test/test_properties.py",
-                 "test/test_modules.py", "test/test_fuzz.py")
+                 "test/test_modules.py", "test/test_fuzz.py", "test/test_sharding.py")
 
 # A substring of the names of every kernel that runs setmaxnreg (their
 # namespaces: sm90_detail, simt90_detail).  racecheck's instrumentation

@@ -48,7 +48,7 @@ except _loader.LoadError as _e:
     load_error = _e
 else:
     load_error = None
-    from torchops import modules, ops
+    from torchops import modules, ops, sharding  # noqa: F401  (sharding: DTensor rules)
     from torchops.modules import *  # noqa: F401,F403  (nn.Module wrappers)
     from torchops.ops import *  # noqa: F401,F403  (every public op)
 

@@ -74,7 +74,10 @@ torchops/bench/cases.py has no case timing it], ``contiguous_outputs``
 ``--full`` profile], ``sample_inputs_compile`` [None: derived],
 ``hypothesis_sample`` [None: derived from ``sample_inputs``; ``(draw, device,
 dtype) -> Sample`` for a real property test, see hyp_tensor],
-``gradcheck_kwargs`` [{}: e.g. nondet_tol for atomics], ``wrapper_sample`` and
+``gradcheck_kwargs`` [{}: e.g. nondet_tol for atomics], ``sharding_samples``
+[None: ``(device) -> iterable of ShardingSample``, DTensor calls over two
+ranks that the op's rules in torchops/sharding.py must run on local shards;
+test_sharding.py runs them, forward and backward], ``wrapper_sample`` and
 ``wrapper_outputs`` [None: the wrapper takes the op's arguments and returns
 its outputs], ``skips`` [[]: ``Skip(test, reason, device=None, dtype=None,
 xfail=False)`` records, a test of GENERIC_TESTS on one device and dtype (None:
@@ -88,7 +91,8 @@ from __future__ import annotations
 from .basic import BASIC_OPS, D_SIGMOID, MATMUL
 from .boxes import BATCHED_NMS, BOX_IOU, BOX_OPS, NMS, make_boxes, make_scores
 from .core import (DEFAULT_TOLS, DEVICE_TYPES, ENTRY_DTYPES, FLOAT_DTYPES, GENERIC_TESTS,
-                   HALF_DTYPES, OPCHECK_UTILS, ErrorInput, OpInfo, Sample, Skip, Tol, convert,
+                   HALF_DTYPES, OPCHECK_UTILS, ErrorInput, OpInfo, Sample, ShardingSample,
+                   Skip, Tol, convert,
                    devices, full_profile, hyp_size, hyp_tensor, make, make_transposed)
 from .deform import DEFORM_CONV2D, DEFORM_OPS
 from .losses import LOSS_OPS, SIGMOID_FOCAL_LOSS
@@ -104,7 +108,7 @@ __all__ = [
     "MATMUL", "D_SIGMOID", "NMS", "BATCHED_NMS", "BOX_IOU", "ROI_ALIGN", "ROI_POOL",
     "SIGMOID_FOCAL_LOSS", "DEFORM_CONV2D",
     "DEFORM_ROI_POOL",
-    "OpInfo", "Sample", "ErrorInput", "Tol", "Skip", "DEFAULT_TOLS", "FLOAT_DTYPES",
+    "OpInfo", "Sample", "ShardingSample", "ErrorInput", "Tol", "Skip", "DEFAULT_TOLS", "FLOAT_DTYPES",
     "HALF_DTYPES", "DEVICE_TYPES", "GENERIC_TESTS", "ENTRY_DTYPES", "OPCHECK_UTILS",
     "make", "make_transposed", "convert", "hyp_tensor", "hyp_size", "full_profile", "devices",
     "make_boxes", "make_scores", "random_rois",

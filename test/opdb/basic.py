@@ -6,7 +6,7 @@ import torch
 
 import torchops
 
-from .core import ErrorInput, OpInfo, Sample, Tol, hyp_size, hyp_tensor, make, make_transposed
+from .core import ErrorInput, OpInfo, Sample, ShardingSample, Tol, hyp_size, hyp_tensor, make, make_transposed
 
 
 # --- matmul ----------------------------------------------------------------------------
@@ -143,6 +143,16 @@ def _d_sigmoid_hypothesis(draw, device, dtype):
     return Sample((hyp_tensor(draw, shape, device, dtype, -mag, mag),), name=f"hyp{tuple(shape)}")
 
 
+def _d_sigmoid_sharding(device):
+    # Element-wise: any dim shards, forward and backward.  An odd size
+    # shards unevenly (DTensor's padding of the last shard).
+    for d in range(3):
+        z = make((4, 7, 6), device, torch.float32, requires_grad=True)
+        yield ShardingSample(Sample((z,)), inputs=(f"S{d}",), outputs=(f"S{d}",))
+    yield ShardingSample(Sample((make((5, 3), device, torch.float32, requires_grad=True),)),
+                         inputs=("R",), outputs=("R",))
+
+
 D_SIGMOID = OpInfo(
     name="d_sigmoid",
     sample_inputs=_d_sigmoid_samples,
@@ -151,6 +161,7 @@ D_SIGMOID = OpInfo(
     tols={torch.float16: Tol(2e-3, 2e-3)},
     sample_inputs_large=_d_sigmoid_large,
     hypothesis_sample=_d_sigmoid_hypothesis,
+    sharding_samples=_d_sigmoid_sharding,
 )
 
 

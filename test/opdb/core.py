@@ -94,6 +94,23 @@ class ErrorInput:
 
 
 @dataclass
+class ShardingSample:
+    """A call on DTensors over a 1-D mesh of two ranks (test_sharding.py).
+
+    ``sample`` holds the full tensors, as the wrapper takes them; each rank
+    makes the same ones (same seed).  ``inputs`` gives each positional
+    argument's placement: "R" (Replicate), "S<d>" (Shard(d)) or None (not a
+    tensor).  ``outputs`` gives the placement expected of each output ("P":
+    Partial): the rule must run the op on the local shards, so the forward
+    makes no collective call.  When a tensor requires grad, the backward runs
+    too and each gradient's full tensor must equal the single-process one."""
+
+    sample: Sample
+    inputs: tuple
+    outputs: tuple
+
+
+@dataclass
 class Tol:
     atol: float
     rtol: float
@@ -190,6 +207,9 @@ class OpInfo:
     # Named after the op, so never given: torch.ops.torchops.<name>.default,
     # the typed Python wrapper torchops.<name>, and the pure-PyTorch
     # torchops.references.<name> (called on float64 copies).
+    # (device) -> ShardingSample records: DTensor calls that the op's
+    # sharding rules (torchops/sharding.py) must run shard-locally.
+    sharding_samples: Callable[..., Iterable[ShardingSample]] | None = None
     op: torch._ops.OpOverload = field(init=False)
     wrapper: Callable = field(init=False)
     reference: Callable = field(init=False)

@@ -1,0 +1,1 @@
+"""Putting torchops kernels into other libraries' models (``transformers``)."""
