@@ -297,6 +297,7 @@ torchops::_deform_roi_pool_forward(Tensor input, Tensor rois, Tensor offset, flo
 torchops::_masked_conv2d_backward(Tensor grad, Tensor input, Tensor mask, Tensor weight, int[2] padding, int[2] stride, int[2] dilation, int groups, bool[3] output_mask) -> (Tensor, Tensor, Tensor)  [pt2_compliant_tag]
 torchops::_roi_align_backward(Tensor grad, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width, SymInt batch_size, SymInt channels, SymInt height, SymInt width, int sampling_ratio, bool aligned) -> Tensor  [pt2_compliant_tag]
 torchops::_roi_pool_backward(Tensor grad, Tensor rois, Tensor argmax, float spatial_scale, SymInt pooled_height, SymInt pooled_width, SymInt batch_size, SymInt channels, SymInt height, SymInt width) -> Tensor  [pt2_compliant_tag]
+torchops::_rotary_embedding_backward(Tensor grad_q, Tensor grad_k, Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim, bool interleaved, bool cos_sin_grad) -> (Tensor, Tensor, Tensor, Tensor)  [pt2_compliant_tag]
 torchops::_sigmoid_focal_loss_backward(Tensor grad, Tensor inputs, Tensor targets, float alpha, float gamma, str reduction) -> Tensor  [pt2_compliant_tag]
 torchops::batched_nms(Tensor boxes, Tensor scores, Tensor idxs, float iou_threshold) -> Tensor  [pt2_compliant_tag]
 torchops::box_iou(Tensor boxes1, Tensor boxes2) -> Tensor  [pt2_compliant_tag]
@@ -309,6 +310,8 @@ torchops::matmul(Tensor a, Tensor b) -> Tensor  [pt2_compliant_tag]
 torchops::nms(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor  [pt2_compliant_tag]
 torchops::roi_align(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width, int sampling_ratio, bool aligned) -> Tensor  [pt2_compliant_tag]
 torchops::roi_pool(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width) -> (Tensor, Tensor)  [pt2_compliant_tag]
+torchops::rotary_embedding(Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim=1, bool interleaved=False) -> (Tensor, Tensor)  [pt2_compliant_tag]
+torchops::rotary_embedding_(Tensor positions, Tensor(a!) q, Tensor(b!) k, Tensor cos_sin_cache, bool interleaved=False) -> ()  [pt2_compliant_tag]
 torchops::sigmoid_focal_loss(Tensor inputs, Tensor targets, float alpha=0.25, float gamma=2., str reduction="none") -> Tensor  [pt2_compliant_tag]
 """)
 

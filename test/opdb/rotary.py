@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .core import ErrorInput, OpInfo, Sample, Tol, make
+from .core import ErrorInput, OpInfo, Sample, ShardingSample, Tol, make
 
 
 # --- rotary_embedding ------------------------------------------------------------------
@@ -121,6 +121,33 @@ def _rotary_large(device, dtype, requires_grad=False):
     yield Sample(f(1, 4, 4, 300, 96, 96, cos_batch=0, q_order="transposed"), name="large_T")
 
 
+def _rotary_sharding(device):
+    # Batch, sequence or heads shard; cos and sin follow on their dim (or
+    # stay replicated: shared by the batch, or any heads sharding), and
+    # their gradients are Partial where they sum over a sharded dim.
+    # Odd sizes shard unevenly.
+    f = lambda *a, **kw: rotary_inputs(*a, device=device, dtype=torch.float32,  # noqa: E731
+                                       requires_grad=True, **kw)
+    nones = (None, None)
+    yield ShardingSample(Sample(f(3, 4, 2, 5, 8, 8)), inputs=("S0", "S0", "S0", "S0", *nones),
+                         outputs=("S0", "S0"))
+    yield ShardingSample(Sample(f(4, 2, 2, 5, 8, 6, cos_batch=0)),
+                         inputs=("S0", "S0", "R", "R", *nones), outputs=("S0", "S0"))
+    yield ShardingSample(Sample(f(2, 2, 1, 7, 8, 8)), inputs=("S2", "S2", "S1", "S1", *nones),
+                         outputs=("S2", "S2"))
+    yield ShardingSample(Sample(f(2, 3, 2, 6, 8, 8, cos_batch=0, layout="bshd",
+                                  interleaved=True)),
+                         inputs=("S1", "S1", "S0", "S0", *nones), outputs=("S1", "S1"))
+    yield ShardingSample(Sample(f(2, 6, 2, 5, 8, 8)), inputs=("S1", "S1", "R", "R", *nones),
+                         outputs=("S1", "S1"))
+    yield ShardingSample(Sample(f(2, 5, 4, 3, 8, 4, layout="bshd", cos_batch=1)),
+                         inputs=("S2", "S2", "R", "R", *nones), outputs=("S2", "S2"))
+    # cos and sin frozen (HF's rotary module): the backward skips their sums.
+    q, k, cos, sin, u, i = f(2, 4, 2, 5, 8, 8)
+    yield ShardingSample(Sample((q, k, cos.detach(), sin.detach(), u, i)),
+                         inputs=("S1", "S1", "R", "R", *nones), outputs=("S1", "S1"))
+
+
 ROTARY_EMBEDDING = OpInfo(
     name="rotary_embedding",
     sample_inputs=_rotary_samples,
@@ -130,6 +157,7 @@ ROTARY_EMBEDDING = OpInfo(
     # once to the half type.
     tols={torch.float16: Tol(2e-3, 2e-3), torch.bfloat16: Tol(2e-2, 1.6e-2)},
     sample_inputs_large=_rotary_large,
+    sharding_samples=_rotary_sharding,
 )
 
 
@@ -217,6 +245,9 @@ ROTARY_EMBEDDING_ = OpInfo(
     sample_inputs=_rotary_inplace_samples,
     error_inputs=_rotary_inplace_errors,
     mutated_args=(1, 2),
+    # Its outputs are q and k themselves, written in place through their
+    # strides (slices of a fused qkv stay slices).
+    contiguous_outputs=False,
     sample_inputs_large=_rotary_inplace_large,
 )
 
