@@ -17,6 +17,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -94,8 +96,35 @@ void accumulate(const double* dy, const double* x, double* acc_c,
   accumulate_impl(dy, x, acc_c, acc_s, h, interleaved);
 }
 
+// bfloat16 <-> float with integer operations only, so the loops vectorise
+// (c10's conversion branches on NaN).  Rounding: to nearest even, NaN kept.
+TORCHOPS_CPU_MULTIVERSION void bf16_to_float(const uint16_t* __restrict__ src,
+                                             float* __restrict__ dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(dst + i, &bits, sizeof bits);
+  }
+}
+
+TORCHOPS_CPU_MULTIVERSION void float_to_bf16(const float* __restrict__ src,
+                                             uint16_t* __restrict__ dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, src + i, sizeof u);
+    const uint32_t rounded = (u + ((u >> 16) & 1u) + 0x7FFFu) >> 16;
+    const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+    dst[i] = static_cast<uint16_t>(nan ? 0x7FC0u : rounded);
+  }
+}
+
 template <typename scalar_t, typename acc_t>
 void load(const scalar_t* p, int64_t stride, int64_t n, acc_t* dst) {
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    if (stride == 1) {
+      bf16_to_float(reinterpret_cast<const uint16_t*>(p), dst, n);
+      return;
+    }
+  }
   if (stride == 1) {
     for (int64_t i = 0; i < n; ++i) {
       dst[i] = static_cast<acc_t>(p[i]);
@@ -109,6 +138,12 @@ void load(const scalar_t* p, int64_t stride, int64_t n, acc_t* dst) {
 
 template <typename scalar_t, typename acc_t>
 void store(const acc_t* src, int64_t n, scalar_t* p, int64_t stride) {
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    if (stride == 1) {
+      float_to_bf16(src, reinterpret_cast<uint16_t*>(p), n);
+      return;
+    }
+  }
   if (stride == 1) {
     for (int64_t i = 0; i < n; ++i) {
       p[i] = static_cast<scalar_t>(src[i]);
@@ -175,9 +210,16 @@ void rotate_row(const RotaryArgs<scalar_t>& a, const scalar_t* const* in,
     for (int64_t hd = 0; hd < g.H[t]; ++hd) {
       const scalar_t* x = xrow + hd * iv[t].sh;
       scalar_t* o = orow + hd * a.ov[t].sh;
-      load(x, iv[t].sd, rd, xbuf);
-      rotate(xbuf, c, ss, obuf, rd / 2, a.interleaved);
-      store(obuf, rd, o, a.ov[t].sd);
+      if (std::is_same_v<scalar_t, acc_t> && !in_place && iv[t].sd == 1 &&
+          a.ov[t].sd == 1) {
+        // float and double: straight from the input to the output.
+        rotate(reinterpret_cast<const acc_t*>(x), c, ss,
+               reinterpret_cast<acc_t*>(o), rd / 2, a.interleaved);
+      } else {
+        load(x, iv[t].sd, rd, xbuf);
+        rotate(xbuf, c, ss, obuf, rd / 2, a.interleaved);
+        store(obuf, rd, o, a.ov[t].sd);
+      }
       if (!in_place) {
         for (int64_t j = rd; j < g.D[t]; ++j) {
           o[j * a.ov[t].sd] = x[j * iv[t].sd];
@@ -267,9 +309,19 @@ struct CpuKernels {
                                     s * a.dyv[t].ss + hd * a.dyv[t].sh;
               const scalar_t* xp = a.x[t] + b * a.xv[t].sb + s * a.xv[t].ss +
                                    hd * a.xv[t].sh;
-              load(dyp, a.dyv[t].sd, rd, obuf);
-              load(xp, a.xv[t].sd, rd, xbuf);
-              accumulate(obuf, xbuf, acc_c, acc_s, h, a.interleaved);
+              const acc_t* dyf = obuf;
+              const acc_t* xf = xbuf;
+              if (std::is_same_v<scalar_t, acc_t> && a.dyv[t].sd == 1) {
+                dyf = reinterpret_cast<const acc_t*>(dyp);
+              } else {
+                load(dyp, a.dyv[t].sd, rd, obuf);
+              }
+              if (std::is_same_v<scalar_t, acc_t> && a.xv[t].sd == 1) {
+                xf = reinterpret_cast<const acc_t*>(xp);
+              } else {
+                load(xp, a.xv[t].sd, rd, xbuf);
+              }
+              accumulate(dyf, xf, acc_c, acc_s, h, a.interleaved);
             }
           }
         }

@@ -120,8 +120,14 @@ __device__ __forceinline__ void copy_tail(const T* x, RotaryView xv, T* o,
   }
 }
 
+// Eight blocks per SM (64 registers a thread): the forward is a stream
+// with one or two 16-byte loads in flight per thread and head, so it needs
+// the occupancy to keep enough bytes in flight; most of what the registers
+// would otherwise hold are kernel parameters, which the compiler re-reads.
+constexpr int kForwardBlocksPerSm = 8;
+
 template <typename T, int V, bool kVec, bool kInterleaved, bool kCache>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kForwardBlocksPerSm)
     rotary_forward_kernel(const RotaryArgs<T> a) {
   using acc_t = at::opmath_type<T>;
   const int64_t S = a.g.S, H0 = a.g.H[0], H1 = a.g.H[1];
