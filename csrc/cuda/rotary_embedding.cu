@@ -120,6 +120,48 @@ __device__ __forceinline__ void copy_tail(const T* x, RotaryView xv, T* o,
   }
 }
 
+// Rotates unit j of row (b, s) in every head of tensor t (q: 0, k: 1), the
+// heads split over threadIdx.y.  Addresses are formed from the kernel's
+// parameters in each iteration rather than kept in registers.
+template <int t, typename T, int V, bool kVec, bool kInterleaved>
+__device__ __forceinline__ void rotate_heads(const RotaryArgs<T>& a, int64_t b,
+                                             int64_t s, int64_t j, const T (&ca)[V],
+                                             const T (&cb)[V], const T (&sa)[V],
+                                             const T (&sb)[V]) {
+  using acc_t = at::opmath_type<T>;
+  const int64_t h = a.g.rd / 2;
+  for (int64_t hd = threadIdx.y; hd < a.g.H[t]; hd += blockDim.y) {
+    const T* x = a.x[t] + b * a.xv[t].sb + s * a.xv[t].ss + hd * a.xv[t].sh;
+    T* o = a.out[t] + b * a.ov[t].sb + s * a.ov[t].ss + hd * a.ov[t].sh;
+    const int64_t xd = a.xv[t].sd, od = a.ov[t].sd;
+    if constexpr (kInterleaved) {
+      T v[V];
+      load<T, V, kVec>(x + j * xd, xd, v);
+      acc_t r[V];
+#pragma unroll
+      for (int i = 0; i < V / 2; ++i) {
+        const acc_t x_a = v[2 * i], x_b = v[2 * i + 1];
+        r[2 * i] = x_a * acc_t(ca[2 * i]) - x_b * acc_t(sa[2 * i]);
+        r[2 * i + 1] = x_b * acc_t(ca[2 * i + 1]) + x_a * acc_t(sa[2 * i + 1]);
+      }
+      store<T, V, kVec>(o + j * od, od, r);
+    } else {
+      T va[V], vb[V];
+      load<T, V, kVec>(x + j * xd, xd, va);
+      load<T, V, kVec>(x + (j + h) * xd, xd, vb);
+      acc_t ra[V], rb[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const acc_t x_a = va[e], x_b = vb[e];
+        ra[e] = x_a * acc_t(ca[e]) - x_b * acc_t(sa[e]);
+        rb[e] = x_b * acc_t(cb[e]) + x_a * acc_t(sb[e]);
+      }
+      store<T, V, kVec>(o + j * od, od, ra);
+      store<T, V, kVec>(o + (j + h) * od, od, rb);
+    }
+  }
+}
+
 // Eight blocks per SM (64 registers a thread): the forward is a stream
 // with one or two 16-byte loads in flight per thread and head, so it needs
 // the occupancy to keep enough bytes in flight; most of what the registers
@@ -129,8 +171,7 @@ constexpr int kForwardBlocksPerSm = 8;
 template <typename T, int V, bool kVec, bool kInterleaved, bool kCache>
 __global__ void __launch_bounds__(kThreads, kForwardBlocksPerSm)
     rotary_forward_kernel(const RotaryArgs<T> a) {
-  using acc_t = at::opmath_type<T>;
-  const int64_t S = a.g.S, H0 = a.g.H[0], H1 = a.g.H[1];
+  const int64_t S = a.g.S;
   const int64_t rd = a.g.rd, h = rd / 2;
   const int64_t units = (kInterleaved ? rd : h) / V;
   const int64_t nrows = a.g.B * S;
@@ -151,54 +192,22 @@ __global__ void __launch_bounds__(kThreads, kForwardBlocksPerSm)
       crow = a.cos + bc * a.cv.sb + s * a.cv.ss;
       srow = a.sin + bc * a.sv.sb + s * a.sv.ss;
     }
-    const T* x0 = a.x[0] + b * a.xv[0].sb + s * a.xv[0].ss;
-    const T* x1 = a.x[1] + b * a.xv[1].sb + s * a.xv[1].ss;
-    T* o0 = a.out[0] + b * a.ov[0].sb + s * a.ov[0].ss;
-    T* o1 = a.out[1] + b * a.ov[1].sb + s * a.ov[1].ss;
     for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
       const int64_t j = u * V;
       T ca[V], cb[V], sa[V], sb[V];
       load_coefficients<T, V, kVec, kInterleaved, kCache>(
           crow, srow, a.cv.sd, a.sv.sd, j, h, ca, cb, sa, sb);
-      // The heads of q, then those of k, as one list.
-      for (int64_t hh = threadIdx.y; hh < H0 + H1; hh += blockDim.y) {
-        const bool is_k = hh >= H0;
-        const int64_t hd = is_k ? hh - H0 : hh;
-        const RotaryView xv = is_k ? a.xv[1] : a.xv[0];
-        const RotaryView ov = is_k ? a.ov[1] : a.ov[0];
-        const T* x = (is_k ? x1 : x0) + hd * xv.sh;
-        T* o = (is_k ? o1 : o0) + hd * ov.sh;
-        if constexpr (kInterleaved) {
-          T v[V];
-          load<T, V, kVec>(x + j * xv.sd, xv.sd, v);
-          acc_t r[V];
-#pragma unroll
-          for (int i = 0; i < V / 2; ++i) {
-            const acc_t x_a = v[2 * i], x_b = v[2 * i + 1];
-            r[2 * i] = x_a * acc_t(ca[2 * i]) - x_b * acc_t(sa[2 * i]);
-            r[2 * i + 1] = x_b * acc_t(ca[2 * i + 1]) + x_a * acc_t(sa[2 * i + 1]);
-          }
-          store<T, V, kVec>(o + j * ov.sd, ov.sd, r);
-        } else {
-          T va[V], vb[V];
-          load<T, V, kVec>(x + j * xv.sd, xv.sd, va);
-          load<T, V, kVec>(x + (j + h) * xv.sd, xv.sd, vb);
-          acc_t ra[V], rb[V];
-#pragma unroll
-          for (int e = 0; e < V; ++e) {
-            const acc_t x_a = va[e], x_b = vb[e];
-            ra[e] = x_a * acc_t(ca[e]) - x_b * acc_t(sa[e]);
-            rb[e] = x_b * acc_t(cb[e]) + x_a * acc_t(sb[e]);
-          }
-          store<T, V, kVec>(o + j * ov.sd, ov.sd, ra);
-          store<T, V, kVec>(o + (j + h) * ov.sd, ov.sd, rb);
-        }
-      }
+      rotate_heads<0, T, V, kVec, kInterleaved>(a, b, s, j, ca, cb, sa, sb);
+      rotate_heads<1, T, V, kVec, kInterleaved>(a, b, s, j, ca, cb, sa, sb);
     }
     if constexpr (!kCache) {  // in place, the tail is already there
       constexpr int TV = kVec ? V : 1;
-      copy_tail<T, TV, kVec>(x0, a.xv[0], o0, a.ov[0], H0, a.g.D[0], rd);
-      copy_tail<T, TV, kVec>(x1, a.xv[1], o1, a.ov[1], H1, a.g.D[1], rd);
+      copy_tail<T, TV, kVec>(a.x[0] + b * a.xv[0].sb + s * a.xv[0].ss, a.xv[0],
+                             a.out[0] + b * a.ov[0].sb + s * a.ov[0].ss, a.ov[0],
+                             a.g.H[0], a.g.D[0], rd);
+      copy_tail<T, TV, kVec>(a.x[1] + b * a.xv[1].sb + s * a.xv[1].ss, a.xv[1],
+                             a.out[1] + b * a.ov[1].sb + s * a.ov[1].ss, a.ov[1],
+                             a.g.H[1], a.g.D[1], rd);
     }
   }
 }
