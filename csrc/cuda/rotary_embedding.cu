@@ -319,33 +319,33 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
       if (cos_grad) {
-        acc_t* mine = smem + (static_cast<int64_t>(ty) * blockDim.x + tx) * NA;
+        // Partial k of thread `tid` at smem[k * kThreads + tid]: consecutive
+        // threads hit consecutive banks, writing and reading.  Then every
+        // thread adds up some of the (k, unit) sums over threadIdx.y, in
+        // order: the same bits on every run.
+        const int tid = ty * blockDim.x + tx;
 #pragma unroll
         for (int k = 0; k < NA; ++k) {
-          mine[k] = acc[k];
+          smem[k * kThreads + tid] = acc[k];
         }
         __syncthreads();
-        if (ty == 0 && active) {
-          for (int y = 1; y < static_cast<int>(blockDim.y); ++y) {
-            const acc_t* theirs = smem + (static_cast<int64_t>(y) * blockDim.x + tx) * NA;
-#pragma unroll
-            for (int k = 0; k < NA; ++k) {
-              acc[k] += theirs[k];
+        const int nx = blockDim.x, ny = blockDim.y;
+        for (int o = tid; o < NA * nx; o += kThreads) {
+          const int k = o / nx, x = o - k * nx;
+          const int64_t uu = u0 + x;
+          if (uu < units) {
+            acc_t sum = acc_t(0);
+            for (int y = 0; y < ny; ++y) {
+              sum += smem[k * kThreads + y * nx + x];
             }
-          }
-          T* dc = a.dcos + grp * rd;
-          T* ds = a.dsin + grp * rd;
-#pragma unroll
-          for (int e = 0; e < V; ++e) {
-            if constexpr (kInterleaved) {
-              dc[j + e] = static_cast<T>(acc[e]);
-              ds[j + e] = static_cast<T>(acc[V + e]);
-            } else {
-              dc[j + e] = static_cast<T>(acc[e]);
-              dc[j + h + e] = static_cast<T>(acc[V + e]);
-              ds[j + e] = static_cast<T>(acc[2 * V + e]);
-              ds[j + h + e] = static_cast<T>(acc[3 * V + e]);
-            }
+            const int part = k / V;
+            const int64_t entry = uu * V + (k - part * V);
+            // Halves: parts dcos_a, dcos_b, dsin_a, dsin_b; interleaved:
+            // dcos, dsin.
+            const bool is_sin = kInterleaved ? part == 1 : part >= 2;
+            const bool is_b = !kInterleaved && (part & 1) == 1;
+            T* dst = (is_sin ? a.dsin : a.dcos) + grp * rd;
+            dst[entry + (is_b ? h : 0)] = static_cast<T>(sum);
           }
         }
         __syncthreads();  // smem is rewritten by the next unit
