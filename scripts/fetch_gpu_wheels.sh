@@ -7,6 +7,9 @@
 #   scripts/fetch_gpu_wheels.sh            # once, here
 #   scripts/gpu_check.sh "$OUT"            # there, with .whl/ carried along
 #
+# Without their dependencies (--no-deps): what they need beyond the image
+# (torch and triton above all) never comes from here.
+#
 # Knobs: GPU_PYTHON_VERSION (default 3.12), PYTHON (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -84,7 +84,7 @@ BUDGET=${GPU_CHECK_BUDGET:-570}
 # loss's block reduction, carafe's and masked_conv2d's tiles, the RoI
 # gather backward's output tiles), forward and backward.
 MEMCHECK_K=${GPU_CHECK_MEMCHECK_K:-"correctness or grad_vs_reference or error_inputs or deterministic or gather_backward or sanitizer_shapes or 3xtf32_in_kernel"}
-RACECHECK_K=${GPU_CHECK_RACECHECK_K:-"(correctness or grad_vs_reference) and (matmul or box_iou or nms or sigmoid_focal_loss or carafe or masked_conv2d) or gather_backward or sanitizer_shapes or 3xtf32_in_kernel"}
+RACECHECK_K=${GPU_CHECK_RACECHECK_K:-"(correctness or grad_vs_reference) and (matmul or box_iou or nms or sigmoid_focal_loss or carafe or masked_conv2d or rms_norm or layer_norm or rotary_embedding or silu_and_mul or gelu_and_mul or masked_softmax) or gather_backward or sanitizer_shapes or 3xtf32_in_kernel"}
 T0=$(date +%s)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -192,6 +192,8 @@ step env 60 env PY="$PY" SANITIZER="$SANITIZER" bash -c '
   for m in torchvision matplotlib expecttest hypothesis pytest ninja setuptools filelock; do
     "$PY" -c "import $m; print(\"$m\", getattr($m, \"__version__\", \"?\"))" 2>/dev/null || echo "MISSING: $m"
   done
+  # Optional: without it the bench skips its Liger peers (a note per row).
+  "$PY" -c "import importlib.metadata as m; v = m.version(\"liger_kernel\"); import liger_kernel.transformers.functional; print(\"liger_kernel\", v)" 2>&1 | tail -n 1 | sed "s/^/liger_kernel (optional, bench peers): /"
   echo "nvcc: $(command -v nvcc) $(nvcc --version 2>/dev/null | grep -o "release [0-9.]*")"
   command -v nvcc > /dev/null || echo "MISSING: nvcc"
   echo "compute-sanitizer: $SANITIZER"; command -v "$SANITIZER" > /dev/null || echo "MISSING: compute-sanitizer"

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from torchops import references
-from torchops.bench import cases, inputs, report, runner, timing
-from torchops.bench.cases import Case, Size
+from torchops.bench import cases, inputs, peers, report, runner, timing
+from torchops.bench.cases import Case, Peer, Size
 from torchops.bench.runner import Options, Row, run
 from torchops.bench.timing import Measurement, measure
 
@@ -132,7 +132,7 @@ def test_registry_declarations_are_consistent():
     for c in cases.CASES:
         assert c.sizes and all(c.sizes.values()) and set(c.sizes) <= {"cpu", "cuda"}, c.name
         assert c.flops is None or c.bytes is None, c.name
-        assert c.reference is not None or c.peer is not None, c.name
+        assert c.reference is not None or c.all_peers(), c.name
     assert cases.select(["roi_align"]) == [c for c in cases.CASES if c.op == "roi_align"]
     with pytest.raises(ValueError, match="unknown benchmark"):
         cases.select(["nope"])
@@ -149,9 +149,11 @@ def test_every_case_makes_inputs_and_counts_work(case):
         if counter is not None:
             assert counter(args) > 0
     outs = [case.reference(*args)] if case.reference is not None else []
-    if case.peer is not None and not case.peer.slow:
+    for peer in case.all_peers("cpu"):
+        if peer.slow or peer.bound:
+            continue
         try:
-            outs.append(case.peer.load()(*args))
+            outs.append(peer.load()(*args))
         except ImportError:
             pass
     if not case.missing():
@@ -323,3 +325,273 @@ def test_interleaved_blocks_alternate_order_and_stop_like_adaptive_autorange(mon
     got, failed = timing.measure_interleaved({"a": step("a")}, "cpu", min_time=0.1,
                                              max_time=1.0)
     assert got == {"a": "m"} and calls == ["a"] and not failed
+
+
+# --- several peers per case, training-style forward rows, the transformer ops' peers ----------
+
+class _Brief(Options):
+    """Timing cut short: these tests check what is timed, not how well."""
+    def timing(self, device: str) -> dict:
+        return dict(min_time=0.002, max_time=0.02)
+
+
+def _brief() -> Options:
+    return _Brief(quick=True, threads=(1,), progress=open(os.devnull, "w"))
+
+
+def _fn_peer(label, fn, **kw) -> Peer:
+    return Peer(f"the {label} peer", lambda: fn, label=label, **kw)
+
+
+def _missing_peer(label, error=ImportError) -> Peer:
+    def load():
+        raise error(f"{label} is not here")
+    return Peer(f"the {label} peer", load, label=label)
+
+
+def test_several_peers_are_timed_in_one_row_and_best_is_the_fastest_non_bound():
+    """Every peer is a variant of the row (the shorthand `peer` first); a
+    bound (here: returns its input, faster than anything) is timed but never
+    compared nor best; peers for another device are not listed; an absent or
+    broken peer is a note; a peer that writes into its inputs (on its first
+    call: a copy) changes nothing for the others' cross-check."""
+    in_place = lambda z: z.copy_(references.d_sigmoid(z.detach()))  # noqa: E731
+    case = _vector_case(reference=references.d_sigmoid, compile=False,
+                        peer=_fn_peer("peer", references.d_sigmoid),
+                        peers=(_fn_peer("writer", in_place), _fn_peer("A", references.d_sigmoid),
+                               _fn_peer("C", lambda z: z, bound=True),
+                               _fn_peer("gpu only", references.d_sigmoid, devices=("cuda",)),
+                               _missing_peer("absent"), _missing_peer("broken", RuntimeError)))
+    row = run([case], ["cpu"], _brief())[0][0]
+    assert list(row.names) == ["torchops", "eager", "peer", "writer", "A", "C", "absent", "broken"]
+    assert list(row.results) == ["torchops", "eager", "peer", "writer", "A", "C"]
+    assert row.check == "ok" and row.bounds == ["C"], row.check
+    assert row.best() in {"eager", "peer", "writer", "A"}
+    assert row.speedup(row.best()) == min(row.speedup(v) for v in ("eager", "peer", "writer", "A"))
+    assert any("the absent peer: not installed" in n for n in row.notes), row.notes
+    assert any("the broken peer (loading): RuntimeError" in n for n in row.notes), row.notes
+    cells = report._cells(row)
+    assert cells["vs best"].endswith(f"({row.best()})") and cells["vs C"] != "-"
+    text = report.markdown_report([row], {"environment": {
+        "command": "x", "date": "d", "cpu": "c", "torch": "t", "cuda": None, "torchvision": None,
+        "triton": None, "torchops": "v", "python": "p", "liger_kernel": "0.0"}, "roofline": {}}, {})
+    header = next(ln for ln in text.splitlines() if ln.startswith("| size"))
+    assert [c.strip() for c in header.strip("|").split("|")][5:] == [
+        "eager", "vs eager", "peer", "vs peer", "writer", "vs writer", "A", "vs A", "C", "vs C",
+        "vs best", "check"], header
+    assert "C = the C peer (a bound: not compared, never best)" in text
+    assert "| liger-kernel | 0.0 |" in text
+    # --merge-doc takes the wider tables as they are, with its run column.
+    from torchops.bench.merge import merge
+
+    merged = merge(text, text)
+    assert header.rstrip() + " run |" in merged and "| liger-kernel | 0.0 |" in merged
+
+
+def test_peer_shorthand_labels_and_grad_args():
+    a, b = _fn_peer("A", abs), _fn_peer("B", abs)
+    assert _vector_case(peer=a, peers=(b,)).all_peers() == (a, b)
+    assert _vector_case(peers=[a]).peers == (a,)
+    for bad in ((a, a), (_fn_peer("eager", abs),)):
+        with pytest.raises(ValueError, match="peer labels"):
+            _vector_case(peers=bad)
+    assert _vector_case().grad_args() == ()
+    assert _vector_case(backward=True).grad_args() == (0,)
+    assert _vector_case(requires_grad=True).grad_args() == (0,)
+    assert _vector_case(requires_grad=(0, 2)).grad_args() == (0, 2)
+
+
+def test_training_style_forward_rows_time_the_forward_with_inputs_requiring_grad():
+    seen = []
+
+    def peer(z):
+        seen.append((z.requires_grad, torch.is_grad_enabled()))
+        return references.d_sigmoid(z)
+    case = _vector_case(reference=references.d_sigmoid, compile=False, requires_grad=True,
+                        peers=(_fn_peer("p", peer),))
+    assert case.make_inputs(case.sizes["cpu"][0], "cpu")[0].requires_grad
+    row = run([case], ["cpu"], _brief())[0][0]
+    assert row.requires_grad and not row.backward and row.check == "ok"
+    assert set(row.results) == {"torchops", "eager", "p"} and set(seen) == {(True, True)}
+    assert "Forward only, with inputs that require gradients" in "\n".join(report._notes([row], ""))
+
+
+def test_torch_native_peers_take_the_ops_arguments():
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    x, r = torch.randn(3, 4, 6), torch.randn(3, 4, 6)
+    w, b = torch.rand(4, 6) + 0.5, torch.randn(4, 6)
+    def rms(t, dims, eps):
+        return t * torch.rsqrt(t.pow(2).mean(dims, keepdim=True) + eps)
+    eps32 = torch.finfo(torch.float32).eps
+    native = {op: peers.torch_native(op).load() for op in peers.TORCH_NATIVE_OPS}
+    assert [peers.torch_native(op).label for op in peers.TORCH_NATIVE_OPS] == [
+        "F.rms_norm", "F.layer_norm", "F.rms_norm(x+r)"]
+    torch.testing.assert_close(native["rms_norm"](x, [6]), rms(x, (-1,), eps32))
+    torch.testing.assert_close(native["rms_norm"](x, (4, 6), w, 1e-3), rms(x, (-2, -1), 1e-3) * w)
+    y, s = native["fused_add_rms_norm"](x, r, [4, 6], w)
+    torch.testing.assert_close(s, x + r)
+    torch.testing.assert_close(y, rms(x + r, (-2, -1), eps32) * w)
+    torch.testing.assert_close(native["layer_norm"](x, [4, 6], w, b, 1e-5),
+                               F.layer_norm(x, [4, 6], w, b, 1e-5))
+    torch.testing.assert_close(native["layer_norm"](x, 6), F.layer_norm(x, [6]))
+    with pytest.raises(ValueError, match="no PyTorch-native peer"):
+        peers.torch_native("rotary_embedding")
+
+
+def _fake_liger(monkeypatch) -> list:
+    """liger_kernel stand-ins in plain PyTorch with the real functions'
+    signatures (liger_kernel.transformers.functional and .rope), checking
+    what the adapters promise them (Liger's own kernels need Triton and a GPU)."""
+    import types
+
+    import torch.nn.functional as F
+
+    calls = []
+
+    def rms_norm(X, W, eps, offset, casting_mode, in_place):
+        assert (offset, casting_mode, in_place) == (0.0, "llama", False)
+        assert W is None or W.shape == X.shape[-1:]
+        calls.append("rms_norm")
+        y = X * torch.rsqrt(X.pow(2).mean(-1, keepdim=True) + eps)
+        return y if W is None else y * W
+
+    def fused_add_rms_norm(X, R, W, eps, offset, casting_mode, in_place):
+        assert W is not None and W.shape == X.shape[-1:] and R.shape == X.shape
+        s = X + R
+        return rms_norm(s, W, eps, offset, casting_mode, in_place), s
+
+    def layer_norm(X, W, B, eps):
+        assert W.shape == B.shape == X.shape[-1:]
+        calls.append("layer_norm")
+        return F.layer_norm(X, X.shape[-1:], W, B, eps)
+
+    def rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        assert q.dim() == 4 and cos.shape[-2] == q.shape[2] and unsqueeze_dim == 1
+        calls.append("rope")
+        c, s = (t if t.dim() == 3 else t[None] for t in (cos, sin))
+        return _hf_rope(q, k, c.unsqueeze(1), s.unsqueeze(1))
+
+    def gated(act):
+        def f(a, b):
+            assert a.shape == b.shape
+            calls.append(act.__name__)
+            return act(a) * b
+        return f
+
+    def tanh_gelu(a):
+        return F.gelu(a, approximate="tanh")
+
+    functional = types.SimpleNamespace(
+        liger_rms_norm=rms_norm, liger_fused_add_rms_norm=fused_add_rms_norm,
+        liger_layer_norm=layer_norm, liger_swiglu=gated(F.silu), liger_geglu=gated(tanh_gelu),
+        liger_softmax=lambda x: calls.append("softmax") or torch.softmax(x, -1))
+    for name, mod in {"liger_kernel": types.ModuleType("liger_kernel"),
+                      "liger_kernel.transformers": types.ModuleType("liger_kernel.transformers"),
+                      "liger_kernel.transformers.functional": functional,
+                      "liger_kernel.transformers.rope": types.SimpleNamespace(
+                          liger_rotary_pos_emb=rope)}.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    return calls
+
+
+def _hf_rope(q, k, cos, sin):
+    """Hugging Face's apply_rotary_pos_emb with a partial rotary width."""
+    def rotate(t):
+        r = cos.shape[-1]
+        a, b = t[..., :r // 2], t[..., r // 2:r]
+        return torch.cat((t[..., :r] * cos + torch.cat((-b, a), -1) * sin, t[..., r:]), -1)
+    return rotate(q), rotate(k)
+
+
+def test_liger_adapters_turn_the_ops_arguments_into_ligers(monkeypatch):
+    """The adapters' plumbing (flattening, defaults, layouts, halves) against
+    plain-PyTorch stand-ins for liger_kernel's functions."""
+    import torch.nn.functional as F
+
+    calls = _fake_liger(monkeypatch)
+    L = {op: peers.liger(op).load() for op in peers.LIGER_OPS}
+    assert {peers.liger(op).label for op in peers.LIGER_OPS} == {"Liger"}
+    assert all(peers.liger(op).devices == ("cuda",) for op in peers.LIGER_OPS)
+    assert [op for op in peers.LIGER_OPS if peers.liger(op).bound] == [
+        "scaled_masked_softmax", "scaled_upper_triang_masked_softmax"]
+    torch.manual_seed(0)
+    x, r = torch.randn(3, 4, 6), torch.randn(3, 4, 6)
+    w, b = torch.rand(4, 6) + 0.5, torch.randn(4, 6)
+    native = {op: peers.torch_native(op).load() for op in peers.TORCH_NATIVE_OPS}
+    for args in ((x, [6]), (x, [6], w[0], 1e-3), (x, (4, 6), w)):
+        torch.testing.assert_close(L["rms_norm"](*args), native["rms_norm"](*args))
+    for args in ((x, r, [6]), (x, r, [4, 6], w, 1e-4)):
+        for got, want in zip(L["fused_add_rms_norm"](*args), native["fused_add_rms_norm"](*args)):
+            torch.testing.assert_close(got, want)
+    for args in ((x, [6]), (x, [4, 6], w, b, 1e-3), (x, [4, 6], w)):
+        torch.testing.assert_close(L["layer_norm"](*args), native["layer_norm"](*args))
+
+    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)  # (B, H, S, D), GQA
+    for cos, sin in ((torch.randn(5, 8), torch.randn(5, 8)),
+                     (torch.randn(2, 5, 4), torch.randn(2, 5, 4))):  # (S, D); (B, S, D/2)
+        c, s = (t if t.dim() == 3 else t[None] for t in (cos, sin))
+        want = _hf_rope(q, k, c.unsqueeze(1), s.unsqueeze(1))
+        for got, ref in zip(L["rotary_embedding"](q, k, cos, sin), want):
+            torch.testing.assert_close(got, ref)
+        # (B, S, H, D) with unsqueeze_dim=2: transposed to Liger's order and back.
+        got = L["rotary_embedding"](q.transpose(1, 2), k.transpose(1, 2), cos, sin, 2)
+        for g, ref in zip(got, want):
+            torch.testing.assert_close(g, ref.transpose(1, 2))
+    with pytest.raises(NotImplementedError, match="halves only"):
+        L["rotary_embedding"](q, k, cos, sin, 1, True)
+
+    g = torch.randn(3, 10)
+    torch.testing.assert_close(L["silu_and_mul"](g), F.silu(g[:, :5]) * g[:, 5:])
+    torch.testing.assert_close(L["gelu_and_mul"](g, "tanh"),
+                               F.gelu(g[:, :5], approximate="tanh") * g[:, 5:])
+    scores = torch.randn(2, 3, 4, 5)
+    mask = torch.zeros(2, 1, 4, 5, dtype=torch.bool)
+    torch.testing.assert_close(L["scaled_masked_softmax"](scores, mask, 0.5),
+                               torch.softmax(scores, -1))
+    torch.testing.assert_close(L["scaled_upper_triang_masked_softmax"](scores, 0.5),
+                               torch.softmax(scores, -1))
+    assert {"rms_norm", "layer_norm", "rope", "silu", "tanh_gelu", "softmax"} <= set(calls)
+    with pytest.raises(ValueError, match="no Liger-Kernel peer"):
+        peers.liger("matmul")
+
+
+def test_liger_peers_are_skipped_cleanly_when_liger_or_triton_is_missing(monkeypatch, tmp_path):
+    """No liger_kernel: ImportError, which the runner notes as not installed
+    (on a CUDA row; CPU rows do not list Liger at all).  A liger_kernel whose
+    import fails otherwise (no Triton, an incompatible one) reads the same."""
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)  # `import liger_kernel` raises
+    for op in peers.LIGER_OPS:
+        with pytest.raises(ImportError):
+            peers.liger(op).load()
+    case = _vector_case(reference=references.d_sigmoid, compile=False,
+                        peers=peers.for_op("rms_norm"))
+    assert [p.label for p in case.all_peers("cpu")] == ["F.rms_norm"]
+    row = Row("ds", "d_sigmoid", "cuda", "s", "float32", 0, False, False)
+    variants = runner._variants(case, row, _quiet(compile=False))
+    assert set(variants) == {"torchops", "eager", "F.rms_norm"} and "Liger" in row.names
+    assert any(n.startswith("peer liger_kernel") and "not installed" in n for n in row.notes)
+    (tmp_path / "broken_liger_stand_in.py").write_text("raise RuntimeError('no GPU driver')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImportError, match="RuntimeError: no GPU driver"):
+        peers._liger_import("broken_liger_stand_in", "f")
+
+
+def test_attach_adds_every_known_peer_once():
+    ours = _fn_peer("F.rms_norm", abs)
+    cs = [Case(name="n", op="rms_norm", inputs=inputs.vector, sizes={"cpu": [Size("s")]},
+               peers=(ours,)),
+          Case(name="a", op="silu_and_mul", inputs=inputs.vector, sizes={"cpu": [Size("s")]}),
+          Case(name="m", op="matmul", inputs=inputs.matrices, sizes={"cpu": [Size("s")]})]
+    peers.attach(cs)
+    assert [p.label for p in cs[0].all_peers()] == ["F.rms_norm", "Liger"]
+    assert cs[0].all_peers()[0] is ours
+    assert [p.label for p in cs[1].all_peers()] == ["Liger"] and not cs[2].all_peers()
+    peers.attach(cs)
+    assert len(cs[0].all_peers()) == 2
+    assert [p.label for p in peers.for_op("layer_norm")] == ["F.layer_norm", "Liger"]
+    same = Case(name="l", op="layer_norm", inputs=inputs.vector, sizes={"cpu": [Size("s")]},
+                peer=Peer("torch.nn.functional.layer_norm", lambda: abs))
+    peers.attach([same])
+    assert [p.label for p in same.all_peers()] == ["peer", "Liger"]

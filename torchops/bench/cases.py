@@ -1,11 +1,12 @@
 """The benchmark registry: one :class:`Case` per operator and mode, declared once.
 
 A row of the results is one (case, device, size, CPU thread count), timed for
-up to four variants called with the same arguments (from an input factory in
-inputs.py): ``torchops`` (the operator), ``eager`` (the case's pure-PyTorch
-reference, from torchops.references), ``compiled`` (``torch.compile`` of it)
-and ``peer`` (torchvision, adapted to the operator's arguments, imported only
-when a run needs it).  docs/benchmarks.md says how they are timed.
+variants called with the same arguments (from an input factory in inputs.py):
+``torchops`` (the operator), ``eager`` (the case's pure-PyTorch reference,
+from torchops.references), ``compiled`` (``torch.compile`` of it) and each of
+the case's peers (torchvision, PyTorch's native op, Liger-Kernel: adapted to
+the operator's arguments, imported only when a run needs it; a peer's
+variant is named by its ``label``).  docs/benchmarks.md says how they are timed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torchops.bench import inputs
 
 __all__ = ["Size", "Peer", "Case", "CASES", "VARIANTS", "select"]
 
+# The fixed variants, and "peer": the label of a peer that gives none.
 VARIANTS = ("torchops", "eager", "compiled", "peer")
 
 
@@ -42,6 +44,13 @@ class Peer:
     name: str                          # e.g. "torchvision.ops.nms"
     load: Callable[[], Callable]       # imports lazily; ImportError when absent
     slow: bool = False                 # only timed with `--slow`
+    # The variant's name in the results and the table's column: unique within
+    # a case ("F.rms_norm", "Liger"); a case's only peer may keep "peer".
+    label: str = "peer"
+    devices: tuple[str, ...] | None = None   # where it runs (None: everywhere)
+    # A bound, not a drop-in (a plain softmax for a masked one): its output
+    # is not compared with torchops's, and it is never the row's "best".
+    bound: bool = False
 
 
 @dataclass
@@ -52,9 +61,14 @@ class Case:
     sizes: Mapping[str, Sequence[Size]]         # device -> sizes
     reference: Callable | None = None           # pure PyTorch, the op's arguments
     reference_name: str = "eager PyTorch"
-    peer: Peer | None = None
+    peer: Peer | None = None                    # shorthand for one peer (listed first)
+    peers: tuple[Peer, ...] = ()                # every one timed in the same row
     compile: bool = True                        # also time torch.compile(reference)
     backward: bool = False                      # time forward + backward
+    # Forward only, with inputs that require gradients (a training step's
+    # forward: autograd changes what compiled code and peers save).  True:
+    # the first argument, as with `backward`; a tuple: those arguments.
+    requires_grad: bool | tuple[int, ...] = False
     deterministic: bool = False                 # under torch.use_deterministic_algorithms
     # Work per call: FLOPs (compute-bound ops: rows report TFLOP/s) or
     # compulsory bytes, every tensor read or written once (GB/s).
@@ -66,6 +80,25 @@ class Case:
     # that flag lets CUDA convolutions use it.
     conv_precision: bool = False
 
+    def __post_init__(self):
+        self.peers = tuple(self.peers)
+        labels = [p.label for p in self.all_peers()]
+        if len(set(labels)) < len(labels) or set(labels) & {"torchops", "eager", "compiled"}:
+            raise ValueError(f"bench case {self.name!r}: peer labels {labels} must be unique "
+                             "and differ from torchops, eager and compiled")
+
+    def all_peers(self, device: str | None = None) -> tuple[Peer, ...]:
+        """`peer` then `peers`; with `device`, those that run there."""
+        every = ((self.peer,) if self.peer is not None else ()) + self.peers
+        return tuple(p for p in every if device is None or p.devices is None
+                     or device in p.devices)
+
+    def grad_args(self) -> tuple[int, ...]:
+        """Which arguments make_inputs marks as requiring gradients."""
+        if isinstance(self.requires_grad, tuple):
+            return self.requires_grad
+        return (0,) if self.backward or self.requires_grad else ()
+
     def missing(self) -> str | None:
         if not hasattr(torch.ops.torchops, self.op):
             return f"torch.ops.torchops.{self.op} is not registered in this build"
@@ -76,12 +109,12 @@ class Case:
 
     def make_inputs(self, size: Size, device: str) -> tuple:
         """The op's arguments at `size` on `device`: floating tensors in the
-        size's dtype; with backward, the first one (the features, logits, ...)
-        requires its gradient."""
+        size's dtype; those of grad_args() (with backward, the first one: the
+        features, logits, ...) require their gradient."""
         args = [a.to(device, size.dtype if a.is_floating_point() else a.dtype)
                 if isinstance(a, torch.Tensor) else a for a in self.inputs(size.params)]
-        if self.backward:
-            args[0].requires_grad_()
+        for i in self.grad_args():
+            args[i].requires_grad_()
         return tuple(args)
 
     def sizes_for(self, device: str, quick: bool) -> list[Size]:

@@ -18,10 +18,10 @@ from torchops import envs
 
 DESCRIPTION = """\
 Time every torchops operator against its eager PyTorch reference, torch.compile
-of that reference and the peer library (torchvision, the vendor BLAS) where
-installed.  Prints a table, writes bench.csv, bench.json and (with matplotlib)
-bench.png into --out, and with --write-doc the Markdown of docs/performance.md.
-Method: docs/benchmarks.md."""
+of that reference and the peers (torchvision, PyTorch's native ops,
+Liger-Kernel, the vendor BLAS) where installed. Prints a table, writes
+bench.csv, bench.json and (with matplotlib) bench.png into --out, and with
+--write-doc the Markdown of docs/performance.md. Method: docs/benchmarks.md."""
 
 
 def add_parser(sub) -> None:
@@ -103,6 +103,7 @@ def environment(devices: list[str], command: str, all_threads: int) -> dict:
     env = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "command": command, "torch": torch.__version__, "cuda": torch.version.cuda,
            "torchvision": _version("torchvision"), "triton": _version("triton"),
+           "liger_kernel": _version("liger_kernel"),
            "torchops": torchops.__version__, "torchops_commit": _git_commit(),
            "python": platform.python_version(),
            "cpu": f"{cpu} ({all_threads} threads used as 'all')"}

@@ -7,14 +7,12 @@ import csv
 import json
 from pathlib import Path
 
-from torchops.bench.cases import VARIANTS
 from torchops.bench.runner import Row, fmt_time
 
-ALTERNATIVES = VARIANTS[1:]
 CSV_FIELDS = ["device", "case", "op", "size", "dtype", "threads", "backward", "deterministic",
-              "variant", "variant_name", "median_s", "p25_s", "p75_s", "samples", "calls",
-              "method", "metric", "throughput", "roofline_pct", "torchops_speedup", "check",
-              "notes"]
+              "requires_grad", "variant", "variant_name", "median_s", "p25_s", "p75_s", "samples",
+              "calls", "method", "metric", "throughput", "roofline_pct", "torchops_speedup",
+              "best", "check", "notes"]
 
 
 def _groups(rows: list[Row]) -> list[tuple[str, str, list[Row]]]:
@@ -29,7 +27,12 @@ def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
-def _cells(r: Row) -> dict[str, str]:
+def _alternatives(rows: list[Row]) -> list[str]:
+    """The alternatives of a group of rows, in column order."""
+    return list(dict.fromkeys(v for r in rows for v in r.alternatives()))
+
+
+def _cells(r: Row, alternatives: list[str] | None = None) -> dict[str, str]:
     m, tput, pct = r.results.get("torchops"), r.throughput(), r.roofline_pct()
     if tput is not None and r.metric == "TFLOP/s" and tput < 1:
         tput_text = f"{tput * 1e3:.3g} GFLOP/s"
@@ -39,18 +42,23 @@ def _cells(r: Row) -> dict[str, str]:
              "torchops": "skipped" if r.skipped else fmt_time(r.seconds("torchops")),
              "IQR": f"{100 * m.iqr / m.median:.0f}%" if m and m.median > 0 else "-",
              "throughput": tput_text, "% roofline": "-" if pct is None else f"{pct:.0f}%"}
-    for v in ALTERNATIVES:
+    for v in r.alternatives() if alternatives is None else alternatives:
         cells[v], cells[f"vs {v}"] = fmt_time(r.seconds(v)), _x(r.speedup(v))
-    # Against the strongest alternative, where the row has a choice.
-    several = sum(v in r.results for v in ALTERNATIVES) > 1
-    cells["vs best"] = f"{_x(r.speedup(r.best()))} ({r.best()})" if several else "-"
+    # Against the strongest alternative, where the row has a choice; with its
+    # own % of the roofline where the row has one.
+    best = r.best()
+    several = sum(v in r.results and v not in r.bounds for v in r.alternatives()) > 1
+    best_pct = r.roofline_pct(best) if best else None
+    cells["vs best"] = (f"{_x(r.speedup(best))} ({best}" + (
+        f", {best_pct:.0f}%" if best_pct is not None else "") + ")") if several else "-"
     cells["check"] = "MISMATCH" if r.check.startswith("MISMATCH") else r.check
     return cells
 
 
 def _table(rows: list[Row]) -> list[str]:
     """A Markdown table, padded so that it also reads as a table in a terminal."""
-    cells = [_cells(r) for r in rows]
+    alternatives = _alternatives(rows)
+    cells = [_cells(r, alternatives) for r in rows]
     header = [h for h in cells[0] if h in ("size", "dtype", "threads", "torchops")
               or any(c[h] != "-" for c in cells)]
     body = [[c[h].replace("|", "\\|") for h in header] for c in cells]
@@ -71,6 +79,9 @@ def _notes(rows: list[Row], case_note: str) -> list[str]:
     """The case's note, then each row's notes; a note every row of the group
     carries is said once, without naming the row."""
     out = [case_note] if case_note else []
+    if any(r.requires_grad for r in rows):
+        out.append("Forward only, with inputs that require gradients (a training step's "
+                   "forward: autograd decides what each variant saves).")
     per_row = [(r.size + _at(str(r.threads)).replace(" at", ","), n) for r in rows
                for n in r.notes + ([r.check] if r.check.startswith("MISMATCH") else [])]
     bodies = [n for _, n in per_row]
@@ -99,6 +110,7 @@ def markdown_report(rows: list[Row], meta: dict, case_notes: dict[str, str]) -> 
         f"| CPU | {env['cpu']} |", f"| torch | {env['torch']} (CUDA {env['cuda'] or 'none'}) |",
         f"| torchvision | {env['torchvision'] or 'not installed'} |",
         f"| triton | {env['triton'] or 'not installed'} |",
+        *([f"| liger-kernel | {env['liger_kernel']} |"] if env.get("liger_kernel") else []),
         f"| torchops | {env['torchops']}{commit} |", f"| python | {env['python']} |",
         *(f"| roofline ({d}) | {_roofline(roof)} |" for d, roof in meta["roofline"].items()), "",
         "Times are medians over many repeats with cold caches (CUDA: `triton.testing.do_bench`, "
@@ -107,17 +119,21 @@ def markdown_report(rows: list[Row], meta: dict, case_notes: dict[str, str]) -> 
         "interleaved blocks; docs/benchmarks.md explains the method); "
         "IQR is the interquartile range relative to the median. `vs X` is the time of X divided "
         "by the time of torchops: above 1, torchops is faster; `vs best` compares with the "
-        "fastest alternative of the row. Throughput and % of the roofline are torchops's: "
-        "TFLOP/s against `torch.mm` in the same dtype, GB/s (compulsory bytes, every tensor read "
-        "or written once) against a large device copy. `check` compares torchops's output with "
-        "every alternative's.",
+        "fastest alternative of the row (eager, compiled or a peer, all timed in the same run), "
+        "names it and gives its % of the roofline. Throughput and % of the roofline are "
+        "torchops's: TFLOP/s against `torch.mm` in the same dtype, GB/s (compulsory bytes, every "
+        "tensor read or written once) against a large device copy timed in the same run (the "
+        "copy roofline). `check` compares torchops's output with every alternative's but a "
+        "bound's.",
     ]
     current = None
     for device, case, rs in _groups(rows):
         if device != current:
             out, current = out + ["", f"## {device.upper()}"], device
         names = {k: v for r in rs for k, v in r.names.items()}
-        names = "<br>".join(f"{v} = {names[v]}" for v in ALTERNATIVES if v in names)
+        bounds = {b for r in rs for b in r.bounds}
+        names = "<br>".join(f"{v} = {names[v]}" + " (a bound: not compared, never best)"
+                            * (v in bounds) for v in _alternatives(rs) if v in names)
         out += ["", f"### {case}", ""] + [names, ""] * bool(names) + _table(rs)
         notes = _notes(rs, case_notes.get(case, ""))
         out += [""] + [f"- {n}" for n in notes] if notes else []
@@ -147,7 +163,7 @@ def write_csv(rows: list[Row], path: Path) -> None:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            base = {**vars(r), "notes": " | ".join(r.notes)}
+            base = {**vars(r), "notes": " | ".join(r.notes), "best": r.best() or ""}
             for v, m in r.results.items() or [(None, None)]:
                 w.writerow({**base} if m is None else {
                     **base, **vars(m), "variant": v, "variant_name": r.names.get(v, ""),
@@ -170,7 +186,7 @@ def write_plot(rows: list[Row], path: Path) -> str | None:
         from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
     except ImportError:
         return "matplotlib is not installed (pip install matplotlib): no plot written"
-    panels = [g for g in _groups(rows) if any(r.speedup(v) for r in g[2] for v in ALTERNATIVES)]
+    panels = [g for g in _groups(rows) if any(r.speedup(v) for r in g[2] for v in r.alternatives())]
     if not panels:
         return "no speedups to plot"
     cols, n_rows = min(3, len(panels)), (len(panels) + 2) // 3
@@ -179,7 +195,7 @@ def write_plot(rows: list[Row], path: Path) -> str | None:
         labels = list(dict.fromkeys(f"{r.size}\n{r.dtype}" for r in rs))
         series: dict[str, dict[int, float]] = {}
         for r in rs:
-            for v in (v for v in ALTERNATIVES if r.speedup(v)):
+            for v in (v for v in r.alternatives() if r.speedup(v)):
                 who = r.names[v].split(".")[0] if v == "peer" else v
                 series.setdefault(f"vs {who}" + (f", {r.threads} thr" if r.threads else ""), {})[
                     labels.index(f"{r.size}\n{r.dtype}")] = r.speedup(v)

@@ -1,7 +1,9 @@
 """Runs benchmark cases: one :class:`Row` per (case, device, size, CPU threads).
 
-Per variant: a first, untimed call (it compiles; its output is kept for the
-cross-check against torchops's); then all variants are timed together by
+Per variant: a first, untimed call on a copy of the first input set (it
+compiles; its output is kept for the cross-check against torchops's, and a
+variant that writes into its inputs, as Liger's rotary does, changes no
+other's); then all variants are timed together by
 :func:`torchops.bench.timing.measure_interleaved`.
 A variant's failure becomes a note in the row; it never stops the run.
 """
@@ -18,7 +20,7 @@ from typing import Callable, TextIO
 
 import torch
 
-from torchops.bench.cases import VARIANTS, Case, Size
+from torchops.bench.cases import Case, Size
 from torchops.bench.timing import Measurement, Roofline, input_sets, measure_interleaved
 
 # torch's default intra-op thread count, captured before any row changes it.
@@ -51,7 +53,10 @@ class Row:
     threads: int                    # CPU threads; 0 for GPU rows
     backward: bool
     deterministic: bool
-    names: dict[str, str] = field(default_factory=dict)   # variant -> what was timed
+    requires_grad: bool = False     # forward only, inputs requiring gradients
+    # variant -> what was timed; in column order: torchops, eager, compiled, peers
+    names: dict[str, str] = field(default_factory=dict)
+    bounds: list[str] = field(default_factory=list)       # peers that are bounds
     results: dict[str, Measurement] = field(default_factory=dict)
     metric: str | None = None       # "TFLOP/s" or "GB/s"
     work: float | None = None       # FLOPs or bytes per call
@@ -68,9 +73,15 @@ class Row:
         ours, theirs = self.seconds("torchops"), self.seconds(variant)
         return theirs / ours if ours and theirs else None
 
+    def alternatives(self) -> list[str]:
+        """Every variant but torchops, timed or not, in column order."""
+        return [v for v in dict.fromkeys([*self.names, *self.results]) if v != "torchops"]
+
     def best(self) -> str | None:
-        """The strongest alternative: the fastest one timed in this row."""
-        return min((v for v in VARIANTS[1:] if v in self.results), key=self.seconds, default=None)
+        """The strongest alternative: the fastest one timed in this row
+        (eager, compiled or any peer; never a bound)."""
+        return min((v for v in self.alternatives() if v in self.results and v not in self.bounds),
+                   key=self.seconds, default=None)
 
     def throughput(self, variant: str = "torchops") -> float | None:
         """Work per second, in the unit of `metric`."""
@@ -155,16 +166,36 @@ def _variants(case: Case, row: Row, opts: Options) -> dict[str, Callable]:
             torch._dynamo.reset()
             out["compiled"] = torch.compile(lambda *a, ref=case.reference: ref(*a))
             row.names["compiled"] = f"torch.compile({case.reference_name})"
-    if case.peer is not None and not opts.compile_only:
-        row.names["peer"] = case.peer.name
+    for peer in case.all_peers(row.device) if not opts.compile_only else ():
+        row.names[peer.label] = peer.name
+        if peer.bound:
+            row.bounds.append(peer.label)
         try:
-            if case.peer.slow and not opts.slow:
-                row.notes.append(f"peer {case.peer.name}: not timed (slow; use --slow)")
+            if peer.slow and not opts.slow:
+                row.notes.append(f"peer {peer.name}: not timed (slow; use --slow)")
             else:
-                out["peer"] = case.peer.load()
+                out[peer.label] = peer.load()
         except ImportError as e:
-            row.notes.append(f"peer {case.peer.name}: not installed ({e})")
+            row.notes.append(f"peer {peer.name}: not installed ({e})")
+        except Exception as e:  # noqa: BLE001  (a broken install is a note, not the run's end)
+            row.notes.append(_failure_note(f"peer {peer.name} (loading)", e))
     return {k: v for k, v in out.items() if k == "compiled" or not opts.compile_only}
+
+
+def _copy(args: tuple) -> tuple:
+    """The arguments with every tensor copied (same strides, same
+    requires_grad), so a call that writes into its inputs leaves them be."""
+    def one(a):
+        # A broadcast (a stride 0 over several elements) cannot be copied
+        # stride for stride; it is read-only in practice: shared.
+        if not isinstance(a, torch.Tensor) or any(st == 0 and n > 1
+                                                  for n, st in zip(a.shape, a.stride())):
+            return a
+        c = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+        with torch.no_grad():
+            c.copy_(a)
+        return c.requires_grad_(a.requires_grad)
+    return tuple(one(a) for a in args)
 
 
 def _run_row(case: Case, device: str, size: Size, row: Row, opts: Options,
@@ -190,11 +221,14 @@ def _run_row(case: Case, device: str, size: Size, row: Row, opts: Options,
         for name, fn in variants.items():
             try:
                 t0 = time.perf_counter()
-                out = fn(*sets[0])  # the first call compiles: never timed
+                first = _copy(sets[0])
+                out = fn(*first)  # the first call compiles: never timed
                 if case.backward:
                     diff_out = [t for t in _tensors(out) if t.requires_grad]
                     grads = grads or [torch.randn_like(t) for t in diff_out]
-                    torch.autograd.grad(diff_out, diff_inputs[0], grads)
+                    torch.autograd.grad(diff_out, [t for t in _tensors(first) if t.requires_grad],
+                                        grads)
+                del first
                 if opts.compile_only:  # the call filled torch.compile's on-disk caches
                     row.notes.append(f"compiled in {time.perf_counter() - t0:.1f} s")
                     continue
@@ -212,8 +246,9 @@ def _run_row(case: Case, device: str, size: Size, row: Row, opts: Options,
                                                   **opts.timing(device))
             row.results.update(results)
             row.notes += [_failure_note(name, e) for name, e in failed.items()]
-    if "torchops" in outputs and len(outputs) > 1:
-        bad = [f"vs {n}: {d}" for n, o in outputs.items()
+    compared = {n: o for n, o in outputs.items() if n not in row.bounds}
+    if "torchops" in compared and len(compared) > 1:
+        bad = [f"vs {n}: {d}" for n, o in compared.items()
                if n != "torchops" and (d := _compare(outputs["torchops"], o, size.dtype))]
         row.check = "MISMATCH " + "; ".join(bad) if bad else "ok"
 
@@ -251,7 +286,7 @@ def _progress_line(i: int, n: int, row: Row, secs: float | None = None) -> str:
     if not row.results:
         return f"{head} {'skipped: ' * row.skipped}{'; '.join(row.notes) or 'nothing timed'}"
     times = [f"{v} {fmt_time(row.seconds(v))}" + (f" ({row.speedup(v):.2f}x)" if v != "torchops"
-                                                   else "") for v in VARIANTS if v in row.results]
+                                                   else "") for v in row.results]
     return f"{head} {' | '.join(times)}" + f"  [{row.check}]" * row.check.startswith("MISMATCH")
 
 
@@ -278,7 +313,7 @@ def run(cases: list[Case], devices: list[str], opts: Options) -> tuple[list[Row]
                   file=opts.progress, flush=True)
         rows.append(row := Row(case.name, case.op, device, size.label,
                                str(size.dtype).removeprefix("torch."), threads, case.backward,
-                               case.deterministic))
+                               case.deterministic, bool(case.grad_args()) and not case.backward))
         row_start = time.monotonic()
         if case.missing() or row_start - start > deadline:
             row.skipped = True
