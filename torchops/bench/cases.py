@@ -506,20 +506,20 @@ ROTARY_CPU = [_rotary(2, 8, 2, 512, 128, threads=(1, "all"), quick=True),
               _rotary(2, 8, 2, 512, 128, bf16, threads=(1, "all"))]
 ROTARY = dict(op="rotary_embedding", reference=references.rotary_embedding,
               reference_name="HF apply_rotary_pos_emb formula")
-ROTARY_TRAIN = lambda p: inputs.rotary_args({**p, "train": True})  # noqa: E731
 CASES += [
     Case(name="rotary_embedding", **ROTARY, inputs=inputs.rotary_args,
          sizes={"cuda": ROTARY_CUDA, "cpu": ROTARY_CPU}, bytes=_rotary_bytes,
          note="Inference: no input requires grad."),
-    Case(name="rotary_embedding training fwd", **ROTARY, inputs=ROTARY_TRAIN,
-         sizes={"cuda": ROTARY_CUDA, "cpu": ROTARY_CPU}, bytes=_rotary_bytes,
+    Case(name="rotary_embedding training fwd", **ROTARY, inputs=inputs.rotary_args,
+         requires_grad=(0, 1), sizes={"cuda": ROTARY_CUDA, "cpu": ROTARY_CPU},
+         bytes=_rotary_bytes,
          note="Forward only, q and k require grad (cos and sin do not, as HF's rotary module "
               "makes them): compiled code then also saves what its backward needs."),
-    Case(name="rotary_embedding fwd+bwd", **ROTARY, inputs=ROTARY_TRAIN, backward=True,
-         sizes={"cuda": ROTARY_CUDA, "cpu": ROTARY_CPU},
+    Case(name="rotary_embedding fwd+bwd", **ROTARY, inputs=inputs.rotary_args, backward=True,
+         requires_grad=(0, 1), sizes={"cuda": ROTARY_CUDA, "cpu": ROTARY_CPU},
          bytes=lambda a: _rotary_bytes(a, True), note="Gradients of q and k."),
-    Case(name="rotary_embedding fwd+bwd cos grad", **ROTARY, backward=True,
-         inputs=lambda p: inputs.rotary_args({**p, "train": True, "cos_grad": True}),
+    Case(name="rotary_embedding fwd+bwd cos grad", **ROTARY, inputs=inputs.rotary_args,
+         backward=True, requires_grad=(0, 1, 2, 3),
          sizes={"cuda": ROTARY_CUDA[:1], "cpu": ROTARY_CPU[:1]},
          bytes=lambda a: _rotary_bytes(a, True),
          note="Gradients of q, k, cos and sin (cos's summed over heads)."),

@@ -180,18 +180,13 @@ def rotary_args(p: P) -> tuple:
     """torch.ops.torchops.rotary_embedding's arguments as a Llama attention
     layer has them: q ``(B, Hq, S, D)`` and k ``(B, Hk, S, D)`` (p["layout"]
     "bshd": ``(B, S, H, D)``), cos and sin ``(B, S, D)`` from Hugging Face's
-    rotary module (halves equal).  p["train"]: q and k require their
-    gradients (a training step's forward); p["cos_grad"]: cos and sin too."""
+    rotary module (halves equal)."""
     b, hq, hk, s, d = p["b"], p["hq"], p["hk"], p["s"], p["d"]
     bshd = p.get("layout") == "bshd"
     shape = (lambda h: (b, s, h, d)) if bshd else (lambda h: (b, h, s, d))
     q, k = torch.randn(shape(hq)), torch.randn(shape(hk))
     cos, sin = _rotary_angles(torch.arange(s).expand(b, s), d)
     cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
-    if p.get("train"):
-        q.requires_grad_(), k.requires_grad_()
-    if p.get("cos_grad"):
-        cos.requires_grad_(), sin.requires_grad_()
     return q, k, cos, sin, 2 if bshd else 1, bool(p.get("interleaved"))
 
 
