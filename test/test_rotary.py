@@ -249,3 +249,31 @@ def test_cuda_inplace_matches_cpu_fused_qkv(interleaved):
     INPLACE(pos.cpu(), qc, kc, cache.cpu(), interleaved)
     torch.testing.assert_close(q.cpu(), qc)
     torch.testing.assert_close(k.cpu(), kc)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("hq,hk,rd", [(3, 1, 128), (1, 3, 64), (33, 3, 64), (5, 0, 128)])
+def test_cuda_16_byte_forward_odd_heads_and_partial_rotary(dtype, interleaved, layout,
+                                                           hq, hk, rd):
+    # Head counts not divisible by the heads a thread takes per step, GQA
+    # either way round, no k heads, and a pass-through tail (rd < D): the
+    # 16-byte forward against the CPU, and bit for bit against the
+    # element-wise path (a misaligned slice of the same values).
+    args = rotary_inputs(2, hq, hk, 37, 128, rd, "cuda", dtype, layout=layout,
+                         interleaved=interleaved)
+    outs = OP(*args)
+    outs_cpu = OP(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args])
+    for o, c in zip(outs, outs_cpu):
+        torch.testing.assert_close(o.cpu(), c)
+
+    def misaligned(x):
+        wide = torch.empty((*x.shape[:3], x.shape[3] + 1), device=x.device, dtype=x.dtype)
+        wide[..., 1:] = x
+        return wide[..., 1:]
+
+    slow = OP(misaligned(args[0]), misaligned(args[1]), *args[2:])
+    for o, s in zip(outs, slow):
+        assert torch.equal(o, s)

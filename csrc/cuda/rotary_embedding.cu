@@ -9,6 +9,7 @@
 // unit-stride heads, 16-byte-aligned pointers and strides that keep them
 // aligned, a unit is one 16-byte load per operand (V = 16 / sizeof(T));
 // otherwise one element (two for interleaved pairs) through the strides.
+// The 16-byte forward has its own kernel (rotary_forward_vec_kernel).
 //
 // The backward's block owns one row of cos's gradient: (b, s), or every
 // (b', s) when cos is shared by the batch.  Each thread sums its unit over
@@ -25,6 +26,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "common/rotary_embedding_steps.h"
 #include "cuda/common/launch.cuh"
@@ -208,6 +210,215 @@ __global__ void __launch_bounds__(kThreads, kForwardBlocksPerSm)
       copy_tail<T, TV, kVec>(a.x[1] + b * a.xv[1].sb + s * a.xv[1].ss, a.xv[1],
                              a.out[1] + b * a.ov[1].sb + s * a.ov[1].ss, a.ov[1],
                              a.g.H[1], a.g.D[1], rd);
+    }
+  }
+}
+
+// The forward's 16-byte path.  Every unit is one aligned 16-byte access
+// with unit stride, so a thread's loads are issued back to back: its cos
+// and sin, then the units of its first head (two heads for 4- and 8-byte
+// types), before any of them is used.  The heads of q and k form one index
+// (k after q), so GQA's few k heads fill the slots q's leave.  Cos and sin
+// stay packed across the head loop (16-bit values converted per use), so
+// eight blocks per SM fit without spilling.  q, k, cos and sin go through the read-only path
+// unless the op is in place; outputs are streaming stores (read by the
+// next kernel, not by this one).
+template <typename T, int V, bool kNc>
+__device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
+  static_assert(sizeof(Pack<T, V>) == sizeof(uint4), "one 16-byte access");
+  Pack<T, V> pk;
+  if constexpr (kNc) {
+    const uint4 r = __ldg(reinterpret_cast<const uint4*>(p));
+    memcpy(&pk, &r, sizeof(r));
+  } else {
+    pk = *reinterpret_cast<const Pack<T, V>*>(p);
+  }
+  return pk;
+}
+
+// Makes the compiler treat p's bits as new, so values derived from them
+// (the float conversions of 16-bit coefficients) are not hoisted out of
+// the head loop: hoisted, eight bfloat16 pairs become 32 float registers
+// and spill; kept packed they take 16.  No instruction is emitted.
+template <typename T, int V>
+__device__ __forceinline__ void refresh(Pack<T, V>& p) {
+  uint4 r;
+  memcpy(&r, &p, sizeof(r));
+  asm volatile("" : "+r"(r.x), "+r"(r.y), "+r"(r.z), "+r"(r.w));
+  memcpy(&p, &r, sizeof(r));
+}
+
+template <typename T, int V, typename acc_t>
+__device__ __forceinline__ void store_pack_cs(T* p, const acc_t (&v)[V]) {
+  Pack<T, V> pk;
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    pk.v[e] = static_cast<T>(v[e]);
+  }
+  uint4 r;
+  memcpy(&r, &pk, sizeof(r));
+  __stcs(reinterpret_cast<uint4*>(p), r);
+}
+
+// Head hh of the joint (q heads, then k heads) index, in row (b, s): the
+// start of its input and of its output.
+template <typename T>
+__device__ __forceinline__ const T* joint_head_in(const RotaryArgs<T>& a, int64_t b,
+                                                  int64_t s, int hh) {
+  const bool is_k = hh >= a.g.H[0];
+  const RotaryView& v = is_k ? a.xv[1] : a.xv[0];
+  return (is_k ? a.x[1] : a.x[0]) + b * v.sb + s * v.ss +
+         (is_k ? hh - a.g.H[0] : hh) * v.sh;
+}
+
+template <typename T>
+__device__ __forceinline__ T* joint_head_out(const RotaryArgs<T>& a, int64_t b,
+                                             int64_t s, int hh) {
+  const bool is_k = hh >= a.g.H[0];
+  const RotaryView& v = is_k ? a.ov[1] : a.ov[0];
+  return (is_k ? a.out[1] : a.out[0]) + b * v.sb + s * v.ss +
+         (is_k ? hh - a.g.H[0] : hh) * v.sh;
+}
+
+// Rotates one loaded unit (xa; xb the b half, unused interleaved) and
+// stores it at o + j (and o + j + h): the scalar path's arithmetic, term
+// for term.
+template <typename T, int V, bool kInterleaved>
+__device__ __forceinline__ void rotate_store(T* o, int j, int h,
+                                             const Pack<T, V>& xa, const Pack<T, V>& xb,
+                                             const Pack<T, V>& ca, const Pack<T, V>& cb,
+                                             const Pack<T, V>& sa, const Pack<T, V>& sb) {
+  using acc_t = at::opmath_type<T>;
+  if constexpr (kInterleaved) {
+    acc_t r[V];
+#pragma unroll
+    for (int i = 0; i < V / 2; ++i) {
+      const acc_t x_a = xa.v[2 * i], x_b = xa.v[2 * i + 1];
+      r[2 * i] = x_a * acc_t(ca.v[2 * i]) - x_b * acc_t(sa.v[2 * i]);
+      r[2 * i + 1] = x_b * acc_t(ca.v[2 * i + 1]) + x_a * acc_t(sa.v[2 * i + 1]);
+    }
+    store_pack_cs<T, V>(o + j, r);
+  } else {
+    acc_t ra[V], rb[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const acc_t x_a = xa.v[e], x_b = xb.v[e];
+      ra[e] = x_a * acc_t(ca.v[e]) - x_b * acc_t(sa.v[e]);
+      rb[e] = x_b * acc_t(cb.v[e]) + x_a * acc_t(sb.v[e]);
+    }
+    store_pack_cs<T, V>(o + j, ra);
+    store_pack_cs<T, V>(o + j + h, rb);
+  }
+}
+
+template <typename T, int V, bool kInterleaved, bool kCache>
+__global__ void __launch_bounds__(kThreads, kForwardBlocksPerSm)
+    rotary_forward_vec_kernel(const RotaryArgs<T> a) {
+  constexpr bool kNc = !kCache;  // in place, the inputs are written
+  const int64_t S = a.g.S;
+  // Offsets within a row fit 32 bits (can_vectorize checks heads x head
+  // size); fewer registers than int64.
+  const int rd = static_cast<int>(a.g.rd), h = rd / 2;
+  const int units = (kInterleaved ? rd : h) / V;
+  const int64_t nrows = a.g.B * S;
+  const int heads = static_cast<int>(a.g.H[0] + a.g.H[1]);
+  const int ny = blockDim.y;
+  for (int64_t row = blockIdx.x; row < nrows; row += gridDim.x) {
+    const int64_t b = row / S, s = row - b * S;
+    int64_t p = 0;
+    if constexpr (kCache) {
+      p = a.pos[b * a.pb + s * a.ps];
+      CUDA_KERNEL_ASSERT(p >= 0 && p < a.max_pos);
+      if (p < 0 || p >= a.max_pos) {
+        continue;  // the same for the whole block: no barrier is skipped
+      }
+    }
+    for (int u = threadIdx.x; u < units; u += blockDim.x) {
+      const int j = u * V;
+      // The coefficient rows, formed here rather than kept live across
+      // the head loop.
+      const T* crow;
+      const T* srow;
+      if constexpr (kCache) {
+        crow = a.cos + p * a.cv.ss;
+        srow = a.sin + p * a.cv.ss;
+      } else {
+        const int64_t bc = a.g.Bc == 1 ? 0 : b;
+        crow = a.cos + bc * a.cv.sb + s * a.cv.ss;
+        srow = a.sin + bc * a.sv.sb + s * a.sv.ss;
+      }
+      Pack<T, V> ca, cb, sa, sb;
+      if constexpr (kCache) {
+        load_coefficients<T, V, true, kInterleaved, true>(
+            crow, srow, a.cv.sd, a.sv.sd, j, h, ca.v, cb.v, sa.v, sb.v);
+      } else {
+        // Unit stride (the 16-byte path's condition on cos and sin).
+        ca = load_pack<T, V, true>(crow + j);
+        sa = load_pack<T, V, true>(srow + j);
+        cb = ca;  // unused interleaved
+        sb = sa;
+        if constexpr (!kInterleaved) {
+          cb = load_pack<T, V, true>(crow + j + h);
+          sb = load_pack<T, V, true>(srow + j + h);
+        }
+      }
+      // kPair: two heads per step, hh and hh + ny (the second may be past
+      // the end).  16-bit types take one: their two heads' float
+      // conversions do not fit the 64 registers of eight blocks per SM.
+      constexpr bool kPair = sizeof(T) >= 4;
+      for (int hh = threadIdx.y; hh < heads; hh += (kPair ? 2 : 1) * ny) {
+        const bool two = kPair && hh + ny < heads;
+        refresh(ca);
+        refresh(sa);
+        if constexpr (!kInterleaved) {
+          refresh(cb);
+          refresh(sb);
+        }
+        const T* x0 = joint_head_in(a, b, s, hh);
+        Pack<T, V> xa0 = load_pack<T, V, kNc>(x0 + j);
+        Pack<T, V> xb0 = xa0;
+        if constexpr (!kInterleaved) {
+          xb0 = load_pack<T, V, kNc>(x0 + j + h);
+        }
+        Pack<T, V> xa1 = xa0, xb1 = xb0;
+        if (two) {
+          const T* x1 = joint_head_in(a, b, s, hh + ny);
+          xa1 = load_pack<T, V, kNc>(x1 + j);
+          if constexpr (!kInterleaved) {
+            xb1 = load_pack<T, V, kNc>(x1 + j + h);
+          }
+        }
+        rotate_store<T, V, kInterleaved>(joint_head_out(a, b, s, hh), j, h, xa0, xb0,
+                                         ca, cb, sa, sb);
+        if (two) {
+          // Again: the first head's conversions are not kept for the second.
+          refresh(ca);
+          refresh(sa);
+          if constexpr (!kInterleaved) {
+            refresh(cb);
+            refresh(sb);
+          }
+          rotate_store<T, V, kInterleaved>(joint_head_out(a, b, s, hh + ny), j, h,
+                                           xa1, xb1, ca, cb, sa, sb);
+        }
+      }
+    }
+    if constexpr (!kCache) {  // in place, the tail is already there
+      // Entries [rd, D) of every head, by all threads of the block; a
+      // row's offsets in 32 bits (no 64-bit division).
+      const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+      for (int t = 0; t < 2; ++t) {
+        const int tu = static_cast<int>(a.g.D[t] - rd) / V;
+        const int total = static_cast<int>(a.g.H[t]) * tu;
+        const T* x = a.x[t] + b * a.xv[t].sb + s * a.xv[t].ss;
+        T* o = a.out[t] + b * a.ov[t].sb + s * a.ov[t].ss;
+        for (int i = tid; i < total; i += kThreads) {
+          const int hd = i / tu;
+          const int e = rd + (i - hd * tu) * V;
+          *reinterpret_cast<Pack<T, V>*>(o + hd * a.ov[t].sh + e) =
+              load_pack<T, V, true>(x + hd * a.xv[t].sh + e);
+        }
+      }
     }
   }
 }
@@ -409,8 +620,13 @@ unsigned int blocks_for(int64_t rows) {
 template <typename T, int V, bool kVec, bool kInterleaved, bool kCache>
 void launch_forward(const RotaryArgs<T>& a) {
   const int64_t units = (kInterleaved ? a.g.rd : a.g.rd / 2) / V;
-  rotary_forward_kernel<T, V, kVec, kInterleaved, kCache>
-      <<<blocks_for(a.g.B * a.g.S), block_for(units), 0, current_stream()>>>(a);
+  if constexpr (kVec) {
+    rotary_forward_vec_kernel<T, V, kInterleaved, kCache>
+        <<<blocks_for(a.g.B * a.g.S), block_for(units), 0, current_stream()>>>(a);
+  } else {
+    rotary_forward_kernel<T, V, kVec, kInterleaved, kCache>
+        <<<blocks_for(a.g.B * a.g.S), block_for(units), 0, current_stream()>>>(a);
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -429,7 +645,10 @@ void launch_backward(const RotaryArgs<T>& a) {
 
 template <typename T, bool kInterleaved, bool kCache>
 void forward_for(const RotaryArgs<T>& a) {
-  if (can_vectorize(a, kCache)) {
+  // The 16-byte forward keeps a row's offsets (heads x head size) in int.
+  const bool row_fits_int = (a.g.H[0] + a.g.H[1]) * std::max(a.g.D[0], a.g.D[1]) <=
+                            std::numeric_limits<int32_t>::max();
+  if (row_fits_int && can_vectorize(a, kCache)) {
     launch_forward<T, pack_size<T>(), true, kInterleaved, kCache>(a);
   } else {
     launch_forward<T, kInterleaved ? 2 : 1, false, kInterleaved, kCache>(a);
