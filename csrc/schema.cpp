@@ -167,4 +167,20 @@ TORCH_LIBRARY(torchops, m) {
   m.def("_silu_and_mul_backward(Tensor grad, Tensor x) -> Tensor", pt2);
   m.def("gelu_and_mul(Tensor x, str approximate=\"none\") -> Tensor", pt2);
   m.def("_gelu_and_mul_backward(Tensor grad, Tensor x, str approximate) -> Tensor", pt2);
+  // --- rotary -------------------------------------------------------------------------------
+  // Hugging Face's apply_rotary_pos_emb: q, k (B, H, S, D) with
+  // unsqueeze_dim 1 or (B, S, H, D) with 2; cos, sin (B or 1, S, rotary_dim)
+  // or (S, rotary_dim).  Returns new contiguous (q_out, k_out).
+  m.def("rotary_embedding(Tensor q, Tensor k, Tensor cos, Tensor sin, "
+        "int unsqueeze_dim=1, bool interleaved=False) -> (Tensor, Tensor)", pt2);
+  // Returns (grad_q, grad_k, grad_cos, grad_sin); the last two are (0,)
+  // placeholders without cos_sin_grad (q and k are then not read).
+  m.def("_rotary_embedding_backward(Tensor grad_q, Tensor grad_k, Tensor q, "
+        "Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim, bool interleaved, "
+        "bool cos_sin_grad) -> (Tensor, Tensor, Tensor, Tensor)", pt2);
+  // vLLM's rotary_embedding, in place: positions (T) or (B, S) int64 rows of
+  // cos_sin_cache (max_position, rotary_dim) = [cos | sin]; q, k of shape
+  // (*positions.shape, heads, head_size).
+  m.def("rotary_embedding_(Tensor positions, Tensor(a!) q, Tensor(b!) k, "
+        "Tensor cos_sin_cache, bool interleaved=False) -> ()", pt2);
 }

@@ -35,6 +35,8 @@ FAMILIES: dict[str, tuple[tuple[str, ...], str, bool]] = {
                 "test/test_softmax.py", False),
     # activations
     "activations": (("silu_and_mul", "gelu_and_mul"), "test/test_activations.py", False),
+    # rotary
+    "rotary": (("rotary_embedding", "rotary_embedding_"), "test/test_rotary.py", False),
 }
 
 # Test files generated from the op database (test ids carry the op's name),

@@ -305,6 +305,7 @@ torchops::_roi_align_backward(Tensor grad, Tensor rois, float spatial_scale, Sym
 torchops::_roi_pool_backward(Tensor grad, Tensor rois, Tensor argmax, float spatial_scale, SymInt pooled_height, SymInt pooled_width, SymInt batch_size, SymInt channels, SymInt height, SymInt width) -> Tensor  [pt2_compliant_tag]
 torchops::_scaled_masked_softmax_backward(Tensor grad, Tensor output, float scale) -> Tensor  [pt2_compliant_tag]
 torchops::_scaled_upper_triang_masked_softmax_backward(Tensor grad, Tensor output, float scale) -> Tensor  [pt2_compliant_tag]
+torchops::_rotary_embedding_backward(Tensor grad_q, Tensor grad_k, Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim, bool interleaved, bool cos_sin_grad) -> (Tensor, Tensor, Tensor, Tensor)  [pt2_compliant_tag]
 torchops::_sigmoid_focal_loss_backward(Tensor grad, Tensor inputs, Tensor targets, float alpha, float gamma, str reduction) -> Tensor  [pt2_compliant_tag]
 torchops::_silu_and_mul_backward(Tensor grad, Tensor x) -> Tensor  [pt2_compliant_tag]
 torchops::batched_nms(Tensor boxes, Tensor scores, Tensor idxs, float iou_threshold) -> Tensor  [pt2_compliant_tag]
@@ -325,6 +326,8 @@ torchops::roi_align(Tensor input, Tensor rois, float spatial_scale, SymInt poole
 torchops::roi_pool(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width) -> (Tensor, Tensor)  [pt2_compliant_tag]
 torchops::scaled_masked_softmax(Tensor input, Tensor mask, float scale) -> Tensor  [pt2_compliant_tag]
 torchops::scaled_upper_triang_masked_softmax(Tensor input, float scale) -> Tensor  [pt2_compliant_tag]
+torchops::rotary_embedding(Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim=1, bool interleaved=False) -> (Tensor, Tensor)  [pt2_compliant_tag]
+torchops::rotary_embedding_(Tensor positions, Tensor(a!) q, Tensor(b!) k, Tensor cos_sin_cache, bool interleaved=False) -> ()  [pt2_compliant_tag]
 torchops::sigmoid_focal_loss(Tensor inputs, Tensor targets, float alpha=0.25, float gamma=2., str reduction="none") -> Tensor  [pt2_compliant_tag]
 torchops::silu_and_mul(Tensor x) -> Tensor  [pt2_compliant_tag]
 """)

@@ -1603,3 +1603,156 @@ def _gelu_and_mul_backward_fake(grad: Tensor, x: Tensor, approximate: str) -> Te
     _check_act_and_mul_backward("_gelu_and_mul_backward", grad, x)
     _check_gelu_approximate("_gelu_and_mul_backward", approximate)
     return x.new_empty(x.shape)
+# --- rotary ----------------------------------------------------------------------------
+
+__all__ += ["rotary_embedding", "rotary_embedding_"]
+
+
+def rotary_embedding(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1,
+                     interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    """Rotary position embedding of ``q`` and ``k``: a drop-in for Hugging
+    Face's ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)``.
+
+    ``q`` and ``k`` are ``(B, H, S, D)`` with ``unsqueeze_dim=1`` or ``(B, S,
+    H, D)`` with ``unsqueeze_dim=2`` (-3 and -2 mean the same), any strides;
+    their head counts may differ (GQA).  ``cos`` and ``sin`` are ``(B, S,
+    rotary_dim)``, ``(1, S, rotary_dim)`` or ``(S, rotary_dim)`` (shared by
+    every batch).  The first ``rotary_dim`` (even, at most ``D``) entries of
+    each head become ``x * cos + rotate(x) * sin``, each entry with its own
+    cos and sin value; the rest pass through.  ``interleaved=False`` rotates
+    halves (NeoX, Llama: ``rotate_half``); ``True`` rotates adjacent pairs
+    (GPT-J): ``out[2i] = x[2i] cos[2i] - x[2i+1] sin[2i]``, ``out[2i+1] =
+    x[2i+1] cos[2i+1] + x[2i] sin[2i+1]``.
+
+    All four tensors share one dtype: float32, float64, float16 or bfloat16
+    (half types computed in float32), on CPU or CUDA.  Returns new
+    contiguous ``(q_out, k_out)`` of ``q``'s and ``k``'s shapes.
+    Differentiable in ``q``, ``k``, ``cos`` and ``sin``; cos's and sin's
+    gradients sum over heads (and batches when shared) in a fixed order, so
+    the backward is deterministic.  Wrong shapes, dtypes or devices raise
+    RuntimeError naming the argument.
+    """
+    if unsqueeze_dim < 0:
+        unsqueeze_dim += 4  # the dim of the unsqueezed 4-D cos
+    return torch.ops.torchops.rotary_embedding.default(q, k, cos, sin, unsqueeze_dim, interleaved)
+
+
+def rotary_embedding_(positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Tensor,
+                      interleaved: bool = False) -> None:
+    """In-place rotary embedding with vLLM's semantics (its
+    ``rotary_embedding(positions, query, key, head_size, cos_sin_cache,
+    is_neox)`` with ``is_neox = not interleaved``), for inference.
+
+    ``positions`` is int64, ``(T,)`` or ``(B, S)``; ``q`` and ``k`` are
+    ``(*positions.shape, heads, head_size)`` (head counts may differ), any
+    strides, rotated in place; ``cos_sin_cache`` is ``(max_position,
+    rotary_dim)``, each row ``[cos | sin]`` of ``rotary_dim / 2`` values
+    (``rotary_dim`` even, at most ``head_size``).  Pair ``i`` of a head --
+    entries ``(i, i + rotary_dim / 2)``, or ``(2i, 2i + 1)`` interleaved --
+    rotates by ``cache[positions[...], i]`` and ``cache[..., rotary_dim / 2 +
+    i]``; the entries past ``rotary_dim`` are left as they are.  One dtype for
+    q, k and the cache (float32, float64, float16, bfloat16; half types
+    computed in float32).  No autograd.  A position outside ``[0,
+    max_position)`` raises RuntimeError on CPU before anything is written; on
+    CUDA it fails a device-side assertion (as ``torch.index_select`` does,
+    without a host sync) and leaves its row untouched.  Returns None.
+    """
+    torch.ops.torchops.rotary_embedding_.default(positions, q, k, cos_sin_cache, interleaved)
+
+
+def _check_rotary_qk(op: str, q: Tensor, k: Tensor, s_dim: int, h_dim: int):
+    qshape, kshape = tuple(q.shape), tuple(k.shape)
+    for name, t, shape in (("q", q, qshape), ("k", k, kshape)):
+        torch._check(t.dim() == 4, lambda: f"torchops.{op}: expected '{name}' to have 4 "
+                     f"dimensions, but got {len(shape)} (shape {shape})")
+    _check_floating(op, "q", q)
+    _check_same_dtype(op, q=q, k=k)
+    b, s = qshape[0], qshape[s_dim]
+    torch._check(k.shape[0] == b and k.shape[s_dim] == s,
+                 lambda: f"torchops.{op}: expected 'k' to have the batch and sequence sizes of "
+                 f"'q' ({b}, {s}), but got shape {kshape}")
+    return b, s
+
+
+def _check_rotary_dim(op: str, rd, dq, dk, name: str) -> None:
+    torch._check(rd % 2 == 0, lambda: f"torchops.{op}: expected the rotary dim (the last size "
+                 f"of '{name}') to be even, but got {rd}")
+    torch._check(rd <= dq and rd <= dk, lambda: f"torchops.{op}: expected the rotary dim (the "
+                 f"last size of '{name}', {rd}) to be at most the head size of 'q' ({dq}) and "
+                 f"of 'k' ({dk})")
+
+
+def _check_rotary_embedding(op: str, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
+                            unsqueeze_dim: int) -> None:
+    _check_same_device(op, q=q, k=k, cos=cos, sin=sin)
+    torch._check(unsqueeze_dim in (1, 2), lambda: f"torchops.{op}: expected 'unsqueeze_dim' to "
+                 f"be 1 (q, k of shape (B, H, S, D)) or 2 (shape (B, S, H, D)), but got "
+                 f"{unsqueeze_dim}")
+    s_dim, h_dim = (2, 1) if unsqueeze_dim == 1 else (1, 2)
+    b, s = _check_rotary_qk(op, q, k, s_dim, h_dim)
+    _check_same_dtype(op, q=q, cos=cos)
+    _check_same_dtype(op, q=q, sin=sin)
+    cshape, sshape = tuple(cos.shape), tuple(sin.shape)
+    torch._check(cos.dim() in (2, 3), lambda: f"torchops.{op}: expected 'cos' to have shape "
+                 f"(B, S, rotary_dim) or (S, rotary_dim), but got {cshape}")
+    torch._check(sshape == cshape, lambda: f"torchops.{op}: expected 'sin' to have the shape of "
+                 f"'cos' ({cshape}), but got {sshape}")
+    bc = cshape[0] if len(cshape) == 3 else 1
+    torch._check(cshape[-2] == s and (bc == 1 or bc == b),
+                 lambda: f"torchops.{op}: expected 'cos' to have shape ({b} or 1, {s}, "
+                 f"rotary_dim) or ({s}, rotary_dim) to match 'q' (batch {b}, sequence {s}), "
+                 f"but got {cshape}")
+    _check_rotary_dim(op, cshape[-1], q.shape[3], k.shape[3], "cos")
+
+
+@torch.library.register_fake("torchops::rotary_embedding")
+def _rotary_embedding_fake(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1,
+                           interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    _check_rotary_embedding("rotary_embedding", q, k, cos, sin, unsqueeze_dim)
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+@torch.library.register_fake("torchops::_rotary_embedding_backward")
+def _rotary_embedding_backward_fake(grad_q: Tensor, grad_k: Tensor, q: Tensor, k: Tensor,
+                                    cos: Tensor, sin: Tensor, unsqueeze_dim: int,
+                                    interleaved: bool, cos_sin_grad: bool):
+    op = "_rotary_embedding_backward"
+    _check_rotary_embedding(op, q, k, cos, sin, unsqueeze_dim)
+    _check_same_device(op, q=q, grad_q=grad_q, grad_k=grad_k)
+    _check_same_dtype(op, q=q, grad_q=grad_q)
+    _check_same_dtype(op, q=q, grad_k=grad_k)
+    for name, g, x in (("grad_q", grad_q, "q"), ("grad_k", grad_k, "k")):
+        t = q if x == "q" else k
+        gshape, xshape = tuple(g.shape), tuple(t.shape)
+        torch._check(gshape == xshape, lambda: f"torchops.{op}: expected '{name}' to have the "
+                     f"shape of '{x}' ({xshape}), but got {gshape}")
+    cs_shape = cos.shape if cos_sin_grad else (0,)
+    return (q.new_empty(q.shape), k.new_empty(k.shape), cos.new_empty(cs_shape),
+            sin.new_empty(cs_shape))
+
+
+@torch.library.register_fake("torchops::rotary_embedding_")
+def _rotary_embedding_inplace_fake(positions: Tensor, q: Tensor, k: Tensor,
+                                   cos_sin_cache: Tensor, interleaved: bool = False) -> None:
+    op = "rotary_embedding_"
+    _check_same_device(op, q=q, k=k, positions=positions, cos_sin_cache=cos_sin_cache)
+    pdtype = positions.dtype
+    torch._check(pdtype == torch.int64, lambda: f"torchops.{op}: expected 'positions' to be an "
+                 f"int64 tensor, but got {pdtype}")
+    pshape, qshape, kshape = tuple(positions.shape), tuple(q.shape), tuple(k.shape)
+    pd = len(pshape)
+    torch._check(pd in (1, 2), lambda: f"torchops.{op}: expected 'positions' to be 1-D "
+                 f"(tokens) or 2-D (batch, sequence), but got shape {pshape}")
+    torch._check(len(qshape) == pd + 2 and len(kshape) == pd + 2 and qshape[:pd] == pshape
+                 and kshape[:pd] == pshape,
+                 lambda: f"torchops.{op}: expected 'q' and 'k' to have shape "
+                 f"(*positions.shape, heads, head_size) with positions of shape {pshape}, but "
+                 f"got {qshape} and {kshape}")
+    _check_floating(op, "q", q)
+    _check_same_dtype(op, q=q, k=k)
+    _check_same_dtype(op, q=q, cos_sin_cache=cos_sin_cache)
+    cshape = tuple(cos_sin_cache.shape)
+    torch._check(len(cshape) == 2, lambda: f"torchops.{op}: expected 'cos_sin_cache' to have 2 "
+                 f"dimensions, but got {len(cshape)} (shape {cshape})")
+    _check_rotary_dim(op, cshape[1], qshape[-1], kshape[-1], "cos_sin_cache")
+    return None

@@ -559,3 +559,56 @@ def silu_and_mul(x: Tensor) -> Tensor:
 def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
     """``F.gelu(a, approximate=approximate) * b`` (GeGLU's gate)."""
     return _act_and_mul(lambda a: F.gelu(a, approximate=approximate), x)
+# --- rotary ----------------------------------------------------------------------------
+
+__all__ += ["rotary_embedding", "rotary_embedding_"]
+
+
+def _rotate(x: Tensor, interleaved: bool) -> Tensor:
+    """Hugging Face's rotate_half (halves) or GPT-J's pair rotation
+    (interleaved): the partner of each entry, negated on the pair's first."""
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((-x2, x1), dim=-1).flatten(-2)
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def _apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, rd: int, interleaved: bool) -> Tensor:
+    """``x * cos + rotate(x) * sin`` on the first ``rd`` entries of the last
+    dim, the rest passed through (HF's formula itself when ``rd`` is all)."""
+    if rd == x.shape[-1]:
+        return x * cos + _rotate(x, interleaved) * sin
+    xr = x[..., :rd]
+    return torch.cat((xr * cos + _rotate(xr, interleaved) * sin, x[..., rd:]), dim=-1)
+
+
+def rotary_embedding(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1,
+                     interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    """Hugging Face's apply_rotary_pos_emb, ``x * cos + rotate_half(x) *
+    sin`` on the first ``cos.shape[-1]`` entries of each head (the rest pass
+    through); a 2-D ``(S, rotary_dim)`` cos is shared by every batch."""
+    if cos.dim() == 2:
+        cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    rd = cos.shape[-1]
+
+    return _apply_rotary(q, cos, sin, rd, interleaved), _apply_rotary(k, cos, sin, rd, interleaved)
+
+
+def rotary_embedding_(positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Tensor,
+                      interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    """vLLM's rotary embedding; returns the new values of q and k (the op
+    writes them in place): pair i of each head rotates by
+    ``cache[positions, i]`` (cos) and ``cache[positions, rotary_dim / 2 + i]``
+    (sin)."""
+    rows = cos_sin_cache[positions]                      # (*P, rotary_dim)
+    cos, sin = rows.chunk(2, dim=-1)                     # (*P, rotary_dim / 2) each
+    if interleaved:
+        cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+    else:
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)      # broadcast over heads
+    rd = cos_sin_cache.shape[-1]
+
+    return _apply_rotary(q, cos, sin, rd, interleaved), _apply_rotary(k, cos, sin, rd, interleaved)

@@ -303,3 +303,50 @@ def _gated_backward(grad, x, *scalars):
     rest = [None] * len(scalars)
     return ([([Replicate()], [Replicate(), Replicate(), *rest])]
             + [([Shard(d)], [Shard(d), Shard(d), *rest]) for d in range(x.ndim - 1)])
+# --- rotary ----------------------------------------------------------------------------
+
+def _rotary_dims(q, cos, unsqueeze_dim):
+    """(batch, sequence, heads) dims of q and k; cos's sequence dim; whether
+    cos has a batch of its own (else it is shared and stays replicated on a
+    batch sharding)."""
+    s_dim, h_dim = (2, 1) if unsqueeze_dim in (1, -3) else (1, 2)
+    per_batch = cos.ndim == 3 and cos.shape[0] != 1
+    return s_dim, h_dim, cos.ndim - 2, per_batch
+
+
+@rule("rotary_embedding")
+def _rotary(q, k, cos, sin, unsqueeze_dim=1, interleaved=False):
+    # Rows are independent and heads are independent: batch, sequence and
+    # heads shard; cos and sin follow on their matching dim, or stay whole.
+    Replicate, Shard, Partial = placements()
+    s_dim, h_dim, cs_dim, per_batch = _rotary_dims(q, cos, unsqueeze_dim)
+    R = Replicate()
+    cb = Shard(0) if per_batch else R
+    return [
+        ([R, R], [R, R, R, R, None, None]),
+        ([Shard(0), Shard(0)], [Shard(0), Shard(0), cb, cb, None, None]),
+        ([Shard(s_dim), Shard(s_dim)], [Shard(s_dim), Shard(s_dim), Shard(cs_dim),
+                                        Shard(cs_dim), None, None]),
+        ([Shard(h_dim), Shard(h_dim)], [Shard(h_dim), Shard(h_dim), R, R, None, None]),
+    ]
+
+
+@rule("_rotary_embedding_backward")
+def _rotary_backward(grad_q, grad_k, q, k, cos, sin, unsqueeze_dim, interleaved, cos_sin_grad):
+    # cos's and sin's gradients sum over heads (and batch, when cos is
+    # shared): Partial where that dim is sharded.  Without cos_sin_grad they
+    # are (0,) placeholders, the same on every rank.
+    Replicate, Shard, Partial = placements()
+    s_dim, h_dim, cs_dim, per_batch = _rotary_dims(q, cos, unsqueeze_dim)
+    R = Replicate()
+
+    def case(x, c, dc):
+        dc = dc if cos_sin_grad else R
+        return ([x, x, dc, dc], [x, x, x, x, c, c, None, None, None])
+    cb = Shard(0) if per_batch else R
+    return [
+        case(R, R, R),
+        case(Shard(0), cb, Shard(0) if per_batch else Partial()),
+        case(Shard(s_dim), Shard(cs_dim), Shard(cs_dim)),
+        case(Shard(h_dim), R, Partial()),
+    ]

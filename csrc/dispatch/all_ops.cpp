@@ -28,3 +28,4 @@
 #include "dispatch/masked_softmax_dispatch.cpp"
 // activations
 #include "dispatch/act_and_mul_dispatch.cpp"
+#include "dispatch/rotary_embedding_dispatch.cpp"

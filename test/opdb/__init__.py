@@ -66,6 +66,8 @@ compare their new values with the reference's, which returns them as a
 tuple (their strides are the caller's: contiguous_outputs does not apply);
 opcheck still runs (it checks the alias annotations), the gradient tests
 do not], ``supports_gradgrad`` [False: its internal
+tuple; opcheck still runs (it checks the alias annotations), the gradient
+tests do not], ``supports_gradgrad`` [False: its internal
 backward ops have Autograd kernels too], ``data_dependent_output`` [False: the
 output size depends on the values, like nms], ``internal_ops`` [()]
 (``_<op>_backward`` ops this entry exercises), ``autocast`` [False: the op
@@ -136,3 +138,10 @@ from .activations import ACTIVATION_OPS, GELU_AND_MUL, SILU_AND_MUL  # noqa: E40
 
 OP_DB += ACTIVATION_OPS
 __all__ += ["ACTIVATION_OPS", "SILU_AND_MUL", "GELU_AND_MUL"]
+
+# --- rotary ---
+from .rotary import ROTARY_EMBEDDING, ROTARY_EMBEDDING_, ROTARY_OPS, rotary_cache_inputs, rotary_inputs  # noqa: E402
+
+OP_DB += ROTARY_OPS
+__all__ += ["ROTARY_OPS", "ROTARY_EMBEDDING", "ROTARY_EMBEDDING_", "rotary_inputs",
+            "rotary_cache_inputs"]

@@ -627,3 +627,65 @@ CASES += [
 from torchops.bench import peers as _peers  # noqa: E402
 
 _peers.attach(CASES)
+# --- rotary -------------------------------------------------------------------------------
+def _rotary(b, hq, hk, s, d, dtype=torch.float32, quick=False, threads=("all",), **extra):
+    label = f"q ({b},{hq},{s},{d}), k {hk} heads" + (" bshd" if extra.get("layout") else "")
+    return Size(label, {"b": b, "hq": hq, "hk": hk, "s": s, "d": d, **extra}, dtype, quick,
+                threads)
+
+
+def _rotary_bytes(args, backward=False) -> float:
+    """q and k read and written, cos and sin read; backward: the outputs'
+    gradients read, q's and k's written (and, when cos needs its gradient,
+    q and k read again, cos's and sin's gradients written)."""
+    q, k, cos, sin = args[:4]
+    fwd = 2 * _nbytes(q, k) + _nbytes(cos, sin)
+    if not backward:
+        return fwd
+    return fwd + 2 * _nbytes(q, k) + (_nbytes(q, k) + 2 * _nbytes(cos, sin)
+                                      if cos.requires_grad else 0)
+
+
+def _rotary_inplace_reference(positions, q, k, cache, interleaved):
+    """The reference written back into q and k, as vLLM's native path does."""
+    new_q, new_k = references.rotary_embedding_(positions, q, k, cache, interleaved)
+    q.copy_(new_q)
+    k.copy_(new_k)
+
+
+# Llama-3-8B attention at 4 x 4096 tokens (32 query heads, 8 key heads, head size 128).
+ROTARY_CUDA = [_rotary(4, 32, 8, 4096, 128, bf16, quick=True), _rotary(4, 32, 8, 4096, 128),
+               _rotary(4, 32, 8, 4096, 128, bf16, layout="bshd")]
+ROTARY_CPU = [_rotary(2, 8, 2, 512, 128, threads=(1, "all"), quick=True),
+              _rotary(2, 8, 2, 512, 128, bf16, threads=(1, "all"))]
+ROTARY = dict(op="rotary_embedding", reference=references.rotary_embedding,
+              reference_name="HF apply_rotary_pos_emb formula")
+CASES += [
+    Case(name="rotary_embedding", **ROTARY, inputs=inputs.rotary_args,
+         sizes={"cuda": ROTARY_CUDA, "cpu": ROTARY_CPU}, bytes=_rotary_bytes,
+         note="Inference: no input requires grad."),
+    Case(name="rotary_embedding training fwd", **ROTARY, inputs=inputs.rotary_args,
+         requires_grad=(0, 1), sizes={"cuda": ROTARY_CUDA, "cpu": ROTARY_CPU},
+         bytes=_rotary_bytes,
+         note="Forward only, q and k require grad (cos and sin do not, as HF's rotary module "
+              "makes them): compiled code then also saves what its backward needs."),
+    Case(name="rotary_embedding fwd+bwd", **ROTARY, inputs=inputs.rotary_args, backward=True,
+         requires_grad=(0, 1), sizes={"cuda": ROTARY_CUDA, "cpu": ROTARY_CPU},
+         bytes=lambda a: _rotary_bytes(a, True), note="Gradients of q and k."),
+    Case(name="rotary_embedding fwd+bwd cos grad", **ROTARY, inputs=inputs.rotary_args,
+         backward=True, requires_grad=(0, 1, 2, 3),
+         sizes={"cuda": ROTARY_CUDA[:1], "cpu": ROTARY_CPU[:1]},
+         bytes=lambda a: _rotary_bytes(a, True),
+         note="Gradients of q, k, cos and sin (cos's summed over heads)."),
+    Case(name="rotary_embedding_", op="rotary_embedding_", inputs=inputs.rotary_cache_args,
+         reference=_rotary_inplace_reference,
+         reference_name="vLLM forward_native formula, copied back into q and k",
+         sizes={"cuda": [Size("T=16384, q 32 heads, k 8, D 128", {"t": 16384, "hq": 32, "hk": 8,
+                                                                    "d": 128, "max_pos": 4096},
+                              bf16, quick=True)],
+                "cpu": [Size("T=1024, q 8 heads, k 2, D 128", {"t": 1024, "hq": 8, "hk": 2,
+                                                                 "d": 128, "max_pos": 4096},
+                              threads=(1, "all"), quick=True)]},
+         bytes=lambda a: 2 * _nbytes(a[1], a[2]) + a[0].numel() * a[3].shape[1] * a[3].element_size(),
+         note="In place, every variant; the check column compares nothing (no outputs)."),
+]

@@ -208,3 +208,36 @@ def gated_args(p: P) -> tuple:
     gelu_and_mul's second argument."""
     x = torch.randn(p["rows"], 2 * p["d"])
     return (x, p["approximate"]) if "approximate" in p else (x,)
+# --- rotary ------------------------------------------------------------------------------
+
+
+def _rotary_angles(positions: torch.Tensor, rd: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama's cos and sin tables (base 10000) at `positions`, (..., rd / 2)."""
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
+    angles = positions.double()[..., None] * inv_freq
+    return angles.cos().float(), angles.sin().float()
+
+
+def rotary_args(p: P) -> tuple:
+    """torch.ops.torchops.rotary_embedding's arguments as a Llama attention
+    layer has them: q ``(B, Hq, S, D)`` and k ``(B, Hk, S, D)`` (p["layout"]
+    "bshd": ``(B, S, H, D)``), cos and sin ``(B, S, D)`` from Hugging Face's
+    rotary module (halves equal)."""
+    b, hq, hk, s, d = p["b"], p["hq"], p["hk"], p["s"], p["d"]
+    bshd = p.get("layout") == "bshd"
+    shape = (lambda h: (b, s, h, d)) if bshd else (lambda h: (b, h, s, d))
+    q, k = torch.randn(shape(hq)), torch.randn(shape(hk))
+    cos, sin = _rotary_angles(torch.arange(s).expand(b, s), d)
+    cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+    return q, k, cos, sin, 2 if bshd else 1, bool(p.get("interleaved"))
+
+
+def rotary_cache_args(p: P) -> tuple:
+    """torch.ops.torchops.rotary_embedding_'s arguments as vLLM has them: T
+    tokens at random positions, q ``(T, Hq, D)`` and k ``(T, Hk, D)``, a
+    ``(max_position, D)`` [cos | sin] cache.  The rotation keeps norms, so
+    the repeated in-place calls of a benchmark keep the values bounded."""
+    t, hq, hk, d, max_pos = p["t"], p["hq"], p["hk"], p["d"], p["max_pos"]
+    cos, sin = _rotary_angles(torch.arange(max_pos), d)
+    return (torch.randint(0, max_pos, (t,)), torch.randn(t, hq, d), torch.randn(t, hk, d),
+            torch.cat((cos, sin), -1), bool(p.get("interleaved")))
