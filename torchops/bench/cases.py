@@ -621,12 +621,6 @@ CASES += [
 ]
 
 
-# --- peers of the transformer-layer ops ------------------------------------------------------
-# PyTorch's native op and Liger-Kernel's (torchops/bench/peers.py) on every case of an op
-# they implement, each timed in the same run as eager and compiled.
-from torchops.bench import peers as _peers  # noqa: E402
-
-_peers.attach(CASES)
 # --- rotary -------------------------------------------------------------------------------
 def _rotary(b, hq, hk, s, d, dtype=torch.float32, quick=False, threads=("all",), **extra):
     label = f"q ({b},{hq},{s},{d}), k {hk} heads" + (" bshd" if extra.get("layout") else "")
@@ -689,3 +683,11 @@ CASES += [
          bytes=lambda a: 2 * _nbytes(a[1], a[2]) + a[0].numel() * a[3].shape[1] * a[3].element_size(),
          note="In place, every variant; the check column compares nothing (no outputs)."),
 ]
+
+
+# --- peers of the transformer-layer ops ------------------------------------------------------
+# PyTorch's native op and Liger-Kernel's (torchops/bench/peers.py) on every case of an op
+# they implement, each timed in the same run as eager and compiled.
+from torchops.bench import peers as _peers  # noqa: E402
+
+_peers.attach(CASES)
