@@ -49,7 +49,8 @@ def test_fully_masked_rows_are_zero_forward_and_backward(device, dtype):
     # Masked keys: probability 0 and gradient 0; other rows sum to 1.
     assert (y.masked_select(mask.expand_as(y)) == 0).all()
     assert (dx.masked_select(mask.expand_as(dx)) == 0).all()
-    _close(y[:, :, 2:].double().sum(-1), torch.ones(2, 3, 3, dtype=torch.float64), dtype)
+    _close(y[:, :, 2:].double().sum(-1), torch.ones(2, 3, 3, dtype=torch.float64, device=device),
+           dtype)
 
 
 def test_all_keys_masked_differs_from_megatron_fill():
