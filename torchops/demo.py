@@ -45,9 +45,18 @@ class ReferenceMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         namespace, _, name = func.name().partition("::")
-        if namespace == "torchops":
-            return getattr(references, name.split(".")[0])(*args, **kwargs)
-        return func(*args, **kwargs)
+        if namespace != "torchops":
+            return func(*args, **kwargs)
+        out = getattr(references, name.split(".")[0])(*args, **kwargs)
+        # An in-place op's reference returns the new values of the arguments
+        # it writes: write them, as the op does.
+        written = [a for a, arg in zip(args, func._schema.arguments)
+                   if arg.alias_info is not None and arg.alias_info.is_write]
+        if not written:
+            return out
+        for tensor, value in zip(written, out):
+            tensor.copy_(value)
+        return None
 
 
 @dataclass
@@ -197,7 +206,53 @@ def _lines() -> list[Line]:
              lambda dev, dt: (torch.randn(2, 32, 24, 24, device=dev, dtype=dt),
                               F.softmax(torch.randn(2, 25, 48, 48, device=dev, dtype=dt), 1)),
              lambda x, m: torchops.carafe(x, m, 5, 1, 2)),
+        Line("rms_norm (2048x1024)", lambda dev, dt: rand(dev, dt, (2048, 1024), (1024,)),
+             lambda x, w: torchops.rms_norm(x, (1024,), w, 1e-6),
+             peer=lambda x, w: F.rms_norm(x, (1024,), w, 1e-6), peer_name="F.rms_norm"),
+        Line("fused_add_rms_norm (2048x1024)",
+             lambda dev, dt: rand(dev, dt, (2048, 1024), (2048, 1024), (1024,)),
+             lambda x, r, w: torchops.fused_add_rms_norm(x, r, (1024,), w, 1e-6)),
+        Line("fused_add_rms_norm_ (2048x1024, in place)",
+             lambda dev, dt: rand(dev, dt, (2048, 1024), (2048, 1024), (1024,)),
+             lambda x, r, w: _written(torchops.fused_add_rms_norm_, x, r, w, 1e-6)),
+        Line("layer_norm (2048x1024)",
+             lambda dev, dt: rand(dev, dt, (2048, 1024), (1024,), (1024,)),
+             lambda x, w, b: torchops.layer_norm(x, (1024,), w, b),
+             peer=lambda x, w, b: F.layer_norm(x, (1024,), w, b), peer_name="F.layer_norm"),
+        Line("rotary_embedding (q 2x8x256x64, k 2 heads)",
+             lambda dev, dt: rand(dev, dt, (2, 8, 256, 64), (2, 2, 256, 64), (2, 256, 64),
+                                  (2, 256, 64)),
+             torchops.rotary_embedding),
+        Line("rotary_embedding_ (512 tokens, q 8 heads, k 2, in place)",
+             lambda dev, dt: (torch.randint(0, 1024, (512,), device=dev),
+                              *rand(dev, dt, (512, 8, 64), (512, 2, 64), (1024, 64))),
+             lambda p, q, k, cache: _written(torchops.rotary_embedding_, p, q, k, cache)),
+        Line("silu_and_mul (1024x4096)", lambda dev, dt: rand(dev, dt, (1024, 4096)),
+             torchops.silu_and_mul),
+        Line("gelu_and_mul (1024x4096, tanh)", lambda dev, dt: rand(dev, dt, (1024, 4096)),
+             lambda x: torchops.gelu_and_mul(x, "tanh")),
+        Line("scaled_masked_softmax (2x4x128x128, padding mask)",
+             lambda dev, dt: (*rand(dev, dt, (2, 4, 128, 128)),
+                              torch.arange(128, device=dev).expand(2, 1, 128, 128)
+                              >= torch.tensor([96, 128], device=dev).view(2, 1, 1, 1)),
+             lambda x, m: torchops.scaled_masked_softmax(x, m, 0.125)),
+        Line("scaled_upper_triang_masked_softmax (2x4x128x128)",
+             lambda dev, dt: rand(dev, dt, (2, 4, 128, 128)),
+             lambda x: torchops.scaled_upper_triang_masked_softmax(x, 0.125)),
     ]
+
+
+def rand(device: str, dtype: torch.dtype, *shapes) -> tuple:
+    return tuple(torch.randn(s, device=device, dtype=dtype) for s in shapes)
+
+
+def _written(op: Callable, *args):
+    """Calls an in-place op on copies of its tensor arguments and returns
+    the first one it wrote."""
+    copies = [a.clone() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+              for a in args]
+    op(*copies)
+    return next(c for c, a in zip(copies, args) if c is not a)
 
 
 def _module_lines(device: str) -> list[Line]:
@@ -224,6 +279,8 @@ def _module_lines(device: str) -> list[Line]:
                           torch.rand(2, 40, 40, device=dev) < 0.25)),
         ("CARAFEPack(32, 2)", m.CARAFEPack(32, 2),
          lambda dev, dt: (torch.randn(2, 32, 24, 24, device=dev, dtype=dt),)),
+        ("RMSNorm(1024)", m.RMSNorm(1024), lambda dev, dt: rand(dev, dt, (2048, 1024))),
+        ("LayerNorm(1024)", m.LayerNorm(1024), lambda dev, dt: rand(dev, dt, (2048, 1024))),
     ]
     assert {type(mod).__name__ for _, mod, _ in mods} == set(torchops.modules.__all__), \
         "the demo lists every module of torchops.modules"
