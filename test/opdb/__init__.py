@@ -13,7 +13,9 @@ hyp_size); one module per family holds its entries: ``basic.py`` (matmul,
 d_sigmoid), ``boxes.py`` (nms, batched_nms, box_iou), ``roi.py`` (roi_align,
 roi_pool, deform_roi_pool), ``losses.py`` (sigmoid_focal_loss),
 ``deform.py`` (deform_conv2d), ``masked_conv.py`` (masked_conv2d),
-``upsample.py`` (carafe).  Sample makers that the op-specific tests share
+``upsample.py`` (carafe), ``norms.py`` (rms_norm, fused_add_rms_norm(_),
+layer_norm), ``rotary.py`` (rotary_embedding(_)), ``activations.py``
+(silu_and_mul, gelu_and_mul), ``softmax.py`` (the two masked softmaxes).  Sample makers that the op-specific tests share
 are public names of their family module, re-exported here (make_boxes,
 make_scores, random_rois, random_mask, carafe_inputs).
 
@@ -21,7 +23,8 @@ Adding an op
 ------------
 Write an ``OpInfo`` in its family's module (a new family: a new module,
 imported below) and add it to that module's list (BASIC_OPS, BOX_OPS,
-ROI_OPS, LOSS_OPS, DEFORM_OPS, MASKED_CONV_OPS, UPSAMPLE_OPS).  Required
+ROI_OPS, LOSS_OPS, DEFORM_OPS, MASKED_CONV_OPS, UPSAMPLE_OPS, NORM_OPS,
+ROTARY_OPS, ACTIVATION_OPS, SOFTMAX_OPS).  Required
 fields:
 
 ``name``            public name (``torchops.<name>``).  The entry takes
