@@ -1076,6 +1076,8 @@ def _masked_conv2d_backward_fake(grad: Tensor, input: Tensor, mask: Tensor, weig
     return (input.new_empty(input.shape) if output_mask[0] else none,
             weight.new_empty(weight.shape) if output_mask[1] else none,
             weight.new_empty((weight.shape[0],)) if output_mask[2] else none)
+
+
 # --- upsampling -------------------------------------------------------------------------
 
 __all__ += ["carafe"]
@@ -1401,6 +1403,8 @@ def _layer_norm_backward_fake(grad, input, mean, rstd, normalized_shape, weight,
     dx = input.new_empty(input.shape if output_mask[0] else (0,))
     return (dx, _param_grad(weight, input, output_mask[1]),
             _param_grad(bias, input, output_mask[2]))
+
+
 # --- softmax ------------------------------------------------------------------------
 
 __all__ += ["scaled_masked_softmax", "scaled_upper_triang_masked_softmax"]
@@ -1510,6 +1514,8 @@ def _scaled_upper_triang_masked_softmax_backward_fake(grad: Tensor, output: Tens
     _check_softmax_backward("_scaled_upper_triang_masked_softmax_backward", grad, output,
                             causal=True)
     return torch.empty(output.shape, dtype=output.dtype, device=output.device)
+
+
 # --- activations ------------------------------------------------------------------------
 
 __all__ += ["silu_and_mul", "gelu_and_mul"]
@@ -1603,6 +1609,8 @@ def _gelu_and_mul_backward_fake(grad: Tensor, x: Tensor, approximate: str) -> Te
     _check_act_and_mul_backward("_gelu_and_mul_backward", grad, x)
     _check_gelu_approximate("_gelu_and_mul_backward", approximate)
     return x.new_empty(x.shape)
+
+
 # --- rotary ----------------------------------------------------------------------------
 
 __all__ += ["rotary_embedding", "rotary_embedding_"]

@@ -510,6 +510,8 @@ def layer_norm(input: Tensor, normalized_shape, weight: Tensor | None = None,
     if bias is not None:
         y = y + bias.to(x.dtype)
     return y.to(input.dtype)
+
+
 # --- softmax ---------------------------------------------------------------------------
 
 __all__ += ["scaled_masked_softmax", "scaled_upper_triang_masked_softmax"]
@@ -539,6 +541,8 @@ def scaled_upper_triang_masked_softmax(input: Tensor, scale: float) -> Tensor:
     sq, sk = input.shape[-2], input.shape[-1]
     above = torch.ones(sq, sk, dtype=torch.bool, device=input.device).triu(1)
     return _softmax_of_unmasked((input * scale).masked_fill(above, float("-inf")))
+
+
 # --- activations --------------------------------------------------------------------------
 
 __all__ += ["silu_and_mul", "gelu_and_mul"]
@@ -559,6 +563,8 @@ def silu_and_mul(x: Tensor) -> Tensor:
 def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
     """``F.gelu(a, approximate=approximate) * b`` (GeGLU's gate)."""
     return _act_and_mul(lambda a: F.gelu(a, approximate=approximate), x)
+
+
 # --- rotary ----------------------------------------------------------------------------
 
 __all__ += ["rotary_embedding", "rotary_embedding_"]

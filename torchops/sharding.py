@@ -253,6 +253,8 @@ def _layer_norm_backward_rule(grad, input, mean, rstd, normalized_shape, weight,
                              None], 3, {0: not output_mask[0], 1: True, 2: True},
                             {1: weight is not None and output_mask[1],
                              2: bias is not None and output_mask[2]})
+
+
 # --- softmax -------------------------------------------------------------------------
 # Rows of attention scores are independent and a causal row's mask depends only
 # on its position within (Sq, Sk): batch and heads shard freely.  The mask of
@@ -281,6 +283,8 @@ def _masked_softmax_backward(grad, output, scale):
     Replicate, Shard, Partial = placements()
     return ([([Replicate()], [Replicate(), Replicate(), None])]
             + [([Shard(d)], [Shard(d), Shard(d), None]) for d in range(output.ndim - 2)])
+
+
 # --- activations ---------------------------------------------------------------------
 
 # Gated activations: each row's halves meet in one element-wise pass, so x
@@ -303,6 +307,8 @@ def _gated_backward(grad, x, *scalars):
     rest = [None] * len(scalars)
     return ([([Replicate()], [Replicate(), Replicate(), *rest])]
             + [([Shard(d)], [Shard(d), Shard(d), *rest]) for d in range(x.ndim - 1)])
+
+
 # --- rotary ----------------------------------------------------------------------------
 
 def _rotary_dims(q, cos, unsqueeze_dim):

@@ -182,6 +182,8 @@ def norm_args(p: P) -> tuple:
         return x, torch.randn(rows, d), [d], w, 1e-6
     b = (torch.rand(d) - 0.5).requires_grad_(bool(p.get("train")))
     return x, [d], w, b, 1e-5
+
+
 # --- softmax --------------------------------------------------------------------------
 
 
@@ -199,6 +201,8 @@ def attention_scores(p: P) -> tuple:
     lengths = torch.randint(s // 2, s + 1, (b,))
     mask = (torch.arange(s)[None, :] >= lengths[:, None])[:, None, None, :].expand(b, 1, s, s)
     return x, mask.contiguous(), scale
+
+
 # --- activations ----------------------------------------------------------------------------
 
 
@@ -208,6 +212,8 @@ def gated_args(p: P) -> tuple:
     gelu_and_mul's second argument."""
     x = torch.randn(p["rows"], 2 * p["d"])
     return (x, p["approximate"]) if "approximate" in p else (x,)
+
+
 # --- rotary ------------------------------------------------------------------------------
 
 
