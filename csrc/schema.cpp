@@ -97,6 +97,33 @@ TORCH_LIBRARY(torchops, m) {
       "_sigmoid_focal_loss_backward(Tensor grad, Tensor inputs, Tensor targets, "
       "float alpha, float gamma, str reduction) -> Tensor", pt2);
 
+  // Cross-entropy of a linear layer's logits, input (..., H) @ weight (V,
+  // H)^T + bias, against int64 targets, without materialising the logits
+  // (F.cross_entropy(logits.float(), ...) semantics; softcap caps the logits
+  // first, lse_square_scale adds the z-loss).  The loss is float32 (float64
+  // for float64 inputs).  The _forward op also returns each token's
+  // logsumexp (N) and, for a scalar loss, the gradients its output_mask asks
+  // for (for an upstream gradient of 1; (0,) placeholders otherwise).  The
+  // _backward op recomputes the logits chunk by chunk, given the lse; with
+  // _stats ((N, 3) rows of lse, target logit and logit sum over the classes
+  // [vocab_start, vocab_start + V) of vocab_size that weight holds) it is how
+  // a vocabulary-parallel head computes the loss.
+  m.def("fused_linear_cross_entropy(Tensor input, Tensor weight, Tensor target, "
+        "Tensor? bias=None, int ignore_index=-100, float label_smoothing=0.0, "
+        "str reduction=\"mean\", float lse_square_scale=0.0, float? softcap=None) -> Tensor",
+        pt2);
+  m.def("_fused_linear_cross_entropy_forward(Tensor input, Tensor weight, Tensor target, "
+        "Tensor? bias, int ignore_index, float label_smoothing, str reduction, "
+        "float lse_square_scale, float? softcap, bool[3] output_mask) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)", pt2);
+  m.def("_fused_linear_cross_entropy_backward(Tensor grad, Tensor input, Tensor weight, "
+        "Tensor target, Tensor? bias, Tensor lse, int ignore_index, float label_smoothing, "
+        "str reduction, float lse_square_scale, float? softcap, int vocab_start, "
+        "int vocab_size, bool[3] output_mask) -> (Tensor, Tensor, Tensor)", pt2);
+  m.def("_fused_linear_cross_entropy_stats(Tensor input, Tensor weight, Tensor target, "
+        "Tensor? bias, int ignore_index, float? softcap, int vocab_start, int vocab_size) "
+        "-> Tensor", pt2);
+
   // --- convolution: masked -------------------------------------------------------------
   // conv2d at the positions where mask > 0, zeros elsewhere; mask is
   // (N or 1, H_out, W_out), bool or floating.  The backward returns

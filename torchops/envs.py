@@ -77,6 +77,17 @@ VARIABLES: tuple[EnvVar, ...] = (
     _v("TORCHOPS_CACHE_DIR", "path", "user", "python",
        "the JIT cache; it must belong to you and be writable by nobody else",
        unset="`$XDG_CACHE_HOME/torchops`, i.e. `~/.cache/torchops`"),
+    _v("TORCHOPS_LCE_CHUNK_MIB", "int", "user", "C++",
+       "the most memory, in MiB, a chunk of fused_linear_cross_entropy's logits may take "
+       "(never more than a quarter of the free memory): larger chunks make fewer, larger "
+       "GEMMs (read at each call; docs/design.md)",
+       unset="256 on CUDA, 64 on CPU", minimum=1),
+    _v("TORCHOPS_LCE_TARGET_CHECK", "choice", "user", "C++",
+       "how CUDA fused_linear_cross_entropy checks its targets: `sync` raises a RuntimeError "
+       "for a target outside [0, V) that is not ignore_index, at the cost of one host sync "
+       "per call; `nan` never syncs, and such a token's loss and gradients are NaN (also "
+       "what `sync` does while a CUDA graph is being captured) (read at each call)",
+       default="sync", choices=("sync", "nan")),
     _v("TORCHOPS_TORCH_PIP_ARGS", "str", "user", "shell",
        "`./run.sh`: pip options for installing torch where none is installed (for example "
        "an index of CPU-only wheels)", unset="none"),

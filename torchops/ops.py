@@ -9,6 +9,8 @@ torch.compile and torch.export trace the ops without running them.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -1764,3 +1766,203 @@ def _rotary_embedding_inplace_fake(positions: Tensor, q: Tensor, k: Tensor,
                  f"dimensions, but got {len(cshape)} (shape {cshape})")
     _check_rotary_dim(op, cshape[1], qshape[-1], kshape[-1], "cos_sin_cache")
     return None
+
+
+# --- losses: fused linear cross-entropy ------------------------------------------------
+
+__all__ += ["fused_linear_cross_entropy"]
+
+
+def fused_linear_cross_entropy(input: Tensor, weight: Tensor, target: Tensor,
+                               bias: Tensor | None = None, ignore_index: int = -100,
+                               label_smoothing: float = 0.0, reduction: str = "mean",
+                               lse_square_scale: float = 0.0,
+                               softcap: float | None = None) -> Tensor:
+    """The cross-entropy of a linear layer's logits without materialising them:
+    ``F.cross_entropy((input @ weight.T + bias).float(), target, ignore_index=...,
+    label_smoothing=..., reduction=...)``, the language-model head and its loss.
+
+    Args:
+        input: ``(..., H)``; its leading dims flatten into N tokens.  float32,
+            float16, bfloat16 (CPU and CUDA) or float64 (CPU and CUDA).
+        weight: ``(V, H)``, the input's dtype and device.  A DTensor sharded over
+            the vocabulary (``Shard(0)``, a vocabulary-parallel head) takes the
+            tensor-parallel path: each rank computes its slice's logsumexp and
+            one all-reduce combines them.
+        target: int64 class indices with one value per token (any shape with N
+            elements); ``ignore_index`` marks tokens left out of the loss.
+        bias: ``(V,)`` or None.
+        label_smoothing: in [0, 1], as in ``F.cross_entropy``.
+        reduction: ``"mean"`` (over the tokens not ignored: nan when all are),
+            ``"sum"`` or ``"none"`` (one value per token, the target's shape).
+        lse_square_scale: adds the z-loss ``lse_square_scale * logsumexp(logits)**2``
+            of every token not ignored (PaLM).
+        softcap: caps the logits first, ``softcap * tanh(logits / softcap)`` (Gemma 2).
+
+    Returns the loss in float32 (float64 for float64 inputs).  The logits of a
+    chunk of tokens at a time are all that is ever stored (the chunk's memory
+    budget: ``TORCHOPS_LCE_CHUNK_MIB``).  Differentiable in input, weight and
+    bias: for ``"mean"``/``"sum"`` the gradients come out of the forward's
+    pass (no second pass over the vocabulary), for ``"none"`` the backward
+    recomputes the logits.  Deterministic.  Under ``torch.autocast`` input,
+    weight and bias are cast as ``F.linear`` casts them.  A target outside
+    ``[0, V)`` that is not ``ignore_index`` raises RuntimeError (on CUDA after
+    one host sync; see ``TORCHOPS_LCE_TARGET_CHECK``).  Raises ValueError for
+    an unknown ``reduction``, as ``F.cross_entropy`` does.
+    """
+    _check_reduction("fused_linear_cross_entropy", reduction, ValueError)
+    if _is_vocab_sharded(weight):
+        from torchops import tensor_parallel
+        return tensor_parallel.vocab_parallel_cross_entropy(
+            input, weight, target, bias, ignore_index, label_smoothing, reduction,
+            lse_square_scale, softcap)
+    return torch.ops.torchops.fused_linear_cross_entropy.default(
+        input, weight, target, bias, ignore_index, label_smoothing, reduction,
+        lse_square_scale, softcap)
+
+
+def _is_vocab_sharded(weight: Tensor) -> bool:
+    """Whether `weight` is a DTensor (checked without importing DTensor when
+    torch.distributed.tensor was never imported: then it cannot be one)."""
+    import sys
+    dt = sys.modules.get("torch.distributed.tensor")
+    return dt is not None and isinstance(weight, dt.DTensor)
+
+
+def _lce_acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check_lce(op: str, input: Tensor, weight: Tensor, target: Tensor,
+               bias: Tensor | None) -> int:
+    """The kernels' operand checks; returns N, the number of tokens."""
+    if bias is not None:
+        _check_same_device(op, input=input, weight=weight, target=target, bias=bias)
+    else:
+        _check_same_device(op, input=input, weight=weight, target=target)
+    _check_floating(op, "input", input)
+    _check_same_dtype(op, input=input, weight=weight)
+    torch._check(input.dim() >= 1, lambda: f"torchops.{op}: expected 'input' to have at "
+                 "least 1 dimension (..., H), but got a 0-dim tensor")
+    w_shape = tuple(weight.shape)
+    torch._check(weight.dim() == 2, lambda: f"torchops.{op}: expected 'weight' to be 2-D "
+                 f"(V, H), but got shape {w_shape}")
+    h = input.shape[-1]
+    torch._check(weight.shape[1] == h, lambda: f"torchops.{op}: expected 'weight' to have "
+                 f"{h} columns like the last dimension of 'input' (shape "
+                 f"{tuple(input.shape)}), but got shape {w_shape}")
+    torch._check(weight.shape[0] > 0, lambda: f"torchops.{op}: expected 'weight' to have "
+                 f"at least one row (class), but got shape {w_shape}")
+    rows = 1
+    for s in input.shape[:-1]:
+        rows = rows * s
+    torch._check(target.dtype == torch.int64, lambda: f"torchops.{op}: expected 'target' "
+                 f"to be int64 class indices, but got {target.dtype}")
+    torch._check(target.numel() == rows, lambda: f"torchops.{op}: expected 'target' to have "
+                 f"one class index per row of 'input' ({rows} rows of shape "
+                 f"{tuple(input.shape)}), but got shape {tuple(target.shape)}")
+    if bias is not None:
+        _check_same_dtype(op, input=input, bias=bias)
+        v = weight.shape[0]
+        torch._check(bias.dim() == 1 and bias.shape[0] == v, lambda: f"torchops.{op}: "
+                     f"expected 'bias' to have shape ({v}), but got {tuple(bias.shape)}")
+    return rows
+
+
+def _check_lce_options(op: str, label_smoothing: float, reduction: str,
+                       lse_square_scale: float, softcap: float | None) -> None:
+    torch._check(0.0 <= label_smoothing <= 1.0, lambda: f"torchops.{op}: expected "
+                 f"'label_smoothing' to be in [0, 1], but got {label_smoothing}")
+    torch._check(math.isfinite(lse_square_scale) and lse_square_scale >= 0.0,
+                 lambda: f"torchops.{op}: expected 'lse_square_scale' to be a finite number "
+                 f">= 0, but got {lse_square_scale}")
+    if softcap is not None:
+        torch._check(math.isfinite(softcap) and softcap > 0.0, lambda: f"torchops.{op}: "
+                     f"expected 'softcap' to be None or a finite number > 0, but got {softcap}")
+    _check_reduction(op, reduction)
+
+
+def _lce_grads_fake(input: Tensor, weight: Tensor, bias: Tensor | None,
+                    mask) -> tuple[Tensor, Tensor, Tensor]:
+    def placeholder():
+        return input.new_empty((0,))
+    gi = torch.empty_like(input, memory_format=torch.contiguous_format) if mask[0] \
+        else placeholder()
+    gw = weight.new_empty(weight.shape) if mask[1] else placeholder()
+    gb = input.new_empty((weight.shape[0],)) if mask[2] and bias is not None \
+        else placeholder()
+    return gi, gw, gb
+
+
+@torch.library.register_fake("torchops::fused_linear_cross_entropy")
+def _fused_linear_cross_entropy_fake(input, weight, target, bias=None, ignore_index=-100,
+                                     label_smoothing=0.0, reduction="mean",
+                                     lse_square_scale=0.0, softcap=None):
+    op = "fused_linear_cross_entropy"
+    _check_lce_options(op, label_smoothing, reduction, lse_square_scale, softcap)
+    _check_lce(op, input, weight, target, bias)
+    shape = target.shape if reduction == "none" else ()
+    return input.new_empty(shape, dtype=_lce_acc_dtype(input.dtype))
+
+
+@torch.library.register_fake("torchops::_fused_linear_cross_entropy_forward")
+def _fused_linear_cross_entropy_forward_fake(input, weight, target, bias, ignore_index,
+                                             label_smoothing, reduction, lse_square_scale,
+                                             softcap, output_mask):
+    op = "_fused_linear_cross_entropy_forward"
+    _check_lce_options(op, label_smoothing, reduction, lse_square_scale, softcap)
+    torch._check(not any(output_mask) or reduction != "none", lambda: f"torchops.{op}: "
+                 "gradients are computed in the forward only for a scalar loss (reduction "
+                 "'mean' or 'sum'), but got reduction 'none'")
+    n = _check_lce(op, input, weight, target, bias)
+    acc = _lce_acc_dtype(input.dtype)
+    shape = target.shape if reduction == "none" else ()
+    loss = input.new_empty(shape, dtype=acc)
+    lse = input.new_empty((n,), dtype=acc)
+    return (loss, lse, *_lce_grads_fake(input, weight, bias, output_mask))
+
+
+@torch.library.register_fake("torchops::_fused_linear_cross_entropy_backward")
+def _fused_linear_cross_entropy_backward_fake(grad, input, weight, target, bias, lse,
+                                              ignore_index, label_smoothing, reduction,
+                                              lse_square_scale, softcap, vocab_start,
+                                              vocab_size, output_mask):
+    op = "_fused_linear_cross_entropy_backward"
+    _check_lce_options(op, label_smoothing, reduction, lse_square_scale, softcap)
+    torch._check(vocab_size > 0, lambda: f"torchops.{op}: expected 'vocab_size' > 0, but "
+                 f"got {vocab_size}")
+    n = _check_lce(op, input, weight, target, bias)
+    _check_lce_vocab(op, vocab_start, vocab_size, weight.shape[0])
+    _check_same_device(op, input=input, grad=grad, lse=lse)
+    acc = _lce_acc_dtype(input.dtype)
+    torch._check(lse.dim() == 1 and lse.shape[0] == n and lse.dtype == acc,
+                 lambda: f"torchops.{op}: expected 'lse' of shape ({n}) and dtype {acc}, but "
+                 f"got shape {tuple(lse.shape)} and dtype {lse.dtype}")
+    torch._check(grad.dtype == acc, lambda: f"torchops.{op}: expected 'grad' of dtype {acc} "
+                 f"(the loss's), but got {grad.dtype}")
+    if reduction == "none":
+        torch._check(grad.numel() == n, lambda: f"torchops.{op}: expected 'grad' to have one "
+                     f"value per token ({n}) for reduction 'none', but got shape "
+                     f"{tuple(grad.shape)}")
+    else:
+        torch._check(grad.dim() == 0, lambda: f"torchops.{op}: expected 'grad' to be a 0-dim "
+                     f"tensor for reduction '{reduction}', but got shape {tuple(grad.shape)}")
+    return _lce_grads_fake(input, weight, bias, output_mask)
+
+
+def _check_lce_vocab(op: str, start: int, total: int, v: int) -> None:
+    torch._check(start >= 0 and total >= v and start <= total - v, lambda: f"torchops.{op}: "
+                 f"expected the weight's {v} rows to be classes [vocab_start, vocab_start + {v})"
+                 f" of vocab_size, but got vocab_start {start} and vocab_size {total}")
+
+
+@torch.library.register_fake("torchops::_fused_linear_cross_entropy_stats")
+def _fused_linear_cross_entropy_stats_fake(input, weight, target, bias, ignore_index, softcap,
+                                           vocab_start, vocab_size):
+    op = "_fused_linear_cross_entropy_stats"
+    _check_lce_options(op, 0.0, "none", 0.0, softcap)
+    torch._check(vocab_size > 0, lambda: f"torchops.{op}: expected 'vocab_size' > 0, but "
+                 f"got {vocab_size}")
+    n = _check_lce(op, input, weight, target, bias)
+    _check_lce_vocab(op, vocab_start, vocab_size, weight.shape[0])
+    return input.new_empty((n, 3), dtype=_lce_acc_dtype(input.dtype))

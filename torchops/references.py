@@ -618,3 +618,35 @@ def rotary_embedding_(positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Te
     rd = cos_sin_cache.shape[-1]
 
     return _apply_rotary(q, cos, sin, rd, interleaved), _apply_rotary(k, cos, sin, rd, interleaved)
+
+
+# --- losses: fused linear cross-entropy ------------------------------------------------
+
+
+def fused_linear_cross_entropy(input: Tensor, weight: Tensor, target: Tensor,
+                               bias: Tensor | None = None, ignore_index: int = -100,
+                               label_smoothing: float = 0.0, reduction: str = "mean",
+                               lse_square_scale: float = 0.0,
+                               softcap: float | None = None) -> Tensor:
+    """The unfused formula: the logits ``F.linear(input, weight, bias)`` in at
+    least float32, capped by ``softcap * tanh(logits / softcap)``, then
+    ``F.cross_entropy`` per token plus the z-loss ``lse_square_scale *
+    logsumexp(logits)**2`` of the tokens not ignored; "mean" divides by their
+    count."""
+    logits = F.linear(input, weight, bias)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logits = logits.reshape(-1, weight.shape[0])
+    t = target.reshape(-1)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    per = F.cross_entropy(logits, t, ignore_index=ignore_index, reduction="none",
+                          label_smoothing=label_smoothing)
+    valid = t != ignore_index
+    if lse_square_scale:
+        lse = torch.logsumexp(logits, dim=-1)
+        per = per + torch.where(valid, lse_square_scale * lse * lse, 0.0)
+    if reduction == "none":
+        return per.reshape(target.shape)
+    if reduction == "sum":
+        return per.sum()
+    return per.sum() / valid.sum()

@@ -18,6 +18,11 @@ struct EnvVar {
   bool testing;               // a testing switch
 };
 
+inline constexpr EnvVar kLceChunkMib = {
+    "TORCHOPS_LCE_CHUNK_MIB", EnvKind::kInt, nullptr, 1, 1, false};
+inline constexpr const char* kLceTargetCheckValues[] = {"sync", "nan"};
+inline constexpr EnvVar kLceTargetCheck = {
+    "TORCHOPS_LCE_TARGET_CHECK", EnvKind::kChoice, kLceTargetCheckValues, 2, INT64_MIN, false};
 inline constexpr const char* kTestingMatmulPathValues[] = {"auto", "decode", "sm90", "sm80", "simt"};
 inline constexpr EnvVar kTestingMatmulPath = {
     "TORCHOPS_TESTING_MATMUL_PATH", EnvKind::kChoice, kTestingMatmulPathValues, 5, INT64_MIN, true};

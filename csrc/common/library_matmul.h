@@ -10,6 +10,7 @@
 #include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/matmul.h>
+#include <ATen/ops/mm.h>
 
 #include "common/op_handle.h"
 
@@ -37,6 +38,29 @@ inline at::Tensor op_matmul(const at::Tensor& a, const at::Tensor& b) {
     return at::matmul(a, b);
   }
   return library_matmul(a, b);
+}
+
+// out = a @ b (2-D, out contiguous), by op_matmul's choice of GEMM; on CUDA
+// cuBLAS writes into `out` directly.
+inline void op_matmul_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  if (a.is_cuda() && !deterministic_cuda_gemm(a)) {
+    at::mm_out(out, a, b);
+  } else {
+    out.copy_(library_matmul(a, b));
+  }
+}
+
+// out += a @ b (2-D).  torchops.matmul has no accumulating form, and a
+// temporary of out's size per call is what a chunked op exists to avoid, so
+// this is ATen's addmm_ (cuBLAS or the CPU BLAS, accumulating in place)
+// except under deterministic algorithms on CUDA, where it is a temporary
+// from torchops.matmul added in.
+inline void op_matmul_accumulate(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  if (deterministic_cuda_gemm(a)) {
+    out.add_(library_matmul(a, b));
+  } else {
+    out.addmm_(a, b);
+  }
 }
 
 }  // namespace torchops

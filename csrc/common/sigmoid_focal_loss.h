@@ -24,10 +24,9 @@
 #include <type_traits>
 
 #include "common/checks.h"
+#include "common/reduction.h"
 
 namespace torchops {
-
-enum class FocalReduction { None, Mean, Sum };
 
 // gamma's common values get exact, cheap powers; anything else uses pow.
 // gamma == 0 must give q^0 = 1 even at q == 0 (torch.pow's pow(0, 0) = 1)
@@ -161,19 +160,6 @@ decltype(auto) dispatch_focal_gamma(FocalGamma kind, F&& f) {
 
 // --- argument checks -----------------------------------------------------------------
 
-inline FocalReduction parse_focal_reduction(const char* op, c10::string_view r) {
-  if (r == "none") {
-    return FocalReduction::None;
-  }
-  if (r == "mean") {
-    return FocalReduction::Mean;
-  }
-  TORCH_CHECK(
-      r == "sum", "torchops.", op, ": expected 'reduction' to be 'none', "
-      "'mean' or 'sum', but got '", std::string(r), "'");
-  return FocalReduction::Sum;
-}
-
 inline void check_focal_inputs(const char* op, const at::Tensor& inputs,
                                const at::Tensor& targets, double gamma) {
   check_floating(op, {inputs, "inputs"});
@@ -190,16 +176,16 @@ inline void check_focal_inputs(const char* op, const at::Tensor& inputs,
       "), but got ", targets.sizes());
 }
 
-inline FocalReduction check_sigmoid_focal_loss(
+inline Reduction check_sigmoid_focal_loss(
     const at::Tensor& inputs, const at::Tensor& targets, double gamma,
     c10::string_view reduction, c10::DeviceType device) {
   const char* op = "sigmoid_focal_loss";
   check_devices(op, device, {{inputs, "inputs"}, {targets, "targets"}});
   check_focal_inputs(op, inputs, targets, gamma);
-  return parse_focal_reduction(op, reduction);
+  return parse_reduction(op, reduction);
 }
 
-inline FocalReduction check_sigmoid_focal_loss_backward(
+inline Reduction check_sigmoid_focal_loss_backward(
     const at::Tensor& grad, const at::Tensor& inputs,
     const at::Tensor& targets, double gamma, c10::string_view reduction,
     c10::DeviceType device) {
@@ -208,8 +194,8 @@ inline FocalReduction check_sigmoid_focal_loss_backward(
       op, device, {{inputs, "inputs"}, {targets, "targets"}, {grad, "grad"}});
   check_focal_inputs(op, inputs, targets, gamma);
   check_same_dtype(op, {inputs, "inputs"}, {grad, "grad"});
-  const FocalReduction red = parse_focal_reduction(op, reduction);
-  if (red == FocalReduction::None) {
+  const Reduction red = parse_reduction(op, reduction);
+  if (red == Reduction::None) {
     TORCH_CHECK(
         grad.sizes() == inputs.sizes(), "torchops.", op, ": expected 'grad' "
         "to have the shape of 'inputs' (", inputs.sizes(), ") for reduction "

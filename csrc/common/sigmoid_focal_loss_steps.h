@@ -36,14 +36,14 @@ struct FocalCall {
   int64_t n;
   FocalParams<at::opmath_type<scalar_t>> prm;
   FocalGamma kind;
-  FocalReduction red;
+  Reduction red;
   at::TensorOptions options;  // the inputs': for scratch buffers
 };
 
 template <typename scalar_t>
 FocalCall<scalar_t> focal_call(const at::Tensor& x, const at::Tensor& t,
                                const scalar_t* grad, at::Tensor& out,
-                               double alpha, double gamma, FocalReduction red) {
+                               double alpha, double gamma, Reduction red) {
   return {x.const_data_ptr<scalar_t>(), t.const_data_ptr<scalar_t>(), grad,
           out.mutable_data_ptr<scalar_t>(), x.numel(),
           focal_params<at::opmath_type<scalar_t>>(alpha, gamma),
@@ -55,18 +55,18 @@ at::Tensor sigmoid_focal_loss_forward(const at::Tensor& inputs_in,
                                       const at::Tensor& targets_in,
                                       double alpha, double gamma,
                                       c10::string_view reduction) {
-  const FocalReduction red = check_sigmoid_focal_loss(
+  const Reduction red = check_sigmoid_focal_loss(
       inputs_in, targets_in, gamma, reduction, Kernels::device);
   [[maybe_unused]] const auto guard = Kernels::guard(inputs_in);
   const at::Tensor x = inputs_in.contiguous();
   const at::Tensor t = targets_in.contiguous();
   const int64_t n = x.numel();
-  if (red != FocalReduction::None && n == 0) {
+  if (red != Reduction::None && n == 0) {
     // The mean of nothing is nan, as in torch.mean.
     return at::empty({}, x.options()).fill_(
-        red == FocalReduction::Mean ? std::numeric_limits<double>::quiet_NaN() : 0.0);
+        red == Reduction::Mean ? std::numeric_limits<double>::quiet_NaN() : 0.0);
   }
-  at::Tensor out = red == FocalReduction::None
+  at::Tensor out = red == Reduction::None
       ? at::empty(x.sizes(), x.options())
       : at::empty({}, x.options());
   if (n == 0) {
@@ -86,7 +86,7 @@ at::Tensor sigmoid_focal_loss_backward(
     const at::Tensor& grad_in, const at::Tensor& inputs_in,
     const at::Tensor& targets_in, double alpha, double gamma,
     c10::string_view reduction) {
-  const FocalReduction red = check_sigmoid_focal_loss_backward(
+  const Reduction red = check_sigmoid_focal_loss_backward(
       grad_in, inputs_in, targets_in, gamma, reduction, Kernels::device);
   [[maybe_unused]] const auto guard = Kernels::guard(inputs_in);
   const at::Tensor x = inputs_in.contiguous();

@@ -201,13 +201,13 @@ struct CpuKernels {
   static void loss(const FocalCall<scalar_t>& c) {
     dispatch_focal_gamma(c.kind, [&](auto kind) {
       constexpr FocalGamma K = decltype(kind)::value;
-      if (c.red == FocalReduction::None) {
+      if (c.red == Reduction::None) {
         loss_none<K>(c.x, c.t, c.out, c.n, c.prm);
         return;
       }
       const double sum = loss_sum<K>(c.x, c.t, c.n, c.prm);
       *c.out = static_cast<scalar_t>(
-          c.red == FocalReduction::Sum ? sum : sum / static_cast<double>(c.n));
+          c.red == Reduction::Sum ? sum : sum / static_cast<double>(c.n));
     });
   }
 
@@ -216,9 +216,9 @@ struct CpuKernels {
     using T = at::opmath_type<scalar_t>;
     const scalar_t* gp = c.grad;
     T g_scalar = 0;
-    if (c.red != FocalReduction::None) {
+    if (c.red != Reduction::None) {
       g_scalar = static_cast<T>(*gp);
-      if (c.red == FocalReduction::Mean) {
+      if (c.red == Reduction::Mean) {
         g_scalar /= static_cast<T>(c.n);
       }
       gp = nullptr;

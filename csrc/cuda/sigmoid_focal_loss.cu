@@ -220,7 +220,7 @@ struct CudaKernels {
     const scalar_t* tp = c.t;
     scalar_t* op = c.out;
     const int64_t n = c.n;
-    if (c.red == FocalReduction::None) {
+    if (c.red == Reduction::None) {
       dispatch_pack<scalar_t>({xp, tp, op}, [&](auto v) {
         constexpr int V = decltype(v)::value;
         const PackRange r = pack_range<V>(n);
@@ -232,7 +232,7 @@ struct CudaKernels {
       return;
     }
     const T divisor =
-        c.red == FocalReduction::Mean ? static_cast<T>(n) : T(1);
+        c.red == Reduction::Mean ? static_cast<T>(n) : T(1);
     dispatch_pack<scalar_t>({xp, tp}, [&](auto v) {
       constexpr int V = decltype(v)::value;
       const PackRange r = pack_range<V>(n);
@@ -262,9 +262,9 @@ struct CudaKernels {
   template <typename scalar_t>
   static void grad(const FocalCall<scalar_t>& c) {
     using T = at::opmath_type<scalar_t>;
-    const bool grad_scalar = c.red != FocalReduction::None;
+    const bool grad_scalar = c.red != Reduction::None;
     const T g_divisor =
-        c.red == FocalReduction::Mean ? static_cast<T>(c.n) : T(1);
+        c.red == Reduction::Mean ? static_cast<T>(c.n) : T(1);
     const scalar_t* gp = c.grad;
     const scalar_t* xp = c.x;
     const scalar_t* tp = c.t;

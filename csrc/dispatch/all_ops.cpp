@@ -29,3 +29,5 @@
 // activations
 #include "dispatch/act_and_mul_dispatch.cpp"
 #include "dispatch/rotary_embedding_dispatch.cpp"
+// losses: fused linear cross-entropy
+#include "dispatch/fused_linear_cross_entropy_dispatch.cpp"
