@@ -164,7 +164,10 @@ struct CpuKernels {
     const acc_t inv_cap = c.p.has_cap ? acc_t(1) / static_cast<acc_t>(c.p.cap) : acc_t(0);
     for_each_row(c, [&](int64_t r, const acc_t* z) {
       scalar_t* y = c.logits + r * c.ld;
-      const acc_t s = scale[r];
+      // (check_targets has raised for a target no class has; NaN kept for
+      // the same rule as CUDA's.)
+      const acc_t s = out_of_range(c.target[r], c.p) ? std::numeric_limits<acc_t>::quiet_NaN()
+                                                     : scale[r];
       if (s == acc_t(0)) {  // an ignored row (or a zero upstream gradient)
         std::fill(y, y + c.cols, scalar_t(0));
         return;
