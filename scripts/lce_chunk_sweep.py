@@ -1,6 +1,7 @@
 """Time and peak memory of torchops.fused_linear_cross_entropy's forward +
 backward against its chunk budget (TORCHOPS_LCE_CHUNK_MIB), on one CUDA
-device, beside torch.compile of the unfused formula:
+device, beside the unfused formula (eager and torch.compile) and Liger-Kernel
+(when installed):
 
     python scripts/lce_chunk_sweep.py [--n 8192 --h 4096 --v 128256] [--mib 64,128,256,512]
 
@@ -53,7 +54,15 @@ def main():
     def eager(x, w, t):
         return F.cross_entropy(F.linear(x, w).float(), t)
 
+    rows.append(("eager",) + measure(eager, x, w, t))
     rows.append(("torch.compile",) + measure(torch.compile(eager), x, w, t))
+    try:
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+    except ImportError:
+        pass
+    else:
+        liger = LigerFusedLinearCrossEntropyLoss()
+        rows.append(("Liger-Kernel",) + measure(lambda x, w, t: liger(w, x, t), x, w, t))
     for mib in a.mib.split(","):
         os.environ["TORCHOPS_LCE_CHUNK_MIB"] = mib
         rows.append((f"torchops {mib} MiB",) + measure(torchops.fused_linear_cross_entropy,
