@@ -120,6 +120,10 @@ TORCH_LIBRARY(torchops, m) {
         "Tensor target, Tensor? bias, Tensor lse, int ignore_index, float label_smoothing, "
         "str reduction, float lse_square_scale, float? softcap, int vocab_start, "
         "int vocab_size, bool[3] output_mask) -> (Tensor, Tensor, Tensor)", pt2);
+  // grads *= scale (a 0-dim float32, float64 for float64 grads) in place,
+  // nothing at all where scale is 1, decided on the device: the backward of
+  // the loss scales the forward's gradients without a host sync.
+  m.def("_fused_linear_cross_entropy_scale_(Tensor(a!)[] grads, Tensor scale) -> ()", pt2);
   m.def("_fused_linear_cross_entropy_stats(Tensor input, Tensor weight, Tensor target, "
         "Tensor? bias, int ignore_index, float? softcap, int vocab_start, int vocab_size) "
         "-> Tensor", pt2);

@@ -1966,3 +1966,16 @@ def _fused_linear_cross_entropy_stats_fake(input, weight, target, bias, ignore_i
     n = _check_lce(op, input, weight, target, bias)
     _check_lce_vocab(op, vocab_start, vocab_size, weight.shape[0])
     return input.new_empty((n, 3), dtype=_lce_acc_dtype(input.dtype))
+
+
+@torch.library.register_fake("torchops::_fused_linear_cross_entropy_scale_")
+def _fused_linear_cross_entropy_scale__fake(grads, scale) -> None:
+    op = "_fused_linear_cross_entropy_scale_"
+    for i, t in enumerate(grads):
+        _check_same_device(op, grads=t, scale=scale)
+        _check_floating(op, "grads", t)
+        dt, st, shape, s_shape = t.dtype, scale.dtype, tuple(t.shape), tuple(scale.shape)
+        torch._check(t.is_contiguous() and scale.dim() == 0 and st == _lce_acc_dtype(dt),
+                     lambda: f"torchops.{op}: expected contiguous grads and a 0-dim scale of "
+                     f"their accumulation type, but grads[{i}] is {dt} of shape {shape} and "
+                     f"scale {st} of shape {s_shape}")

@@ -6,11 +6,14 @@
 //   Kernels::device                      c10::DeviceType
 //   Kernels::guard(t)                    kept alive for the call (CUDA: the
 //                                        device guard)
-//   Kernels::check_targets(t, p)         raises (or, where it cannot without
-//                                        a sync it may not make, marks the
-//                                        row NaN in the stats pass) for a
-//                                        target outside [0, vocab_total)
-//                                        that is not p.ignore_index
+//   Kernels::check_targets(t, p)         raises for a target outside
+//                                        [0, vocab_total) that is not
+//                                        p.ignore_index (CUDA: where it may
+//                                        sync; the passes make such a row
+//                                        NaN, never reading outside it).
+//                                        Called after the passes are queued,
+//                                        so a sync finds the device busy
+//                                        instead of leaving it idle.
 //   Kernels::free_bytes(t)               memory the chunk may come from
 //   Kernels::stats<scalar_t>(c, stats)   each row's (lse, z_t, sum z) over
 //                                        the chunk's columns, into `stats`
@@ -18,6 +21,8 @@
 //   Kernels::grad<scalar_t>(c, lse, lse_stride, scale)
 //                                        overwrites the chunk's logits with
 //                                        scale * dloss/dy, in place
+//   Kernels::scale(t, s)                 t *= s in place (s a 0-dim tensor
+//                                        on the device), nothing when s is 1
 //
 // The chunk loop.  Rows of input are taken `chunk` at a time (lce_chunk_rows:
 // a memory budget over V); per chunk the logits (rows x V, the input's dtype)
@@ -276,7 +281,6 @@ fused_linear_cross_entropy_forward(
               "'mean' or 'sum'), but got reduction 'none'");
   [[maybe_unused]] const auto guard = Kernels::guard(input);
   const LceOperands o = lce_operands(op, input, weight, target, bias, p, Kernels::device);
-  Kernels::check_targets(o.t, o.p);
   const at::Tensor stats = at::empty({o.s.n, kLceStats}, o.x.options().dtype(o.acc));
   const at::Tensor valid = o.t.ne(o.p.ignore_index);
   LceGrads g = lce_new_grads(op, o, output_mask);
@@ -288,6 +292,7 @@ fused_linear_cross_entropy_forward(
   at::Tensor loss = lce_loss(stats, valid, o.p, target.sizes());
   at::Tensor lse = stats.select(1, kLceLse).contiguous();
   auto [gi, gw, gb] = lce_finish_grads(g, input);
+  Kernels::check_targets(o.t, o.p);
   return {loss, lse, gi, gw, gb};
 }
 
@@ -301,11 +306,12 @@ at::Tensor fused_linear_cross_entropy(
                                         lse_square_scale, softcap);
   [[maybe_unused]] const auto guard = Kernels::guard(input);
   const LceOperands o = lce_operands(op, input, weight, target, bias, p, Kernels::device);
-  Kernels::check_targets(o.t, o.p);
   const at::Tensor stats = at::empty({o.s.n, kLceStats}, o.x.options().dtype(o.acc));
   LceGrads none;
   lce_chunks<Kernels>(o, stats, at::Tensor(), at::Tensor(), none);
-  return lce_loss(stats, o.t.ne(o.p.ignore_index), o.p, target.sizes());
+  at::Tensor loss = lce_loss(stats, o.t.ne(o.p.ignore_index), o.p, target.sizes());
+  Kernels::check_targets(o.t, o.p);
+  return loss;
 }
 
 // _fused_linear_cross_entropy_backward: the gradients for an upstream `grad`,
@@ -342,13 +348,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_cross_entropy_backwa
     TORCH_CHECK(grad.dim() == 0, "torchops.", op, ": expected 'grad' to be a 0-dim tensor "
                 "for reduction '", std::string(reduction), "', but got shape ", grad.sizes());
   }
-  Kernels::check_targets(o.t, o.p);
   const at::Tensor valid = o.t.ne(o.p.ignore_index);
   LceGrads g = lce_new_grads(op, o, output_mask);
   if (g.mask[0] || g.mask[1] || g.mask[2]) {
     const at::Tensor scale = lce_row_scale(grad, valid, o.p.red, o.acc).contiguous();
     lce_chunks<Kernels>(o, at::Tensor(), lse.contiguous(), scale, g);
   }
+  Kernels::check_targets(o.t, o.p);
   return lce_finish_grads(g, input);
 }
 
@@ -368,16 +374,39 @@ at::Tensor fused_linear_cross_entropy_stats(
   p.vocab_total = vocab_size;
   [[maybe_unused]] const auto guard = Kernels::guard(input);
   const LceOperands o = lce_operands(op, input, weight, target, bias, p, Kernels::device);
-  Kernels::check_targets(o.t, o.p);
   const at::Tensor stats = at::empty({o.s.n, kLceStats}, o.x.options().dtype(o.acc));
   LceGrads none;
   lce_chunks<Kernels>(o, stats, at::Tensor(), at::Tensor(), none);
+  Kernels::check_targets(o.t, o.p);
   return stats;
+}
+
+// _fused_linear_cross_entropy_scale_: each of `grads` (contiguous, on the
+// device) times `scale`, in place.
+template <typename Kernels>
+void fused_linear_cross_entropy_scale_(at::TensorList grads, const at::Tensor& scale) {
+  const char* op = "_fused_linear_cross_entropy_scale_";
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const at::Tensor& t = grads[i];
+    check_devices(op, Kernels::device, {{t, "grads"}, {scale, "scale"}});
+    check_floating(op, {t, "grads"});
+    TORCH_CHECK(t.is_contiguous() && scale.dim() == 0 &&
+                    scale.scalar_type() == lce_acc_type(t.scalar_type()),
+                "torchops.", op, ": expected contiguous grads and a 0-dim scale of their "
+                "accumulation type, but grads[", i, "] is ", t.scalar_type(), " of shape ",
+                t.sizes(), " and scale ", scale.scalar_type(), " of shape ", scale.sizes());
+  }
+  for (const at::Tensor& t : grads) {
+    if (t.numel() > 0) {
+      [[maybe_unused]] const auto guard = Kernels::guard(t);
+      Kernels::scale(t, scale);
+    }
+  }
 }
 
 }  // namespace torchops
 
-// Registers the four ops' kernels at `key`, from Kernels.
+// Registers the five ops' kernels at `key`, from Kernels.
 #define TORCHOPS_REGISTER_LCE(key, Kernels)                                                    \
   TORCH_LIBRARY_IMPL(torchops, key, m) {                                                      \
     m.impl("fused_linear_cross_entropy", &torchops::fused_linear_cross_entropy<Kernels>);    \
@@ -387,4 +416,6 @@ at::Tensor fused_linear_cross_entropy_stats(
            &torchops::fused_linear_cross_entropy_backward<Kernels>);                         \
     m.impl("_fused_linear_cross_entropy_stats",                                               \
            &torchops::fused_linear_cross_entropy_stats<Kernels>);                            \
+    m.impl("_fused_linear_cross_entropy_scale_",                                              \
+           &torchops::fused_linear_cross_entropy_scale_<Kernels>);                           \
   }

@@ -137,6 +137,12 @@ struct CpuKernels {
     }
   }
 
+  static void scale(const at::Tensor& t, const at::Tensor& s) {
+    if (s.item<double>() != 1.0) {
+      t.mul_(s);
+    }
+  }
+
   template <typename scalar_t>
   static void stats(const LceChunk<scalar_t>& c, at::opmath_type<scalar_t>* out) {
     using acc_t = at::opmath_type<scalar_t>;

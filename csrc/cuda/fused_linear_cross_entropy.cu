@@ -20,6 +20,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <mutex>
+#include <unordered_map>
 
 #include "common/env.h"
 #include "common/fused_linear_cross_entropy_steps.h"
@@ -236,6 +238,27 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+// p[0, n) *= *s, read on the device: nothing at all when it is 1 (the
+// upstream gradient of a loss that ends the graph).
+template <typename scalar_t, int VEC>
+__global__ void scale_kernel(scalar_t* p, int64_t n, const at::opmath_type<scalar_t>* s) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const acc_t g = *s;
+  if (g == acc_t(1)) {
+    return;
+  }
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * VEC;
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * VEC; i < n;
+       i += stride) {
+    Pack<scalar_t, VEC> v = *reinterpret_cast<Pack<scalar_t, VEC>*>(p + i);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      v.v[k] = static_cast<scalar_t>(static_cast<acc_t>(v.v[k]) * g);
+    }
+    *reinterpret_cast<Pack<scalar_t, VEC>*>(p + i) = v;
+  }
+}
+
 // Calls f(std::integral_constant<int, VEC>{}) with 16-byte packs where the
 // chunk's rows and the bias allow them, else single values.
 template <typename scalar_t, typename F>
@@ -260,18 +283,32 @@ struct CudaKernels {
            c10::cuda::CaptureStatus::None;
   }
 
-  // Free device memory plus what the caching allocator holds unused; while
-  // a CUDA graph is captured, unbounded (the chunk budget alone decides).
+  // The device's memory less what this process's caching allocator has
+  // handed out: the allocator's own view, with no driver call (cudaMemGetInfo
+  // costs milliseconds on some systems, which the GPU would spend idle).
+  // Memory other processes hold is not seen.
   static uint64_t free_bytes(const at::Tensor& input) {
-    if (capturing()) {
-      return std::numeric_limits<uint64_t>::max();
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(input.get_device());
+    // Index 0: the aggregate over the allocator's pools.
+    const int64_t used = std::max<int64_t>(stats.allocated_bytes[0].current, 0);
+    const uint64_t total = total_bytes(input.get_device());
+    return total > static_cast<uint64_t>(used) ? total - static_cast<uint64_t>(used) : 0;
+  }
+
+  // The device's memory, asked of the driver once per device (the caller's
+  // device guard makes it the current device).
+  static uint64_t total_bytes(c10::DeviceIndex device) {
+    static std::mutex mu;
+    static std::unordered_map<int, uint64_t> totals;
+    const std::lock_guard<std::mutex> lock(mu);
+    const auto it = totals.find(device);
+    if (it != totals.end()) {
+      return it->second;
     }
     size_t free = 0, total = 0;
     C10_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(input.get_device());
-    // Index 0: the aggregate over the allocator's pools.
-    const int64_t cached = stats.reserved_bytes[0].current - stats.allocated_bytes[0].current;
-    return static_cast<uint64_t>(free) + static_cast<uint64_t>(std::max<int64_t>(cached, 0));
+    totals.emplace(device, static_cast<uint64_t>(total));
+    return total;
   }
 
   // TORCHOPS_LCE_TARGET_CHECK=sync (the default): one reduction and a host
@@ -294,6 +331,26 @@ struct CudaKernels {
     TORCH_CHECK(false, "torchops.fused_linear_cross_entropy: expected every 'target' to be a "
                 "class in [0, ", p.vocab_total, ") or ignore_index (", p.ignore_index,
                 "), but target[", i, "] is ", t.select(0, i).item<int64_t>());
+  }
+
+  static void scale(const at::Tensor& t, const at::Tensor& s) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, t.scalar_type(), "torchops.fused_linear_cross_entropy", [&] {
+          using acc_t = at::opmath_type<scalar_t>;
+          scalar_t* p = t.mutable_data_ptr<scalar_t>();
+          const acc_t* sp = s.const_data_ptr<acc_t>();
+          const int64_t n = t.numel();
+          constexpr int kPack = pack_size<scalar_t>();
+          const int threads = 256;
+          if (n % kPack == 0 && aligned_for_packs({p})) {
+            scale_kernel<scalar_t, kPack><<<grid_for(n / kPack, threads), threads, 0,
+                                            current_stream()>>>(p, n, sp);
+          } else {
+            scale_kernel<scalar_t, 1><<<grid_for(n, threads), threads, 0, current_stream()>>>(
+                p, n, sp);
+          }
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        });
   }
 
   template <typename scalar_t>

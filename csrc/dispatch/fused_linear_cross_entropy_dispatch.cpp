@@ -72,6 +72,12 @@ Grads backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor
                  z_scale, softcap, 0, weight.size(0), mask);
 }
 
+void scale_(at::TensorList grads, const at::Tensor& scale) {
+  static const auto op = typed_handle<void(at::TensorList, const at::Tensor&)>(
+      "torchops::_fused_linear_cross_entropy_scale_");
+  op.call(grads, scale);
+}
+
 }  // namespace ops
 
 bool wants_grad(const at::Tensor& t) {
@@ -115,15 +121,15 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     auto kept = ctx->saved_data.find("grads");
     if (kept != ctx->saved_data.end()) {
       // Computed by the forward for an upstream gradient of 1: scaled in
-      // place and handed over (the only reference, so autograd takes the
-      // tensors as they are instead of copying them).
+      // place (on the device, skipped there when the upstream gradient is
+      // 1) and handed over, the only reference, so autograd takes the
+      // tensors as they are instead of copying them.
       auto list = kept->second.toTensorList();
       ctx->saved_data.erase(kept);
       at::Tensor gi = list.get(0), gw = list.get(1), gb = list.get(2);
       list = c10::List<at::Tensor>();
-      for (at::Tensor* t : {&gi, &gw, &gb}) {
-        t->mul_(g);  // (a (0,) placeholder stays one)
-      }
+      ops::scale_({gi, gw, gb}, g.to(gi.scalar_type() == at::kDouble ? at::kDouble
+                                                                        : at::kFloat));
       out = {std::move(gi), std::move(gw), std::move(gb)};
     } else {
       const c10::IValue& cap = ctx->saved_data["softcap"];
