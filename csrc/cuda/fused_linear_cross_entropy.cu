@@ -284,9 +284,8 @@ struct CudaKernels {
   }
 
   // The device's memory less what this process's caching allocator has
-  // handed out: the allocator's own view, with no driver call (cudaMemGetInfo
-  // costs milliseconds on some systems, which the GPU would spend idle).
-  // Memory other processes hold is not seen.
+  // handed out: the allocator's own view, with no driver call on the way to
+  // the first GEMM.  Memory other processes hold is not seen.
   static uint64_t free_bytes(const at::Tensor& input) {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(input.get_device());
     // Index 0: the aggregate over the allocator's pools.
