@@ -136,10 +136,203 @@ def main() -> None:
                 results[key] = "ok"
             except Exception:
                 results[key] = traceback.format_exc(limit=6)
+    if VOCAB_PARALLEL in only:
+        results.update(vocab_parallel_cases(mesh, a.device))
     with open(os.path.join(a.out, f"rank{a.rank}.json"), "w") as f:
         json.dump(results, f, indent=1)
     dist.barrier()
     dist.destroy_process_group()
+
+
+# --- fused_linear_cross_entropy: the vocabulary-parallel head --------------------------
+# torchops.tensor_parallel communicates (one all-reduce in the forward, one in
+# the backward for the input's gradient), so its cases are not sharding-rule
+# samples: they run when --ops names VOCAB_PARALLEL.  Each builds the full
+# tensors from the same seed on every rank, computes the single-process op on
+# the full weight, then the op on the weight (and bias) distributed Shard(0),
+# and checks the loss, the gradients and the collectives counted.
+
+VOCAB_PARALLEL = "fused_linear_cross_entropy_vocab_parallel"
+
+
+def _vp_tol(dtype):
+    from opdb import DEFAULT_TOLS, Tol
+
+    # Both paths run the same kernels; only the combination of the ranks'
+    # logsumexps rounds differently: float64 agrees far below its default.
+    return Tol(1e-12, 1e-10) if dtype == torch.float64 else DEFAULT_TOLS[dtype]
+
+
+def _vp_expect_all_reduces(comm, count: int, what: str) -> None:
+    counts = {str(k): v for k, v in comm.get_comm_counts().items() if v}
+    assert comm.get_total_counts() == count and all("all_reduce" in k for k in counts), \
+        f"{what}: expected {count} all-reduce(s), got {counts}"
+
+
+def _vp_case(mesh, device, *, dtype=torch.float64, shape=(6,), h=8, v=7, bias=True,
+             ignored=(1,), input_grad=True, replicated=False, autocast=None, scale=1.0,
+             compiled=False, **kw) -> None:
+    from contextlib import nullcontext
+
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    import torchops
+
+    ignore_index = kw.setdefault("ignore_index", -100)
+    x = torch.randn(*shape, h, dtype=dtype, device=device) * scale
+    w = torch.randn(v, h, dtype=dtype, device=device)
+    b = torch.randn(v, dtype=dtype, device=device) if bias else None
+    t = torch.randint(0, v, shape, device=device)
+    if t.numel():
+        t.view(-1)[list(ignored)] = ignore_index
+
+    def amp():
+        return torch.autocast(device, dtype=autocast) if autocast else nullcontext()
+
+    rx = x.clone().requires_grad_(input_grad)
+    rw = w.clone().requires_grad_()
+    rb = b.clone().requires_grad_() if bias else None
+    with amp():
+        ref = torchops.fused_linear_cross_entropy(rx, rw, t, rb, **kw)
+    g = torch.randn_like(ref)
+
+    dw = distribute_tensor(w, mesh, [Shard(0)]).requires_grad_()
+    db = distribute_tensor(b, mesh, [Shard(0)]).requires_grad_() if bias else None
+    if replicated:
+        dx = distribute_tensor(x, mesh, [Replicate()]).requires_grad_(input_grad)
+        dt = distribute_tensor(t, mesh, [Replicate()])
+    else:
+        dx, dt = x.clone().requires_grad_(input_grad), t
+    lce = torchops.fused_linear_cross_entropy
+    if compiled:
+        # aot_eager: dynamo's and AOTAutograd's tracing (the collectives, the
+        # autograd.Function, DTensor's to_local) without inductor's build time.
+        lce = torch.compile(lce, fullgraph=True, dynamic=True, backend="aot_eager")
+    # (torch.compile does not trace under a dispatch mode: a compiled call
+    # is not counted.)
+    with amp(), nullcontext() if compiled else CommDebugMode() as comm:
+        loss = lce(dx, dw, dt, db, **kw)
+    if not compiled:
+        _vp_expect_all_reduces(comm, 1 if t.numel() else 0, "the forward")
+    if replicated:
+        assert isinstance(loss, DTensor) and tuple(loss.placements) == (Replicate(),), \
+            f"the loss of a replicated input: {loss!r}"
+        dg, loss_local = distribute_tensor(g, mesh, [Replicate()]), loss.to_local()
+    else:
+        assert not isinstance(loss, DTensor), "the loss of a plain input is a DTensor"
+        dg, loss_local = g, loss
+    assert loss_local.dtype == ref.dtype and loss_local.shape == ref.shape, \
+        f"loss {loss_local.dtype} {tuple(loss_local.shape)}, expected {ref.dtype} " \
+        f"{tuple(ref.shape)}"
+    tol = _vp_tol(autocast or dtype)
+    torch.testing.assert_close(loss_local, ref.detach(), atol=tol.atol, rtol=tol.rtol,
+                               equal_nan=True, msg=lambda m: f"loss: {m}")
+
+    torch.autograd.backward(ref, g)
+    with nullcontext() if compiled else CommDebugMode() as comm:
+        torch.autograd.backward(loss, dg)
+    if not compiled:
+        _vp_expect_all_reduces(comm, 1 if input_grad and t.numel() else 0, "the backward")
+    pairs = [("weight", dw.grad, rw.grad, Shard(0))]
+    if bias:
+        pairs.append(("bias", db.grad, rb.grad, Shard(0)))
+    if input_grad:
+        pairs.append(("input", dx.grad, rx.grad, Replicate() if replicated else None))
+    for name, got, want, placement in pairs:
+        if placement is None:
+            assert not isinstance(got, DTensor), f"{name}'s gradient is a DTensor"
+        else:
+            assert isinstance(got, DTensor) and tuple(got.placements) == (placement,), \
+                f"{name}'s gradient: {type(got).__name__} {getattr(got, 'placements', '')}"
+            got = got.full_tensor()
+        torch.testing.assert_close(got, want, atol=tol.atol, rtol=tol.rtol,
+                                   msg=lambda m: f"gradient of {name}: {m}")
+
+
+def _vp_raises(exc, match: str, fn) -> None:
+    try:
+        fn()
+    except exc as e:
+        assert match in str(e) and "torchops.fused_linear_cross_entropy" in str(e), \
+            f"{type(e).__name__} without {match!r}: {e}"
+        return
+    raise AssertionError(f"no {exc.__name__} raised")
+
+
+def _vp_errors(mesh, device, cpu: bool) -> None:
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    import torchops
+
+    x = torch.randn(4, 8, dtype=torch.float64, device=device)
+    w = torch.randn(7, 8, dtype=torch.float64, device=device)
+    t = torch.tensor([0, 6, -100, 3], device=device)
+    lce = torchops.fused_linear_cross_entropy
+    sharded = distribute_tensor(w, mesh, [Shard(0)])
+    for placement in (Replicate(), Shard(1)):
+        _vp_raises(ValueError, "Shard(0)",
+                   lambda: lce(x, distribute_tensor(w, mesh, [placement]), t))
+    _vp_raises(ValueError, "'bias'", lambda: lce(x, sharded, t, torch.randn(
+        7, dtype=torch.float64, device=device)))
+    _vp_raises(ValueError, "'input'",
+               lambda: lce(distribute_tensor(x, mesh, [Shard(0)]), sharded, t))
+    _vp_raises(RuntimeError, "'weight'", lambda: lce(x[:, :5], sharded, t))
+    _vp_raises(ValueError, "'reduction'", lambda: lce(x, sharded, t, reduction="avg"))
+    if cpu:
+        # Rejected on every rank before any collective, the rank without
+        # classes (a weight of one row) included: no rank is left waiting.
+        _vp_raises(RuntimeError, "target", lambda: lce(x, sharded, t.clamp(max=7) + 1))
+        _vp_raises(RuntimeError, "target",
+                   lambda: lce(x, distribute_tensor(w[:1], mesh, [Shard(0)]), t.clamp(0, 1)))
+
+
+def vocab_parallel_cases(mesh, device: str) -> dict[str, str]:
+    """Case id -> "ok" or the failure, for the vocabulary-parallel head."""
+    f64, f32 = torch.float64, torch.float32
+    cases = []
+    for dt in (f64, f32):
+        cases += [
+            dict(dtype=dt),
+            dict(dtype=dt, reduction="sum", bias=False, label_smoothing=0.1, ignore_index=2,
+                 shape=(2, 3), ignored=(0, 4)),
+            dict(dtype=dt, reduction="none", lse_square_scale=1e-2, softcap=3.0, scale=3.0,
+                 ignored=(2, 3)),
+            dict(dtype=dt, label_smoothing=0.2, lse_square_scale=1e-3, softcap=4.0,
+                 scale=3.0, input_grad=False),
+        ]
+    cases += [
+        dict(v=1, label_smoothing=0.1),                        # rank 1 holds no class
+        dict(v=2, reduction="none", label_smoothing=0.3, bias=False),
+        dict(replicated=True, reduction="sum", label_smoothing=0.1),
+        dict(replicated=True, reduction="none", softcap=2.0, input_grad=False),
+        dict(ignored=range(6)),                                # every token ignored: nan
+        dict(ignored=range(6), reduction="sum", label_smoothing=0.1),
+        dict(shape=(0,), ignored=()),                          # no tokens
+        dict(dtype=f32, autocast=torch.bfloat16, label_smoothing=0.1, shape=(3, 4),
+             ignored=(5,)),
+    ]
+    from opdb import full_profile
+
+    if full_profile():  # tracing costs tens of seconds on a CPU: not in CI's run
+        cases.append(dict(compiled=True, label_smoothing=0.1, lse_square_scale=1e-3,
+                          softcap=4.0))
+    results: dict[str, str] = {}
+    for i, case in enumerate(cases):
+        torch.manual_seed(7000 + i)
+        key = f"{VOCAB_PARALLEL}[{i}] " + ", ".join(f"{k}={v}" for k, v in case.items())
+        try:
+            _vp_case(mesh, device, **case)
+            results[key] = "ok"
+        except Exception:
+            results[key] = traceback.format_exc(limit=6)
+    key = f"{VOCAB_PARALLEL}[{len(cases)}] errors"
+    try:
+        _vp_errors(mesh, device, cpu=device == "cpu")
+        results[key] = "ok"
+    except Exception:
+        results[key] = traceback.format_exc(limit=6)
+    return results
 
 
 if __name__ == "__main__":

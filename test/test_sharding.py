@@ -127,3 +127,26 @@ def test_every_rule_has_a_sharding_sample():
             covered |= {e.name, *e.internal_ops}
     untested = sorted(set(torchops.sharding._rule_names()) - covered)
     assert not untested, f"rules without a sharding sample in the op database: {untested}"
+
+
+# --- fused_linear_cross_entropy: the vocabulary-parallel head --------------------------
+# Not a sharding rule (it communicates), so no op-database sample: the worker
+# runs its own cases when the launch names VOCAB_PARALLEL, in the same launch
+# as the rules' samples (the parameters test_sharding's are named alike).
+from sharding_worker import VOCAB_PARALLEL  # noqa: E402
+
+
+@pytest.mark.parametrize("device", [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+        torch.cuda.device_count() < WORLD, reason=f"needs {WORLD} GPUs")]),
+])
+@pytest.mark.parametrize("name", [VOCAB_PARALLEL])
+def test_fused_linear_cross_entropy_vocab_parallel(name, device, request):
+    """torchops.fused_linear_cross_entropy with its weight (and bias) a Shard(0)
+    DTensor (torchops.tensor_parallel) against the single-process op on the
+    full weight: test/sharding_worker.py's vocab_parallel_cases (reductions,
+    options, uneven and empty shards, replicated DTensor inputs, autocast,
+    errors), each also checking that the forward makes one all-reduce and
+    the backward one more only when the input needs its gradient."""
+    test_sharding(name, device, request)
