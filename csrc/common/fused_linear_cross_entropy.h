@@ -41,6 +41,8 @@ struct LceParams {
   int64_t vocab_start = 0;
   int64_t vocab_total = 0;
   Reduction red = Reduction::Mean;
+  // Whether the stats pass sums z (only label smoothing reads the sum).
+  bool want_sum = false;
 };
 
 // Row statistics, one float per field (double for double inputs).
@@ -158,6 +160,7 @@ inline LceParams check_lce_options(const char* op, int64_t ignore_index,
   TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, "torchops.", op,
               ": expected 'label_smoothing' to be in [0, 1], but got ", label_smoothing);
   p.smoothing = label_smoothing;
+  p.want_sum = label_smoothing != 0.0;
   TORCH_CHECK(std::isfinite(lse_square_scale) && lse_square_scale >= 0.0, "torchops.", op,
               ": expected 'lse_square_scale' to be a finite number >= 0, but got ",
               lse_square_scale);

@@ -372,10 +372,7 @@ at::Tensor fused_linear_cross_entropy_stats(
   TORCH_CHECK(vocab_size > 0, "torchops.", op, ": expected 'vocab_size' > 0, but got ",
               vocab_size);
   p.vocab_total = vocab_size;
-  // The stats kernels sum z only for a non-zero smoothing (the one term that
-  // uses it); this op promises the sum, so it asks for it that way (no grad
-  // pass runs here to read the smoothing otherwise).
-  p.smoothing = 1.0;
+  p.want_sum = true;  // this op promises the sum whatever the smoothing
   [[maybe_unused]] const auto guard = Kernels::guard(input);
   const LceOperands o = lce_operands(op, input, weight, target, bias, p, Kernels::device);
   const at::Tensor stats = at::empty({o.s.n, kLceStats}, o.x.options().dtype(o.acc));

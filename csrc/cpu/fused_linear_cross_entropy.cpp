@@ -146,7 +146,7 @@ struct CpuKernels {
   template <typename scalar_t>
   static void stats(const LceChunk<scalar_t>& c, at::opmath_type<scalar_t>* out) {
     using acc_t = at::opmath_type<scalar_t>;
-    const bool want_sum = c.p.smoothing != 0.0;
+    const bool want_sum = c.p.want_sum;
     for_each_row(c, [&](int64_t r, const acc_t* z) {
       const acc_t m = row_max(z, c.cols);
       // All -inf, +inf or NaN: the lse is that (torch.logsumexp's -inf, inf,

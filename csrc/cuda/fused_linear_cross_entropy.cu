@@ -356,7 +356,7 @@ struct CudaKernels {
   static void stats(const LceChunk<scalar_t>& c, at::opmath_type<scalar_t>* out) {
     using acc_t = at::opmath_type<scalar_t>;
     const auto cc = cap_consts<acc_t>(c.p);
-    const bool want_sum = c.p.smoothing != 0.0;
+    const bool want_sum = c.p.want_sum;
     dispatch_vec(c, [&](auto vec) {
       constexpr int VEC = decltype(vec)::value;
       dispatch_lce_cap(c.p.has_cap, [&](auto has_cap) {
