@@ -176,18 +176,19 @@ def _lce_samples(device, dtype, requires_grad=False):
         yield sample((n,), h, v, name=f"lce_c{n}")
     for r in ("mean", "sum", "none"):
         yield sample((7,), 8, 13, r)
-        yield sample((7,), 8, 13, r, bias=False, name=f"lce_no_bias_{r}")
-        # Leading dims flatten into the tokens; "none" keeps the target's shape.
-        yield sample((2, 3), 8, 11, r, ignored=(0, -1), name=f"lce_leading_{r}")
-        # Empty: no tokens, no features.  (A mean of nothing is nan, as
-        # torch's, which opcheck's comparison does not accept:
-        # test_linear_cross_entropy.py covers it.)
-        if r != "mean":
-            yield sample((0,), 8, 5, r, name=f"lce_no_tokens_{r}")
-        yield sample((3,), 0, 5, r, ignored=(), name=f"lce_no_features_{r}")
         # Every option at once, large logits.
         yield sample((6,), 8, 19, r, smoothing=0.1, z=1e-2, softcap=5.0, scale=2.0,
                      name=f"lce_all_options_{r}")
+    for r in ("mean", "none"):
+        yield sample((7,), 8, 13, r, bias=False, name=f"lce_no_bias_{r}")
+        # Leading dims flatten into the tokens; "none" keeps the target's shape.
+        yield sample((2, 3), 8, 11, r, ignored=(0, -1), name=f"lce_leading_{r}")
+    # Empty: no tokens, no features.  (A mean of nothing is nan, as torch's,
+    # which opcheck's comparison does not accept: test_linear_cross_entropy.py
+    # covers it.)
+    for r in ("sum", "none"):
+        yield sample((0,), 8, 5, r, name=f"lce_no_tokens_{r}")
+    yield sample((3,), 0, 5, "mean", ignored=(), name="lce_no_features")
     for layout in ("input_t", "weight_t", "weight_sliced", "bias_expanded", "target_t"):
         yield sample((5,), 7, 9, "mean" if layout != "target_t" else "none", layout=layout,
                      name=f"lce_{layout}")
