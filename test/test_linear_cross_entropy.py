@@ -149,6 +149,32 @@ def test_chunk_budget_of_one_row(monkeypatch):
     _assert_close_all(many, want, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_memory_beyond_the_gradients_is_one_chunk(monkeypatch, device, reduction):
+    """At a 1 MiB budget (64 rows of 4096 float32 logits) a training step
+    of 1024 tokens needs about one chunk beyond its inputs and gradients
+    (the logits whole would be 16 MiB, grad_weight alone 4 MiB): no
+    temporary of grad_weight's size, no second chunk alive."""
+    from torchops.bench.runner import peak_memory
+
+    torch.manual_seed(0)
+    x, w, t, b = lce_inputs((1024,), 256, 4096, device, torch.float32, ignored=(3,))
+    up = torch.rand(1024, device=device) if reduction == "none" else None
+    monkeypatch.setenv("TORCHOPS_LCE_CHUNK_MIB", "1")
+    leaves = _leaves((x, w, b))
+
+    def step():
+        loss = torchops.fused_linear_cross_entropy(leaves[0], leaves[1], t, leaves[2],
+                                                   reduction=reduction)
+        return torch.autograd.grad(loss, leaves, None if up is None else up)
+
+    step()  # lazy initialisations outside the measured call
+    peak, grads = peak_memory(step, device)
+    assert grads == sum(v.numel() * 4 for v in leaves)
+    assert peak - grads <= 1.5 * (1 << 20), (peak, grads)
+
+
 # --- ignored tokens -----------------------------------------------------------------------
 
 
