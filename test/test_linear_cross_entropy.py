@@ -134,9 +134,13 @@ def test_many_chunks_equal_one_chunk(monkeypatch, device, reduction):
 
     many = _chunked(monkeypatch, 1, call)
     one = _chunked(monkeypatch, 1024, call)
-    # Rows are independent: each row's statistics are the same numbers.
-    assert torch.equal(many[2], one[2])
-    assert torch.equal(many[0], one[0])
+    if device == "cpu":
+        # torchops.matmul's rows do not depend on the others: each row's
+        # statistics are the same numbers.  (cuBLAS may pick another kernel
+        # for another row count.)
+        assert torch.equal(many[2], one[2])
+        assert torch.equal(many[0], one[0])
+    torch.testing.assert_close(many[2], one[2], atol=1e-5, rtol=1e-6)
     _assert_close_all(many[:2], one[:2], atol=1e-5, rtol=1e-5)
 
 
@@ -390,18 +394,22 @@ def test_cuda_target_check_nan_gives_nan_without_raising(monkeypatch):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_cuda_matches_cpu_on_a_language_model_head(monkeypatch, dtype):
-    """A head of 1024 tokens x 512 features x 32000 classes, several chunks
-    on CUDA (8 MiB budget) and one on the CPU: loss and gradients agree."""
+def test_cuda_matches_cpu_on_a_vocabulary_of_32000(monkeypatch, dtype):
+    """256 tokens x 128 features x 32000 classes, 8 chunks on CUDA (a 2 MiB
+    budget in bfloat16, 4 in float32) and one on the CPU: loss and gradients
+    agree (the weight's gradient summed over the chunks: to its rounding)."""
     torch.manual_seed(0)
-    x, w, t, b = lce_inputs((1024,), 512, 32000, "cpu", dtype, ignored=range(0, 1024, 11),
-                            scale=0.2)
+    x, w, t, b = lce_inputs((256,), 128, 32000, "cpu", dtype, ignored=range(0, 256, 11),
+                            scale=0.5)
     cpu = _run(torchops.fused_linear_cross_entropy, x, w, t, b, softcap=30.0)
-    monkeypatch.setenv("TORCHOPS_LCE_CHUNK_MIB", "8")
+    monkeypatch.setenv("TORCHOPS_LCE_CHUNK_MIB", "2" if dtype == torch.bfloat16 else "4")
     gpu = _run(torchops.fused_linear_cross_entropy, *(v.cuda() for v in (x, w, t, b)),
                softcap=30.0)
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
-    _assert_close_all((gpu[0].cpu(), [g.cpu() for g in gpu[1]]), cpu, atol=tol, rtol=tol)
+    torch.testing.assert_close(gpu[0].cpu(), cpu[0], atol=tol, rtol=tol)
+    for g, c in zip(gpu[1], cpu[1]):
+        scale = max(1.0, c.abs().max().item())
+        torch.testing.assert_close(g.cpu().double(), c.double(), atol=tol * scale, rtol=tol)
 
 
 # --- torch.compile ------------------------------------------------------------------------
