@@ -289,6 +289,11 @@ def _module_lines(device: str) -> list[Line]:
          lambda dev, dt: (torch.randn(2, 32, 24, 24, device=dev, dtype=dt),)),
         ("RMSNorm(1024)", m.RMSNorm(1024), lambda dev, dt: rand(dev, dt, (2048, 1024))),
         ("LayerNorm(1024)", m.LayerNorm(1024), lambda dev, dt: rand(dev, dt, (2048, 1024))),
+        # losses: fused linear cross-entropy
+        ("FusedLinearCrossEntropyLoss(softcap=30.0)", m.FusedLinearCrossEntropyLoss(softcap=30.0),
+         lambda dev, dt: (torch.randn(8000, 256, device=dev, dtype=dt) / 16,
+                          torch.randn(512, 256, device=dev, dtype=dt),
+                          torch.randint(0, 8000, (512,), device=dev))),
     ]
     assert {type(mod).__name__ for _, mod, _ in mods} == set(torchops.modules.__all__), \
         "the demo lists every module of torchops.modules"
