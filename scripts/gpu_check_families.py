@@ -19,12 +19,14 @@ import argparse
 import shlex
 import sys
 
-# family -> (ops, the family's own test file, runs the setmaxnreg kernels)
+# family -> (ops, the family's own test files (space-separated), runs the
+# setmaxnreg kernels)
 FAMILIES: dict[str, tuple[tuple[str, ...], str, bool]] = {
     "basic": (("matmul", "d_sigmoid"), "test/test_matmul.py", True),
     "boxes": (("nms", "batched_nms", "box_iou"), "test/test_boxes.py", False),
     "roi": (("roi_align", "roi_pool", "deform_roi_pool"), "test/test_roi.py", False),
-    "losses": (("sigmoid_focal_loss",), "test/test_losses.py", False),
+    "losses": (("sigmoid_focal_loss", "fused_linear_cross_entropy"),
+               "test/test_losses.py test/test_linear_cross_entropy.py", False),
     # deform_conv2d's 3xTF32 GEMM is the sm90 matmul kernel.
     "deform": (("deform_conv2d",), "test/test_deform.py", True),
     "masked_conv": (("masked_conv2d",), "test/test_masked_conv2d.py", False),
@@ -65,7 +67,7 @@ def plan(names: list[str], root: str = ".") -> dict[str, str]:
     import os
 
     ops = [op for n in names for op in FAMILIES[n][0]]
-    own = [FAMILIES[n][1] for n in names]
+    own = [f for n in names for f in FAMILIES[n][1].split()]
     generic = [f for f in GENERIC_FILES if os.path.exists(os.path.join(root, f))]
     # pytest -k matches test ids (which name the op) and module names: the
     # family's own file is selected whole, the generic files by op name.

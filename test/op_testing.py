@@ -136,8 +136,8 @@ def assert_matches_reference(op: OpInfo, s: Sample, got, want, dtype: torch.dtyp
         where = f"{s} output {i}"
         assert g.device.type == device, f"{where}: on {g.device}"
         assert g.shape == w.shape, f"{where}: shape {tuple(g.shape)}, reference {tuple(w.shape)}"
-        assert g.dtype == (dtype if w.is_floating_point() else w.dtype), \
-            f"{where}: dtype {g.dtype}, expected {dtype if w.is_floating_point() else w.dtype}"
+        want_dtype = op.out_dtype(dtype) if w.is_floating_point() else w.dtype
+        assert g.dtype == want_dtype, f"{where}: dtype {g.dtype}, expected {want_dtype}"
         if op.contiguous_outputs:
             assert g.stride() == torch.empty(g.shape, device="meta").stride() or g.numel() <= 1, \
                 f"{where}: kernel output is not contiguous ({g.stride()})"

@@ -483,6 +483,18 @@ def _fake_liger(monkeypatch) -> list:
     def tanh_gelu(a):
         return F.gelu(a, approximate="tanh")
 
+    class FusedLinearCrossEntropyLoss:
+        def __init__(self, ignore_index, label_smoothing, reduction, lse_square_scale, softcap):
+            self.opts = dict(ignore_index=ignore_index, label_smoothing=label_smoothing,
+                             reduction=reduction, lse_square_scale=lse_square_scale,
+                             softcap=softcap)
+
+        def __call__(self, lin_weight, _input, target, bias=None):
+            assert _input.dim() == 2 and target.dim() == 1
+            calls.append("flce")
+            return references.fused_linear_cross_entropy(_input, lin_weight, target, bias,
+                                                         **self.opts)
+
     functional = types.SimpleNamespace(
         liger_rms_norm=rms_norm, liger_fused_add_rms_norm=fused_add_rms_norm,
         liger_layer_norm=layer_norm, liger_swiglu=gated(F.silu), liger_geglu=gated(tanh_gelu),
@@ -491,7 +503,11 @@ def _fake_liger(monkeypatch) -> list:
                       "liger_kernel.transformers": types.ModuleType("liger_kernel.transformers"),
                       "liger_kernel.transformers.functional": functional,
                       "liger_kernel.transformers.rope": types.SimpleNamespace(
-                          liger_rotary_pos_emb=rope)}.items():
+                          liger_rotary_pos_emb=rope),
+                      "liger_kernel.transformers.fused_linear_cross_entropy":
+                          types.SimpleNamespace(
+                              LigerFusedLinearCrossEntropyLoss=FusedLinearCrossEntropyLoss),
+                      }.items():
         monkeypatch.setitem(sys.modules, name, mod)
     return calls
 
@@ -552,7 +568,14 @@ def test_liger_adapters_turn_the_ops_arguments_into_ligers(monkeypatch):
                                torch.softmax(scores, -1))
     torch.testing.assert_close(L["scaled_upper_triang_masked_softmax"](scores, 0.5),
                                torch.softmax(scores, -1))
-    assert {"rms_norm", "layer_norm", "rope", "silu", "tanh_gelu", "softmax"} <= set(calls)
+    hidden, head = torch.randn(2, 3, 6), torch.randn(9, 6)
+    t = torch.randint(0, 9, (2, 3))
+    t[0, 1] = -100
+    for opts in ({}, {"reduction": "none", "softcap": 5.0, "label_smoothing": 0.1}):
+        args = (hidden, head, t, torch.randn(9))
+        torch.testing.assert_close(L["fused_linear_cross_entropy"](*args, **opts),
+                                   references.fused_linear_cross_entropy(*args, **opts))
+    assert {"rms_norm", "layer_norm", "rope", "silu", "tanh_gelu", "softmax", "flce"} <= set(calls)
     with pytest.raises(ValueError, match="no Liger-Kernel peer"):
         peers.liger("matmul")
 
@@ -595,3 +618,59 @@ def test_attach_adds_every_known_peer_once():
                 peer=Peer("torch.nn.functional.layer_norm", lambda: abs))
     peers.attach([same])
     assert [p.label for p in same.all_peers()] == ["peer", "Liger"]
+
+
+# --- peak memory ------------------------------------------------------------------------------
+
+
+def test_cpu_peak_memory_sees_torch_allocations():
+    """The CPU measure: the peak of torch's allocations during the call
+    beyond those alive before it, and the bytes of what it returns."""
+    keep = torch.ones(1 << 18)  # alive before: not counted
+
+    def call():
+        scratch = torch.empty(1 << 20, dtype=torch.uint8)  # 1 MiB, freed inside
+        del scratch
+        return torch.zeros(1024) + keep[:1024]  # 4 KiB returned (and one temporary)
+
+    peak, returned = runner.peak_memory(call, "cpu")
+    assert (1 << 20) <= peak < (1 << 20) + (1 << 16) and returned == 4096
+    assert runner.fmt_bytes(peak) == "1 MiB" and runner.fmt_bytes(3 << 30) == "3 GiB"
+
+
+def test_memory_rows_report_peaks_beyond_inputs_and_gradients(monkeypatch, tmp_path):
+    """A fused_linear_cross_entropy case with `memory`: every variant gets a
+    peak and what it returned (the gradients); torchops, at a 1 MiB chunk
+    budget, needs under a quarter of the eager formula's memory beyond the
+    gradients (the issue's CPU memory target); the table gets `mem`
+    columns, the CSV the bytes."""
+    monkeypatch.setenv("TORCHOPS_LCE_CHUNK_MIB", "1")
+    size = Size("N=512 H=16 V=4096", {"n": 512, "h": 16, "v": 4096})
+    case = Case(name="lce", op="fused_linear_cross_entropy",
+                inputs=inputs.linear_cross_entropy_args, sizes={"cpu": [size]},
+                reference=references.fused_linear_cross_entropy, compile=False, memory=True,
+                backward=True, requires_grad=(0, 1))
+    row = run([case], ["cpu"], _brief())[0][0]
+    assert row.check == "ok" and set(row.peak_bytes) == {"torchops", "eager"}, row.notes
+    grads = 512 * 16 * 4 + 4096 * 16 * 4
+    assert row.returned_bytes == {"torchops": grads, "eager": grads}
+    logits = 512 * 4096 * 4
+    assert row.extra_bytes("eager") >= logits
+    assert row.extra_bytes("torchops") * 4 <= row.extra_bytes("eager"), row.peak_bytes
+    assert "gradients: 288 KiB" in row.notes
+    cells = report._cells(row)
+    assert cells["mem"] == runner.fmt_bytes(row.extra_bytes("torchops")) != "-"
+    assert cells["eager mem"] != "-"
+    header = [c.strip() for c in report._table([row])[0].strip("|").split("|")]
+    assert "mem" in header and "eager mem" in header, header
+    assert any(n.startswith("`mem`: the peak memory one call allocates")
+               for n in report._notes([row], ""))
+    report.write_csv([row], tmp_path / "b.csv")
+    with open(tmp_path / "b.csv") as f:
+        lines = {r["variant"]: r for r in csv.DictReader(f)}
+    assert int(lines["eager"]["peak_bytes"]) == row.peak_bytes["eager"]
+    assert int(lines["torchops"]["returned_bytes"]) == grads
+    # A case without `memory` measures none, and its table has no `mem` column.
+    plain = run([_vector_case(reference=references.d_sigmoid, compile=False)], ["cpu"],
+                _brief())[0][0]
+    assert not plain.peak_bytes and "mem" not in report._table([plain])[0]

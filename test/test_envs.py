@@ -315,6 +315,21 @@ CPP_READS = [
 ]
 
 
+# fused linear cross-entropy
+def _linear_cross_entropy(device):
+    x, w = torch.randn(4, 8, device=device), torch.randn(6, 8, device=device)
+    return torchops.fused_linear_cross_entropy(x, w, torch.randint(0, 6, (4,), device=device))
+
+
+CPP_READS += [
+    ("TORCHOPS_LCE_CHUNK_MIB", "0", _linear_cross_entropy, "fused_linear_cross_entropy", "cpu"),
+    ("TORCHOPS_LCE_CHUNK_MIB", "0", _linear_cross_entropy, "fused_linear_cross_entropy",
+     "cuda"),
+    ("TORCHOPS_LCE_TARGET_CHECK", "never", _linear_cross_entropy, "fused_linear_cross_entropy",
+     "cuda"),
+]
+
+
 @pytest.mark.parametrize(
     "name,value,call,op,device",
     [pytest.param(*r, marks=[cuda] if r[4] == "cuda" else [], id=f"{r[0]}-{r[1]}-{r[4]}")
@@ -323,8 +338,10 @@ def test_cpp_rejects_a_value_not_allowed(name, value, call, op, device, monkeypa
     """The C++ message is Python's, word for word, after the op's name."""
     var = envs.BY_NAME[name]
     monkeypatch.setenv(name, value)
+    # A testing switch's message says so; a user variable's ends with the value.
+    tail = " (a testing" if var.audience == "testing" else ""
     with pytest.raises(RuntimeError,
-                       match=re.escape(f"torchops.{op}: {_message(var, value)} (a testing")):
+                       match=re.escape(f"torchops.{op}: {_message(var, value)}{tail}")):
         call(device)
     monkeypatch.delenv(name)
     call(device)

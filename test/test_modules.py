@@ -282,3 +282,33 @@ def test_norm_modules_take_half_inputs_with_float32_weights_and_compile():
     ln = torchops.LayerNorm(16)
     compiled = torch.compile(ln, fullgraph=True)
     torch.testing.assert_close(compiled(x), ln(x))
+
+
+# --- losses: fused linear cross-entropy ---------------------------------------------
+
+
+def test_fused_linear_cross_entropy_loss_module_takes_ligers_call_and_compiles():
+    """Liger's constructor and call order (weight first); equal to the op,
+    gradients included, eagerly and compiled."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    w = torch.randn(11, 8, requires_grad=True)
+    b = torch.randn(11, requires_grad=True)
+    t = torch.randint(0, 11, (2, 5))
+    t[0, 2] = 3
+    loss_fn = torchops.FusedLinearCrossEntropyLoss(ignore_index=3, lse_square_scale=1e-2,
+                                                   label_smoothing=0.1, reduction="sum",
+                                                   softcap=5.0)
+    assert "softcap=5.0" in repr(loss_fn) and not list(loss_fn.parameters())
+    want = torchops.fused_linear_cross_entropy(x, w, t, b, ignore_index=3, label_smoothing=0.1,
+                                               reduction="sum", lse_square_scale=1e-2,
+                                               softcap=5.0)
+    want_grads = torch.autograd.grad(want, (x, w, b))
+    for fn in (loss_fn, torch.compile(loss_fn, backend="aot_eager", fullgraph=True)):
+        got = fn(w, x, t, b)
+        torch.testing.assert_close(got, want)
+        for g, wg in zip(torch.autograd.grad(got, (x, w, b)), want_grads):
+            torch.testing.assert_close(g, wg)
+    assert torchops.FusedLinearCrossEntropyLoss()(w, x, t).shape == ()
+    with pytest.raises(ValueError, match=r"FusedLinearCrossEntropyLoss.*'reduction'"):
+        torchops.FusedLinearCrossEntropyLoss(reduction="avg")

@@ -239,6 +239,14 @@ def _lines() -> list[Line]:
         Line("scaled_upper_triang_masked_softmax (2x4x128x128)",
              lambda dev, dt: rand(dev, dt, (2, 4, 128, 128)),
              lambda x: torchops.scaled_upper_triang_masked_softmax(x, 0.125)),
+        # losses: fused linear cross-entropy
+        Line("fused_linear_cross_entropy (512 tokens, 256 -> 8000 classes)",
+             lambda dev, dt: (torch.randn(512, 256, device=dev, dtype=dt),
+                              torch.randn(8000, 256, device=dev, dtype=dt) / 16,
+                              torch.randint(0, 8000, (512,), device=dev)),
+             torchops.fused_linear_cross_entropy,
+             peer=lambda x, w, t: F.cross_entropy(F.linear(x, w).float(), t),
+             peer_name="F.cross_entropy(F.linear)"),
     ]
 
 
@@ -281,6 +289,11 @@ def _module_lines(device: str) -> list[Line]:
          lambda dev, dt: (torch.randn(2, 32, 24, 24, device=dev, dtype=dt),)),
         ("RMSNorm(1024)", m.RMSNorm(1024), lambda dev, dt: rand(dev, dt, (2048, 1024))),
         ("LayerNorm(1024)", m.LayerNorm(1024), lambda dev, dt: rand(dev, dt, (2048, 1024))),
+        # losses: fused linear cross-entropy
+        ("FusedLinearCrossEntropyLoss(softcap=30.0)", m.FusedLinearCrossEntropyLoss(softcap=30.0),
+         lambda dev, dt: (torch.randn(8000, 256, device=dev, dtype=dt) / 16,
+                          torch.randn(512, 256, device=dev, dtype=dt),
+                          torch.randint(0, 8000, (512,), device=dev))),
     ]
     assert {type(mod).__name__ for _, mod, _ in mods} == set(torchops.modules.__all__), \
         "the demo lists every module of torchops.modules"

@@ -517,3 +517,43 @@ class LayerNorm(nn.LayerNorm):
 
     def forward(self, x: Tensor) -> Tensor:
         return ops.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+# --- losses: fused linear cross-entropy ---------------------------------------------
+
+__all__ += ["FusedLinearCrossEntropyLoss"]
+
+
+class FusedLinearCrossEntropyLoss(nn.Module):
+    """Liger-Kernel's ``LigerFusedLinearCrossEntropyLoss`` computed by
+    :func:`torchops.fused_linear_cross_entropy`: the same constructor
+    arguments (``ignore_index=-100, lse_square_scale=0.0,
+    label_smoothing=0.0, reduction="mean", softcap=None``) and the same call,
+    ``loss_fn(lin_weight, input, target, bias=None)`` (the head's weight
+    first), so a model written for Liger's loss switches by its import.  The
+    loss is float32 (float64 for float64 inputs).  No parameters: the head's
+    weight stays in the model."""
+
+    def __init__(self, ignore_index: int = -100, lse_square_scale: float = 0.0,
+                 label_smoothing: float = 0.0, reduction: str = "mean",
+                 softcap: float | None = None):
+        super().__init__()
+        if reduction not in ("none", "mean", "sum"):
+            raise ValueError(f"torchops.FusedLinearCrossEntropyLoss: expected 'reduction' to "
+                             f"be 'none', 'mean' or 'sum', but got '{reduction}'")
+        self.ignore_index = ignore_index
+        self.lse_square_scale = lse_square_scale
+        self.label_smoothing = label_smoothing
+        self.reduction = reduction
+        self.softcap = softcap
+
+    def forward(self, lin_weight: Tensor, input: Tensor, target: Tensor,
+                bias: Tensor | None = None) -> Tensor:
+        return ops.fused_linear_cross_entropy(
+            input, lin_weight, target, bias, self.ignore_index, self.label_smoothing,
+            self.reduction, self.lse_square_scale, self.softcap)
+
+    def extra_repr(self) -> str:
+        return (f"ignore_index={self.ignore_index}, lse_square_scale={self.lse_square_scale}, "
+                f"label_smoothing={self.label_smoothing}, reduction={self.reduction!r}, "
+                f"softcap={self.softcap}")

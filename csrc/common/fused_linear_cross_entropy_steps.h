@@ -219,6 +219,13 @@ void lce_chunks(const LceOperands& o, const at::Tensor& stats, const at::Tensor&
       op_matmul_out(gi, logits, o.w);
     }
     if (g.mask[1]) {
+      // The CPU's op_matmul_out (torchops.matmul, which has no out= form)
+      // would make a temporary the size of grad_weight: there the first
+      // chunk accumulates into zeros, like the others.
+      if (!g.weight_started && Kernels::device == c10::DeviceType::CPU) {
+        g.weight.zero_();
+        g.weight_started = true;
+      }
       if (g.weight_started) {
         op_matmul_accumulate(g.weight, logits.t(), xc);
       } else {

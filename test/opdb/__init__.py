@@ -11,7 +11,8 @@ Layout: ``core.py`` holds the records (OpInfo, Sample, ErrorInput, Tol, Skip)
 and the tensor helpers (make, make_transposed, convert, hyp_tensor,
 hyp_size); one module per family holds its entries: ``basic.py`` (matmul,
 d_sigmoid), ``boxes.py`` (nms, batched_nms, box_iou), ``roi.py`` (roi_align,
-roi_pool, deform_roi_pool), ``losses.py`` (sigmoid_focal_loss),
+roi_pool, deform_roi_pool), ``losses.py`` (sigmoid_focal_loss,
+fused_linear_cross_entropy),
 ``deform.py`` (deform_conv2d), ``masked_conv.py`` (masked_conv2d),
 ``upsample.py`` (carafe), ``norms.py`` (rms_norm, fused_add_rms_norm(_),
 layer_norm), ``rotary.py`` (rotary_embedding(_)), ``activations.py``
@@ -85,7 +86,9 @@ dtype) -> Sample`` for a real property test, see hyp_tensor],
 ranks that the op's rules in torchops/sharding.py must run on local shards;
 test_sharding.py runs them, forward and backward], ``wrapper_sample`` and
 ``wrapper_outputs`` [None: the wrapper takes the op's arguments and returns
-its outputs], ``skips`` [[]: ``Skip(test, reason, device=None, dtype=None,
+its outputs], ``output_dtype`` [None: floating outputs in the floating inputs'
+dtype; else ``dtype -> dtype``, as fused_linear_cross_entropy's float32 loss
+of half inputs], ``skips`` [[]: ``Skip(test, reason, device=None, dtype=None,
 xfail=False)`` records, a test of GENERIC_TESTS on one device and dtype (None:
 all) skipped or, with xfail, expected to fail] and ``opcheck_skips`` [{}:
 opcheck test_util name -> written reason].  test_gates rejects empty reasons
@@ -148,3 +151,8 @@ from .rotary import ROTARY_EMBEDDING, ROTARY_EMBEDDING_, ROTARY_OPS, rotary_cach
 OP_DB += ROTARY_OPS
 __all__ += ["ROTARY_OPS", "ROTARY_EMBEDDING", "ROTARY_EMBEDDING_", "rotary_inputs",
             "rotary_cache_inputs"]
+
+# --- losses: fused linear cross-entropy ---
+from .losses import FUSED_LINEAR_CROSS_ENTROPY, lce_inputs, lce_targets  # noqa: E402
+
+__all__ += ["FUSED_LINEAR_CROSS_ENTROPY", "lce_inputs", "lce_targets"]

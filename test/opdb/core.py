@@ -210,6 +210,9 @@ class OpInfo:
     # (device) -> ShardingSample records: DTensor calls that the op's
     # sharding rules (torchops/sharding.py) must run shard-locally.
     sharding_samples: Callable[..., Iterable[ShardingSample]] | None = None
+    # The dtype of the floating outputs for inputs of a dtype (a loss kept in
+    # float32 for half inputs); None: the inputs' dtype.
+    output_dtype: Callable[[torch.dtype], torch.dtype] | None = None
     op: torch._ops.OpOverload = field(init=False)
     wrapper: Callable = field(init=False)
     reference: Callable = field(init=False)
@@ -228,6 +231,10 @@ class OpInfo:
         self.op = getattr(torch.ops.torchops, self.name).default
         self.wrapper = getattr(torchops, self.name)
         self.reference = getattr(references, self.name)
+
+    def out_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype of the floating outputs for floating inputs of `dtype`."""
+        return dtype if self.output_dtype is None else self.output_dtype(dtype)
 
     def tol(self, dtype: torch.dtype) -> Tol:
         return self.tols.get(dtype, DEFAULT_TOLS[dtype])

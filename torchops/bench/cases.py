@@ -79,6 +79,9 @@ class Case:
     # .allow_tf32), not the matmul precision: the roofline is TF32's where
     # that flag lets CUDA convolutions use it.
     conv_precision: bool = False
+    # Also measure each variant's peak memory (one more call each): the
+    # rows' `mem` columns, where memory is what the op saves.
+    memory: bool = False
 
     def __post_init__(self):
         self.peers = tuple(self.peers)
@@ -691,3 +694,41 @@ CASES += [
 from torchops.bench import peers as _peers  # noqa: E402
 
 _peers.attach(CASES)
+
+
+# --- losses: fused linear cross-entropy --------------------------------------------------------
+def _lce(n, h, v, dtype=bf16, quick=False, threads=("all",), softcap=None, tag=""):
+    label = f"N={n} H={h} V={v}" + (f" {tag}" if tag else "")
+    return Size(label, {"n": n, "h": h, "v": v, "softcap": softcap}, dtype, quick, threads)
+
+
+def _lce_flops(args, backward=False) -> float:
+    """The GEMMs: the logits forward; backward adds the input's and the
+    weight's gradients (three in all, 6 N H V)."""
+    x, w = args[0], args[1]
+    return 2.0 * x.numel() * w.shape[0] * (3 if backward else 1)
+
+
+# The targets' shape (Llama 3's head over 8192 tokens), a 32k and a 256k
+# vocabulary, and Gemma 2 9B's head (H 3584, V 256000, logits capped at 30).
+LCE_CUDA = [_lce(8192, 4096, 128256, quick=True), _lce(8192, 4096, 32000),
+            _lce(8192, 4096, 256000), _lce(8192, 3584, 256000, softcap=30.0, tag="softcap 30")]
+LCE_CPU = [_lce(256, 256, 8000, torch.float32, quick=True),
+           _lce(1024, 1024, 32000, torch.float32, threads=(1, "all"))]
+LCE = dict(op="fused_linear_cross_entropy", inputs=inputs.linear_cross_entropy_args,
+           reference=references.fused_linear_cross_entropy,
+           reference_name="F.cross_entropy(F.linear(x, w).float())", memory=True,
+           peers=(_peers.liger("fused_linear_cross_entropy"),),
+           sizes={"cuda": LCE_CUDA, "cpu": LCE_CPU})
+LCE_NOTE = ("No bias, reduction 'mean', targets uniform over the vocabulary; the weight scaled "
+            "by 1/sqrt(H). TFLOP/s count the GEMMs (2 N H V forward, 6 N H V with the "
+            "gradients). Targets (H200, N=8192 H=4096 V=128256 bf16): fwd+bwd <= 38 ms and "
+            "<= 0.1 GiB beyond the gradients; forward >= 1.3x compiled; CPU (N=1024 H=1024 "
+            "V=32000 float32, all threads) >= 1x compiled and <= 1/4 of eager's peak memory.")
+CASES += [
+    Case(name="fused_linear_cross_entropy", **LCE, flops=_lce_flops,
+         note=LCE_NOTE + " Evaluation: no input requires grad."),
+    Case(name="fused_linear_cross_entropy fwd+bwd", **LCE, backward=True, requires_grad=(0, 1),
+         flops=lambda a: _lce_flops(a, True),
+         note=LCE_NOTE + " Gradients of the hidden states and the weight."),
+]

@@ -247,3 +247,22 @@ def rotary_cache_args(p: P) -> tuple:
     cos, sin = _rotary_angles(torch.arange(max_pos), d)
     return (torch.randint(0, max_pos, (t,)), torch.randn(t, hq, d), torch.randn(t, hk, d),
             torch.cat((cos, sin), -1), bool(p.get("interleaved")))
+
+
+# --- losses: fused linear cross-entropy ------------------------------------------------------
+
+
+def linear_cross_entropy_args(p: P) -> tuple:
+    """A language-model head and its loss: hidden states ``(N, H)`` (standard
+    normal), a ``(V, H)`` weight scaled like a trained layer's
+    (``1/sqrt(H)``: logits of about unit size), no bias, int64 targets
+    uniform over the vocabulary with ``p["ignored"]`` of them (default 0)
+    set to ignore_index -100 (masked prompt tokens); then
+    torch.ops.torchops.fused_linear_cross_entropy's options: label_smoothing
+    0, reduction "mean", no z-loss, ``p["softcap"]`` (default None)."""
+    n, h, v = p["n"], p["h"], p["v"]
+    x = torch.randn(n, h)
+    w = torch.randn(v, h) / math.sqrt(h)
+    t = torch.randint(0, v, (n,))
+    t[torch.rand(n) < p.get("ignored", 0.0)] = -100
+    return x, w, t, None, -100, 0.0, "mean", 0.0, p.get("softcap")

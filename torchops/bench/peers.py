@@ -33,6 +33,11 @@ functions and ``transformers.rope.liger_rotary_pos_emb``):
   on the two halves of x; Liger makes both contiguous (copies), as its
   kernels take a separate gate and up projection.  Liger's GEGLU always
   computes the tanh approximation of GELU.
+* fused_linear_cross_entropy: ``LigerFusedLinearCrossEntropyLoss(ignore_index=...,
+  label_smoothing=..., reduction=..., lse_square_scale=..., softcap=...)``
+  (one module per setting), called as ``loss(weight, input, target, bias)``
+  with the tokens flattened; where a version returns a tuple or a record, its
+  loss.
 * scaled_masked_softmax, scaled_upper_triang_masked_softmax:
   ``liger_softmax(x)``, the plain row softmax of the same scores without
   scale or mask: a bound (not compared; never a row's best), as Liger has no
@@ -211,6 +216,26 @@ def _liger_softmax_bound():
     return lambda input, *_mask_and_scale: f(input)
 
 
+def _liger_fused_linear_cross_entropy():
+    (loss_cls,) = _liger_import("liger_kernel.transformers.fused_linear_cross_entropy",
+                                "LigerFusedLinearCrossEntropyLoss")
+    modules: dict[tuple, torch.nn.Module] = {}
+
+    def call(input, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0,
+             reduction="mean", lse_square_scale=0.0, softcap=None):
+        key = (ignore_index, label_smoothing, reduction, lse_square_scale, softcap)
+        if key not in modules:  # one module per setting, built outside the timed calls
+            modules[key] = loss_cls(ignore_index=ignore_index, label_smoothing=label_smoothing,
+                                    reduction=reduction, lse_square_scale=lse_square_scale,
+                                    softcap=softcap)
+        out = modules[key](weight, input.reshape(-1, input.shape[-1]), target.reshape(-1), bias)
+        if isinstance(out, (tuple, list)):  # (loss, z_loss, ...) in some versions
+            out = out[0]
+        out = getattr(out, "loss", out)     # an output record in others
+        return out.reshape(target.shape) if reduction == "none" else out
+    return call
+
+
 _LIGER_CALL = "liger_kernel.transformers.functional."
 # op -> (name, loader, bound)
 _LIGER: dict[str, tuple[str, Callable[[], Callable], bool]] = {
@@ -229,6 +254,10 @@ _LIGER: dict[str, tuple[str, Callable[[], Callable], bool]] = {
     "scaled_upper_triang_masked_softmax": (
         _LIGER_CALL + "liger_softmax of the unscaled, unmasked scores (the whole square)",
         _liger_softmax_bound, True),
+    "fused_linear_cross_entropy": (
+        "liger_kernel.transformers.fused_linear_cross_entropy.LigerFusedLinearCrossEntropyLoss "
+        "(gradients computed in the forward, chunked over tokens)",
+        _liger_fused_linear_cross_entropy, False),
 }
 LIGER_OPS = tuple(_LIGER)
 

@@ -7,12 +7,12 @@ import csv
 import json
 from pathlib import Path
 
-from torchops.bench.runner import Row, fmt_time
+from torchops.bench.runner import Row, fmt_bytes, fmt_time
 
 CSV_FIELDS = ["device", "case", "op", "size", "dtype", "threads", "backward", "deterministic",
               "requires_grad", "variant", "variant_name", "median_s", "p25_s", "p75_s", "samples",
               "calls", "method", "metric", "throughput", "roofline_pct", "torchops_speedup",
-              "best", "check", "notes"]
+              "best", "check", "notes", "peak_bytes", "returned_bytes"]
 
 
 def _groups(rows: list[Row]) -> list[tuple[str, str, list[Row]]]:
@@ -41,9 +41,11 @@ def _cells(r: Row, alternatives: list[str] | None = None) -> dict[str, str]:
     cells = {"size": r.size, "dtype": r.dtype, "threads": str(r.threads) if r.threads else "-",
              "torchops": "skipped" if r.skipped else fmt_time(r.seconds("torchops")),
              "IQR": f"{100 * m.iqr / m.median:.0f}%" if m and m.median > 0 else "-",
-             "throughput": tput_text, "% roofline": "-" if pct is None else f"{pct:.0f}%"}
+             "throughput": tput_text, "% roofline": "-" if pct is None else f"{pct:.0f}%",
+             "mem": fmt_bytes(r.extra_bytes("torchops"))}
     for v in r.alternatives() if alternatives is None else alternatives:
         cells[v], cells[f"vs {v}"] = fmt_time(r.seconds(v)), _x(r.speedup(v))
+        cells[f"{v} mem"] = fmt_bytes(r.extra_bytes(v))
     # Against the strongest alternative, where the row has a choice; with its
     # own % of the roofline where the row has one.
     best = r.best()
@@ -82,6 +84,12 @@ def _notes(rows: list[Row], case_note: str) -> list[str]:
     if any(r.requires_grad for r in rows):
         out.append("Forward only, with inputs that require gradients (a training step's "
                    "forward: autograd decides what each variant saves).")
+    if any(r.peak_bytes for r in rows):
+        out.append("`mem`: the peak memory one call allocates beyond its inputs and what it "
+                   "returns (for fwd+bwd rows, beyond the gradients; for training-style "
+                   "forwards it includes what is saved for the backward), measured on one more "
+                   "call: torch.cuda.max_memory_allocated on CUDA, the profiler's record of "
+                   "torch's CPU allocations on the CPU.")
     per_row = [(r.size + _at(str(r.threads)).replace(" at", ","), n) for r in rows
                for n in r.notes + ([r.check] if r.check.startswith("MISMATCH") else [])]
     bodies = [n for _, n in per_row]
@@ -163,13 +171,16 @@ def write_csv(rows: list[Row], path: Path) -> None:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            base = {**vars(r), "notes": " | ".join(r.notes), "best": r.best() or ""}
+            base = {**vars(r), "notes": " | ".join(r.notes), "best": r.best() or "",
+                    "peak_bytes": "", "returned_bytes": ""}
             for v, m in r.results.items() or [(None, None)]:
                 w.writerow({**base} if m is None else {
                     **base, **vars(m), "variant": v, "variant_name": r.names.get(v, ""),
                     **{f"{k}_s": g(getattr(m, k), ".6g") for k in ("median", "p25", "p75")},
                     "throughput": g(r.throughput(v)), "roofline_pct": g(r.roofline_pct(v)),
-                    "torchops_speedup": g(r.speedup(v)) if v != "torchops" else ""})
+                    "torchops_speedup": g(r.speedup(v)) if v != "torchops" else "",
+                    "peak_bytes": r.peak_bytes.get(v, ""),
+                    "returned_bytes": r.returned_bytes.get(v, "")})
 
 
 def write_json(rows: list[Row], meta: dict, path: Path) -> None:

@@ -64,6 +64,19 @@ class Row:
     check: str = "-"
     notes: list[str] = field(default_factory=list)
     skipped: bool = False
+    # Cases with `memory`: per variant, the peak bytes one call allocated
+    # beyond what was allocated before it (the inputs), and the bytes of what
+    # it returned (its outputs; the gradients, for fwd+bwd rows).
+    peak_bytes: dict[str, int] = field(default_factory=dict)
+    returned_bytes: dict[str, int] = field(default_factory=dict)
+
+    def extra_bytes(self, variant: str) -> int | None:
+        """The peak beyond the inputs and what the call returned: the
+        working memory the variant needs (for a training step, beyond its
+        gradients)."""
+        if variant not in self.peak_bytes:
+            return None
+        return self.peak_bytes[variant] - self.returned_bytes.get(variant, 0)
 
     def seconds(self, variant: str | None) -> float | None:
         return self.results[variant].median if variant in self.results else None
@@ -105,6 +118,65 @@ def fmt_time(seconds: float | None) -> str:
         return "-"
     unit, scale = next(((u, s) for u, s in (("s", 1), ("ms", 1e-3)) if seconds >= s), ("us", 1e-6))
     return f"{seconds / scale:.3g} {unit}"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    unit, scale = next(((u, s) for u, s in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+                        if abs(n) >= s), ("B", 1))
+    return f"{n / scale:.3g} {unit}"
+
+
+def _storage_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind `tensors` (views counted once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def _cpu_peak(call: Callable[[], object]) -> tuple[object, int]:
+    """call()'s result and the peak of torch's CPU allocations during it,
+    beyond those alive before it, from the profiler's allocation events (the
+    CPU allocator reports each allocation and free to it; the event tree is
+    the profiler's experimental API).  Memory that bypasses torch's
+    allocator (a kernel's std::vector, a BLAS's scratch) is not seen."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = call()
+    sizes, todo = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while todo:
+        node = todo.pop()
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            sizes.append((node.start_time_ns, node.extra_fields.alloc_size))
+        todo.extend(node.children)
+    level = peak = 0
+    for _, size in sorted(sizes):
+        level += size
+        peak = max(peak, level)
+    return out, peak
+
+
+def peak_memory(call: Callable[[], object], device: str) -> tuple[int, int]:
+    """(peak bytes allocated during call() beyond those allocated before it,
+    bytes of the tensors it returned).  CUDA: torch.cuda.max_memory_allocated
+    around the call; CPU: :func:`_cpu_peak`."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        out = call()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+    else:
+        out, peak = _cpu_peak(call)
+    returned = _storage_bytes(_tensors(out))
+    del out
+    return peak, returned
 
 
 def plan(cases: list[Case], devices: list[str], quick: bool,
@@ -246,11 +318,30 @@ def _run_row(case: Case, device: str, size: Size, row: Row, opts: Options,
                                                   **opts.timing(device))
             row.results.update(results)
             row.notes += [_failure_note(name, e) for name, e in failed.items()]
+            if case.memory:
+                _measure_memory(steps, results, device, row)
     compared = {n: o for n, o in outputs.items() if n not in row.bounds}
     if "torchops" in compared and len(compared) > 1:
         bad = [f"vs {n}: {d}" for n, o in compared.items()
                if n != "torchops" and (d := _compare(outputs["torchops"], o, size.dtype))]
         row.check = "MISMATCH " + "; ".join(bad) if bad else "ok"
+
+
+def _measure_memory(steps: dict[str, Callable[[int], object]], timed: dict, device: str,
+                    row: Row) -> None:
+    """Each timed variant's peak memory over one more call on the first
+    input set (its result, the gradients of a fwd+bwd row, kept until the
+    peak is read)."""
+    for name, step in steps.items():
+        if name not in timed:
+            continue
+        try:
+            row.peak_bytes[name], row.returned_bytes[name] = peak_memory(
+                lambda step=step: step(0), device)
+        except Exception as e:  # noqa: BLE001  (a note, as a failed variant)
+            row.notes.append(_failure_note(f"{name} (memory)", e))
+    if row.backward and "torchops" in row.returned_bytes:
+        row.notes.append(f"gradients: {fmt_bytes(row.returned_bytes['torchops'])}")
 
 
 def _failure_note(name: str, e: Exception) -> str:
