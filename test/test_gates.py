@@ -297,6 +297,7 @@ torchops::_deform_roi_pool_forward(Tensor input, Tensor rois, Tensor offset, flo
 torchops::_fused_add_rms_norm_forward(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight, float? eps) -> (Tensor, Tensor, Tensor)  [pt2_compliant_tag]
 torchops::_fused_linear_cross_entropy_backward(Tensor grad, Tensor input, Tensor weight, Tensor target, Tensor? bias, Tensor lse, int ignore_index, float label_smoothing, str reduction, float lse_square_scale, float? softcap, int vocab_start, int vocab_size, bool[3] output_mask) -> (Tensor, Tensor, Tensor)  [pt2_compliant_tag]
 torchops::_fused_linear_cross_entropy_forward(Tensor input, Tensor weight, Tensor target, Tensor? bias, int ignore_index, float label_smoothing, str reduction, float lse_square_scale, float? softcap, bool[3] output_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)  [pt2_compliant_tag]
+torchops::_fused_linear_cross_entropy_scale_(Tensor(a!)[] grads, Tensor scale) -> ()  [pt2_compliant_tag]
 torchops::_fused_linear_cross_entropy_stats(Tensor input, Tensor weight, Tensor target, Tensor? bias, int ignore_index, float? softcap, int vocab_start, int vocab_size) -> Tensor  [pt2_compliant_tag]
 torchops::_gelu_and_mul_backward(Tensor grad, Tensor x, str approximate) -> Tensor  [pt2_compliant_tag]
 torchops::_layer_norm_backward(Tensor grad, Tensor input, Tensor mean, Tensor rstd, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)  [pt2_compliant_tag]

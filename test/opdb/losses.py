@@ -320,7 +320,7 @@ FUSED_LINEAR_CROSS_ENTROPY = OpInfo(
     sample_inputs=_lce_samples,
     error_inputs=_lce_errors,
     internal_ops=("_fused_linear_cross_entropy_forward", "_fused_linear_cross_entropy_backward",
-                  "_fused_linear_cross_entropy_stats"),
+                  "_fused_linear_cross_entropy_stats", "_fused_linear_cross_entropy_scale_"),
     # The loss is float32 for half inputs, as F.cross_entropy(logits.float()).
     output_dtype=_lce_output_dtype,
     # Half inputs: the logits are rounded to the input's dtype (as F.linear's
