@@ -148,3 +148,9 @@ from .rotary import ROTARY_EMBEDDING, ROTARY_EMBEDDING_, ROTARY_OPS, rotary_cach
 OP_DB += ROTARY_OPS
 __all__ += ["ROTARY_OPS", "ROTARY_EMBEDDING", "ROTARY_EMBEDDING_", "rotary_inputs",
             "rotary_cache_inputs"]
+
+# --- optim ---
+from .optim import FUSED_ADAM_, OPTIM_OPS  # noqa: E402
+
+OP_DB += OPTIM_OPS
+__all__ += ["OPTIM_OPS", "FUSED_ADAM_"]
