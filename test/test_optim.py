@@ -354,6 +354,6 @@ def test_op_under_compile():
 
     step(torch.tensor(1e-2))
     torchops.fused_adam_(*ref, lr=torch.tensor(1e-2), **kw)
-    for a, b in zip((params, m, v, x), ref):
+    for a, b in zip((params, grads, m, v, x), ref):
         for s, t in zip(a, b):
             assert torch.equal(s, t)

@@ -2031,7 +2031,14 @@ def fused_adam_(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor
 def _check_fused_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
                       beta1, beta2, amsgrad, master_params, lr, grad_scale, found_inf) -> None:
     """The kernels' checks (csrc/common/fused_adam.h), for the fakes."""
-    from torch._prims_common import is_non_overlapping_and_dense
+    import torch._prims_common as prims
+
+    # Contiguous (what parameters are) decides without inspecting symbolic strides.
+    dense_check = (getattr(prims, "is_non_overlapping_and_dense", None)
+                   or prims.is_non_overlapping_and_dense_or_false)
+
+    def is_non_overlapping_and_dense(t) -> bool:
+        return t.is_contiguous() or dense_check(t)
 
     def fail(msg: str):
         raise RuntimeError(f"torchops.fused_adam_: {msg}")

@@ -273,4 +273,11 @@ TORCH_LIBRARY_IMPL(torchops, CPU, m) {
   m.impl("fused_adam_.tensor_lr", &fused_adam_tensor_lr);
 }
 
+// A sparse gradient sends the call to the sparse key: the same kernel then
+// rejects it by name and index.
+TORCH_LIBRARY_IMPL(torchops, SparseCPU, m) {
+  m.impl("fused_adam_", &fused_adam);
+  m.impl("fused_adam_.tensor_lr", &fused_adam_tensor_lr);
+}
+
 }  // namespace torchops::cpu
