@@ -54,7 +54,8 @@ class _FusedAdam:
         sdtype = torch.float32 if master else p.dtype
         if len(state) == 0:
             state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-            state["exp_avg"] = torch.zeros_like(p, dtype=sdtype, memory_format=torch.preserve_format)
+            state["exp_avg"] = torch.zeros_like(p, dtype=sdtype,
+                                                memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, dtype=sdtype,
                                                    memory_format=torch.preserve_format)
         step = state["step"]

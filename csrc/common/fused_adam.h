@@ -57,7 +57,9 @@ struct AdamCoeffs {
   acc_t neg_step_size;  // -lr / bc1
   bool has_scale;
   bool maximize;
-  bool from_end;  // torch's lerp: start + w (end - start) for |w| < 0.5, else end - (1 - w)(end - start)
+  // torch's lerp: start + w (end - start) for |w| < 0.5, else
+  // end - (1 - w)(end - start).
+  bool from_end;
 };
 
 // Rounded as torch.optim rounds its Python-float scalars into the tensor's
