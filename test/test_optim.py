@@ -357,3 +357,21 @@ def test_op_under_compile():
     for a, b in zip((params, grads, m, v, x), ref):
         for s, t in zip(a, b):
             assert torch.equal(s, t)
+
+
+def test_scalar_path_matches_reference():
+    """Without AVX2 (ATEN_CPU_CAPABILITY=default) the CPU kernel runs the
+    scalar update of common/fused_adam.h, the one the CUDA kernel runs."""
+    import os
+    import subprocess
+    import sys
+    code = ("import torch, test_optim as t; "
+            "assert torch.backends.cpu.get_cpu_capability() == 'DEFAULT'; "
+            "t._check_op_against_reference('cpu', torch.float32, [70000, 13, 1], scaled=True); "
+            "t._check_op_against_reference('cpu', torch.bfloat16, [1027], master=True); "
+            "t._check_op_against_reference('cpu', torch.float64, [33], adamw=False)")
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env["PYTHONPATH"] = os.pathsep.join([here, env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
