@@ -214,4 +214,22 @@ TORCH_LIBRARY(torchops, m) {
   // (*positions.shape, heads, head_size).
   m.def("rotary_embedding_(Tensor positions, Tensor(a!) q, Tensor(b!) k, "
         "Tensor cos_sin_cache, bool interleaved=False) -> ()", pt2);
+  // --- optim --------------------------------------------------------------------------------
+  // One Adam/AdamW step over lists of parameters, in place (torch.optim's
+  // _fused_adamw_ conventions: state_steps are float32 tensors the caller has
+  // already incremented; grads are written only with grad_scale, which they
+  // are divided by; found_inf == 1 skips the step).  master_params: float32
+  // copies of float16/bfloat16 params, updated and rounded into them.
+  m.def("fused_adam_(Tensor(a!)[] params, Tensor(b!)[] grads, Tensor(c!)[] exp_avgs, "
+        "Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, Tensor[] state_steps, *, "
+        "float lr, float beta1, float beta2, float eps, float weight_decay, bool amsgrad, "
+        "bool maximize, bool adamw, Tensor(f!)[]? master_params=None, Tensor? grad_scale=None, "
+        "Tensor? found_inf=None) -> ()", pt2);
+  // lr as a float32 tensor of one element, read by the kernel (no recompiles
+  // or CUDA-graph recaptures when it changes).
+  m.def("fused_adam_.tensor_lr(Tensor(a!)[] params, Tensor(b!)[] grads, Tensor(c!)[] exp_avgs, "
+        "Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, Tensor[] state_steps, *, "
+        "Tensor lr, float beta1, float beta2, float eps, float weight_decay, bool amsgrad, "
+        "bool maximize, bool adamw, Tensor(f!)[]? master_params=None, Tensor? grad_scale=None, "
+        "Tensor? found_inf=None) -> ()", pt2);
 }

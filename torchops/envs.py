@@ -81,7 +81,7 @@ VARIABLES: tuple[EnvVar, ...] = (
        "the most memory, in MiB, a chunk of fused_linear_cross_entropy's logits may take "
        "(never more than a quarter of the free memory): larger chunks make fewer, larger "
        "GEMMs (read at each call; docs/design.md)",
-       unset="256 on CUDA, 32 on CPU", minimum=1),
+       unset="512 on CUDA, 32 on CPU", minimum=1),
     _v("TORCHOPS_LCE_TARGET_CHECK", "choice", "user", "C++",
        "how CUDA fused_linear_cross_entropy checks its targets: `sync` raises a RuntimeError "
        "for a target outside [0, V) that is not ignore_index, at the cost of one host sync "

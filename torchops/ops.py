@@ -1979,3 +1979,158 @@ def _fused_linear_cross_entropy_scale__fake(grads, scale) -> None:
                      lambda: f"torchops.{op}: expected contiguous grads and a 0-dim scale of "
                      f"their accumulation type, but grads[{i}] is {dt} of shape {shape} and "
                      f"scale {st} of shape {s_shape}")
+
+
+# --- optim: fused_adam_ ----------------------------------------------------------------
+
+__all__ += ["fused_adam_"]
+
+
+def fused_adam_(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
+                exp_avg_sqs: list[Tensor], max_exp_avg_sqs: list[Tensor],
+                state_steps: list[Tensor], *, lr: float | Tensor, beta1: float, beta2: float,
+                eps: float, weight_decay: float, amsgrad: bool, maximize: bool, adamw: bool,
+                master_params: list[Tensor] | None = None, grad_scale: Tensor | None = None,
+                found_inf: Tensor | None = None) -> None:
+    """One Adam (``adamw=False``) or AdamW step over lists of parameters, in
+    place, in ``torch.optim.Adam``/``AdamW``'s order of operations (the
+    update torchops.optim's optimizers call once per device and dtype).
+
+    ``params[i]`` is updated with ``grads[i]`` and its moments
+    ``exp_avgs[i]``, ``exp_avg_sqs[i]`` (and ``max_exp_avg_sqs[i]`` with
+    ``amsgrad``; an empty list without).  ``state_steps[i]`` is a float32
+    one-element tensor holding the step number *after* this step (increment
+    it before the call, as torch.optim's fused path does); bias correction
+    reads it.  ``lr`` is a float or a float32 one-element tensor on the
+    parameters' device (read by the kernel: changing it recompiles nothing).
+    ``grad_scale``/``found_inf`` (float32, one element) follow
+    ``torch._fused_adamw_``: grads are divided by ``grad_scale`` and written
+    back unscaled; ``found_inf == 1`` skips the step (nothing is written).
+
+    Without ``master_params`` every list has the parameters' dtype (float32,
+    float64, float16, bfloat16; half types computed in float32).  With them,
+    ``params`` are float16/bfloat16, ``master_params`` (float32) are updated
+    and rounded into ``params`` in the same pass, the moments are float32 and
+    the grads the parameters' dtype or float32.  All tensors of one call are
+    on one device, and ``*[i]`` have ``params[i]``'s shape and strides.  A
+    mismatch, a sparse gradient, or a parameter given twice raises a
+    RuntimeError naming the list and index.  CPU and CUDA (one launch over
+    many tensors).  No autograd.  Returns None.
+    """
+    kw = dict(beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+              maximize=maximize, adamw=adamw, master_params=master_params,
+              grad_scale=grad_scale, found_inf=found_inf)
+    if isinstance(lr, Tensor):
+        torch.ops.torchops.fused_adam_.tensor_lr(params, grads, exp_avgs, exp_avg_sqs,
+                                                 max_exp_avg_sqs, state_steps, lr=lr, **kw)
+    else:
+        torch.ops.torchops.fused_adam_.default(params, grads, exp_avgs, exp_avg_sqs,
+                                               max_exp_avg_sqs, state_steps, lr=float(lr), **kw)
+
+
+def _check_fused_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+                      beta1, beta2, amsgrad, master_params, lr, grad_scale, found_inf) -> None:
+    """The kernels' checks (csrc/common/fused_adam.h), for the fakes."""
+    import torch._prims_common as prims
+
+    # Contiguous (what parameters are) decides without inspecting symbolic strides.
+    dense_check = (getattr(prims, "is_non_overlapping_and_dense", None)
+                   or prims.is_non_overlapping_and_dense_or_false)
+
+    def is_non_overlapping_and_dense(t) -> bool:
+        return t.is_contiguous() or dense_check(t)
+
+    def fail(msg: str):
+        raise RuntimeError(f"torchops.fused_adam_: {msg}")
+
+    n = len(params)
+    lists = [("grads", grads, n), ("exp_avgs", exp_avgs, n), ("exp_avg_sqs", exp_avg_sqs, n),
+             ("max_exp_avg_sqs", max_exp_avg_sqs, n if amsgrad else 0),
+             ("state_steps", state_steps, n)]
+    if master_params is not None:
+        lists.append(("master_params", master_params, n))
+    for name, lst, want in lists:
+        if len(lst) != want:
+            fail(f"expected '{name}' to have {want} tensors (one per parameter"
+                 f"{', none without amsgrad' if want == 0 else ''}), but got {len(lst)}")
+    if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
+        fail(f"expected 'beta1' and 'beta2' in [0, 1), but got {beta1} and {beta2}")
+    if n == 0:
+        return
+    p0 = params[0]
+    if not p0.is_floating_point():
+        fail(f"expected 'params[0]' to be a floating-point tensor, but got {p0.dtype}")
+    pt = p0.dtype
+    master = master_params is not None
+    if master and pt not in (torch.float16, torch.bfloat16):
+        fail(f"with 'master_params', expected 'params' to be float16 or bfloat16, but got {pt}")
+    st = torch.float32 if master else pt
+    gt = grads[0].dtype
+    if not (gt == pt or (master and gt == torch.float32)):
+        fail(f"expected 'grads[0]' to have dtype {pt}{' or float32' if master else ''}, but got "
+             f"{gt}")
+
+    def like(p, ref, name, i, t, dtype):
+        where = f"{name}[{i}]"
+        if t.layout != torch.strided:
+            fail(f"'{where}' must be a dense (strided) tensor, but got layout {t.layout} "
+                 f"(sparse gradients are not supported)")
+        if t.device != p.device:
+            fail(f"'{where}' is on {t.device} but '{ref}' is on {p.device}")
+        if t.dtype != dtype:
+            fail(f"expected '{where}' to have dtype {dtype}, but got {t.dtype}")
+        if t.shape != p.shape:
+            fail(f"'{where}' has shape {list(t.shape)} but '{ref}' has shape {list(p.shape)}")
+        if not is_non_overlapping_and_dense(t) or t.stride() != p.stride():
+            fail(f"'{where}' must be dense with the strides of '{ref}' ({list(p.stride())}), "
+                 f"but got strides {list(t.stride())}")
+
+    def scalar(t, name):
+        if t.layout != torch.strided or t.numel() != 1 or t.dtype != torch.float32:
+            fail(f"expected '{name}' to be a float32 tensor of one element, but got {t.dtype} "
+                 f"of shape {list(t.shape)}")
+        if t.device != p0.device:
+            fail(f"'{name}' is on {t.device} but 'params[0]' is on {p0.device}")
+
+    seen: set[int] = set()
+    for i, p in enumerate(params):
+        ref = f"params[{i}]"
+        if p.device != p0.device:
+            fail(f"'{ref}' is on {p.device} but 'params[0]' is on {p0.device}")
+        if p.dtype != pt:
+            fail(f"expected '{ref}' to have dtype {pt} (that of 'params[0]'), but got {p.dtype}")
+        if p.layout != torch.strided or not is_non_overlapping_and_dense(p):
+            fail(f"'{ref}' must be a dense tensor")
+        if id(p) in seen:
+            fail(f"'{ref}' appears twice (or shares memory with another parameter)")
+        seen.add(id(p))
+        like(p, ref, "grads", i, grads[i], gt)
+        like(p, ref, "exp_avgs", i, exp_avgs[i], st)
+        like(p, ref, "exp_avg_sqs", i, exp_avg_sqs[i], st)
+        if amsgrad:
+            like(p, ref, "max_exp_avg_sqs", i, max_exp_avg_sqs[i], st)
+        if master:
+            like(p, ref, "master_params", i, master_params[i], torch.float32)
+        scalar(state_steps[i], f"state_steps[{i}]")
+    for name, t in (("lr", lr), ("grad_scale", grad_scale), ("found_inf", found_inf)):
+        if t is not None:
+            scalar(t, name)
+
+
+@torch.library.register_fake("torchops::fused_adam_")
+def _fused_adam_fake(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr,
+                     beta1, beta2, eps, weight_decay, amsgrad, maximize, adamw,
+                     master_params=None, grad_scale=None, found_inf=None) -> None:
+    _check_fused_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+                      beta1, beta2, amsgrad, master_params, None, grad_scale, found_inf)
+    return None
+
+
+@torch.library.register_fake("torchops::fused_adam_.tensor_lr")
+def _fused_adam_tensor_lr_fake(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
+                               state_steps, *, lr, beta1, beta2, eps, weight_decay, amsgrad,
+                               maximize, adamw, master_params=None, grad_scale=None,
+                               found_inf=None) -> None:
+    _check_fused_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+                      beta1, beta2, amsgrad, master_params, lr, grad_scale, found_inf)
+    return None

@@ -650,3 +650,52 @@ def fused_linear_cross_entropy(input: Tensor, weight: Tensor, target: Tensor,
     if reduction == "sum":
         return per.sum()
     return per.sum() / valid.sum()
+
+
+# --- optim ------------------------------------------------------------------------------
+
+__all__ += ["fused_adam_"]
+
+
+def fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr,
+                beta1: float, beta2: float, eps: float, weight_decay: float, amsgrad: bool,
+                maximize: bool, adamw: bool, master_params=None, grad_scale=None,
+                found_inf=None):
+    """The new values of (params, grads, exp_avgs, exp_avg_sqs,
+    max_exp_avg_sqs), each a list, from torch.optim.Adam's for-loop update
+    (no argument is written).  With master_params, the last item is the new
+    masters; params are the masters rounded to their dtype."""
+    lr = float(lr)
+    out = ([p.clone() for p in params], [g.clone() for g in grads],
+           [m.clone() for m in exp_avgs], [v.clone() for v in exp_avg_sqs],
+           [x.clone() for x in max_exp_avg_sqs])
+    masters = None if master_params is None else [m.clone() for m in master_params]
+    if found_inf is not None and float(found_inf) == 1.0:
+        return out if masters is None else (*out, masters)
+    for i in range(len(params)):
+        p = masters[i] if masters is not None else out[0][i]
+        m, v = out[2][i], out[3][i]
+        g = out[1][i].to(p.dtype)
+        if grad_scale is not None:
+            g = g / float(grad_scale)
+            out[1][i].copy_(g)
+        if maximize:
+            g = -g
+        step = float(state_steps[i])
+        if weight_decay != 0:
+            if adamw:
+                p.mul_(1 - lr * weight_decay)
+            else:
+                g = g.add(p, alpha=weight_decay)
+        m.lerp_(g.to(m.dtype), 1 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        bc1 = 1 - beta1 ** step
+        bc2_sqrt = (1 - beta2 ** step) ** 0.5
+        s = v
+        if amsgrad:
+            torch.maximum(out[4][i], v, out=out[4][i])
+            s = out[4][i]
+        p.addcdiv_(m, s.sqrt() / bc2_sqrt + eps, value=-lr / bc1)
+        if masters is not None:
+            out[0][i].copy_(p)
+    return out if masters is None else (*out, masters)

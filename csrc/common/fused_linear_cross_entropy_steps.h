@@ -105,7 +105,7 @@ inline LceOperands lce_operands(const char* op, const at::Tensor& input,
 // pieces on the CPU; on CUDA it is large enough that the weight-gradient
 // GEMM, whose depth is the chunk's row count, stays compute-bound rather
 // than bound by reading and writing grad_weight once per chunk.
-constexpr int64_t kLceChunkMibCuda = 256;
+constexpr int64_t kLceChunkMibCuda = 512;
 constexpr int64_t kLceChunkMibCpu = 32;
 
 // Rows per chunk: the budget (TORCHOPS_LCE_CHUNK_MIB, at most a quarter of

@@ -156,3 +156,9 @@ __all__ += ["ROTARY_OPS", "ROTARY_EMBEDDING", "ROTARY_EMBEDDING_", "rotary_input
 from .losses import FUSED_LINEAR_CROSS_ENTROPY, lce_inputs, lce_targets  # noqa: E402
 
 __all__ += ["FUSED_LINEAR_CROSS_ENTROPY", "lce_inputs", "lce_targets"]
+
+# --- optim ---
+from .optim import FUSED_ADAM_, OPTIM_OPS  # noqa: E402
+
+OP_DB += OPTIM_OPS
+__all__ += ["OPTIM_OPS", "FUSED_ADAM_"]

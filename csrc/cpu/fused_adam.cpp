@@ -1,0 +1,283 @@
+// CPU kernel of torchops.fused_adam_.
+//
+// Memory-bound: each element is read and written once (parameter, gradient,
+// both moments, and the master copy or the max moment when there is one).
+// The tensors are cut into chunks that at::parallel_for spreads over the
+// threads; a chunk is updated in blocks that stay in L1, through float (or
+// double) views of its arrays: arrays already in the compute type are used in
+// place, the others (bfloat16/float16 parameters, gradients, states) are
+// converted into a block buffer and back.  The update runs on at::vec
+// vectors (AVX2 + FMA, chosen at load time; common/fused_adam.h's scalar
+// form elsewhere), in the order of torch.optim's for-loop Adam.
+#include "cpu/common/vectorized.h"  // first: see the header
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+#include "common/fused_adam.h"
+
+namespace torchops::cpu {
+namespace {
+
+// Elements per parallel work item, and per block inside it (6 arrays of
+// kBlock floats fit in L1 with room to spare).
+constexpr int64_t kChunk = 1 << 16;
+constexpr int64_t kBlock = 1024;
+
+template <typename acc_t>
+void adam_block_scalar(acc_t* p, acc_t* g, acc_t* m, acc_t* v, acc_t* vmax, int64_t n,
+                       const AdamCoeffs<acc_t>& c) {
+  for (int64_t i = 0; i < n; ++i) {
+    adam_update(p[i], g[i], m[i], v[i], vmax == nullptr ? nullptr : vmax + i, c);
+  }
+}
+
+TORCHOPS_VEC_BEGIN
+
+// adam_update (common/fused_adam.h), a vector at a time; the last partial
+// vector is loaded and stored with counts.
+template <typename acc_t>
+void adam_block_vec(acc_t* p, acc_t* g, acc_t* m, acc_t* v, acc_t* vmax, int64_t n,
+                    const AdamCoeffs<acc_t>& c) {
+  using Vec = at::vec::Vectorized<acc_t>;
+  constexpr int64_t W = Vec::size();
+  const Vec scale(c.grad_scale), l2(c.l2), decay(c.decay), lerp_w(c.lerp_w), beta2(c.beta2),
+      omb2(c.one_minus_beta2), bc2_sqrt(c.bc2_sqrt), eps(c.eps), neg_step(c.neg_step_size);
+  for (int64_t i = 0; i < n; i += W) {
+    const int64_t k = std::min<int64_t>(W, n - i);
+    auto load = [&](const acc_t* x) { return k == W ? Vec::loadu(x + i) : Vec::loadu(x + i, k); };
+    auto store = [&](const Vec& x, acc_t* to) {
+      if (k == W) {
+        x.store(to + i);
+      } else {
+        x.store(to + i, k);
+      }
+    };
+    Vec gv = load(g);
+    if (c.has_scale) {
+      gv = gv / scale;
+      store(gv, g);
+    }
+    Vec d = c.maximize ? gv.neg() : gv;
+    Vec pv = load(p);
+    d = d + pv * l2;
+    pv = pv * decay;
+    Vec mv = load(m);
+    const Vec diff = d - mv;
+    mv = at::vec::fmadd(lerp_w, diff, c.from_end ? d : mv);
+    const Vec vv = load(v) * beta2 + omb2 * d * d;
+    store(mv, m);
+    store(vv, v);
+    Vec s = vv;
+    if (vmax != nullptr) {
+      s = at::vec::maximum(load(vmax), vv);
+      store(s, vmax);
+    }
+    const Vec denom = s.sqrt() / bc2_sqrt + eps;
+    pv = pv + neg_step * mv / denom;
+    store(pv, p);
+  }
+}
+
+template void adam_block_vec<float>(float*, float*, float*, float*, float*, int64_t,
+                                    const AdamCoeffs<float>&);
+template void adam_block_vec<double>(double*, double*, double*, double*, double*, int64_t,
+                                     const AdamCoeffs<double>&);
+
+TORCHOPS_VEC_END
+
+// One array of a block in the compute type: the array itself when its type
+// is acc_t, else a converted copy in `buf`, written back by finish().
+template <typename T, typename acc_t>
+struct View {
+  T* data;
+  acc_t* buf;
+  acc_t* at(int64_t off, int64_t len) {
+    if (data == nullptr) {
+      return nullptr;
+    }
+    if constexpr (std::is_same_v<T, acc_t>) {
+      return data + off;
+    } else {
+      for (int64_t i = 0; i < len; ++i) {
+        buf[i] = static_cast<acc_t>(data[off + i]);
+      }
+      return buf;
+    }
+  }
+  void finish(int64_t off, int64_t len) {
+    if constexpr (!std::is_same_v<T, acc_t>) {
+      if (data != nullptr) {
+        for (int64_t i = 0; i < len; ++i) {
+          data[off + i] = static_cast<T>(buf[i]);
+        }
+      }
+    }
+  }
+};
+
+struct Item {
+  size_t tensor;
+  int64_t begin;
+  int64_t end;
+};
+
+// param_t: the parameters; grad_t: the gradients; state_t: moments (and
+// masters, which are float32 as the states then are).
+template <typename param_t, typename grad_t, typename state_t>
+void run(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+         at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
+         const std::optional<at::TensorList>& master, const AdamHyper& h, double lr,
+         const float* grad_scale) {
+  using acc_t = std::conditional_t<std::is_same_v<state_t, double>, double, float>;
+  constexpr bool kMaster = !std::is_same_v<param_t, state_t>;
+  const size_t n = params.size();
+  std::vector<AdamCoeffs<acc_t>> coeffs(n);
+  std::vector<Item> items;
+  for (size_t i = 0; i < n; ++i) {
+    const double step = static_cast<double>(*steps[i].data_ptr<float>());
+    coeffs[i] = adam_coeffs<acc_t>(h, lr, step, grad_scale);
+    const int64_t numel = params[i].numel();
+    for (int64_t b = 0; b < numel; b += kChunk) {
+      items.push_back({i, b, std::min(numel, b + kChunk)});
+    }
+  }
+  const bool vec = vec_available();
+  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t lo, int64_t hi) {
+    acc_t buf[5][kBlock];
+    for (int64_t it = lo; it < hi; ++it) {
+      const Item& item = items[it];
+      const size_t i = item.tensor;
+      const AdamCoeffs<acc_t>& c = coeffs[i];
+      // With masters the update reads and writes the float32 master, then
+      // rounds it into the parameter.
+      View<state_t, acc_t> pv{kMaster ? (*master)[i].data_ptr<state_t>()
+                                      : reinterpret_cast<state_t*>(params[i].data_ptr()),
+                              buf[0]};
+      View<grad_t, acc_t> gv{grads[i].data_ptr<grad_t>(), buf[1]};
+      View<state_t, acc_t> mv{exp_avgs[i].data_ptr<state_t>(), buf[2]};
+      View<state_t, acc_t> vv{exp_avg_sqs[i].data_ptr<state_t>(), buf[3]};
+      View<state_t, acc_t> xv{h.amsgrad ? max_exp_avg_sqs[i].data_ptr<state_t>() : nullptr,
+                              buf[4]};
+      param_t* low = kMaster ? params[i].data_ptr<param_t>() : nullptr;
+      for (int64_t off = item.begin; off < item.end; off += kBlock) {
+        const int64_t len = std::min(kBlock, item.end - off);
+        acc_t* p = pv.at(off, len);
+        acc_t* g = gv.at(off, len);
+        acc_t* m = mv.at(off, len);
+        acc_t* v = vv.at(off, len);
+        acc_t* x = xv.at(off, len);
+        if (vec) {
+          adam_block_vec<acc_t>(p, g, m, v, x, len, c);
+        } else {
+          adam_block_scalar<acc_t>(p, g, m, v, x, len, c);
+        }
+        pv.finish(off, len);
+        if (c.has_scale) {
+          gv.finish(off, len);
+        }
+        mv.finish(off, len);
+        vv.finish(off, len);
+        xv.finish(off, len);
+        if constexpr (kMaster) {
+          for (int64_t j = 0; j < len; ++j) {
+            low[off + j] = static_cast<param_t>(p[j]);
+          }
+        }
+      }
+    }
+  });
+}
+
+void fused_adam_impl(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                     at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                     at::TensorList state_steps, const AdamHyper& h,
+                     const std::optional<at::TensorList>& master_params,
+                     const std::optional<at::Tensor>& lr_tensor,
+                     const std::optional<at::Tensor>& grad_scale,
+                     const std::optional<at::Tensor>& found_inf) {
+  check_fused_adam(c10::DeviceType::CPU, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
+                   state_steps, h, master_params, lr_tensor, grad_scale, found_inf);
+  if (params.empty()) {
+    return;
+  }
+  // GradScaler found an inf or NaN: the step is skipped, nothing is written.
+  if (found_inf.has_value() && *found_inf->data_ptr<float>() == 1.0f) {
+    return;
+  }
+  const double lr = lr_tensor.has_value() ? static_cast<double>(*lr_tensor->data_ptr<float>())
+                                          : h.lr;
+  const float* scale = grad_scale.has_value() ? grad_scale->data_ptr<float>() : nullptr;
+  const at::ScalarType pt = params[0].scalar_type();
+  const at::ScalarType gt = grads[0].scalar_type();
+  auto call = [&](auto param_tag, auto grad_tag, auto state_tag) {
+    run<decltype(param_tag), decltype(grad_tag), decltype(state_tag)>(
+        params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, master_params, h, lr,
+        scale);
+  };
+  if (master_params.has_value()) {
+    AT_DISPATCH_REDUCED_FLOATING_TYPES(pt, "fused_adam_", [&] {
+      if (gt == at::kFloat) {
+        call(scalar_t{}, float{}, float{});
+      } else {
+        call(scalar_t{}, scalar_t{}, float{});
+      }
+    });
+  } else {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pt, "fused_adam_", [&] {
+      call(scalar_t{}, scalar_t{}, scalar_t{});
+    });
+  }
+}
+
+AdamHyper hyper(double lr, double beta1, double beta2, double eps, double weight_decay,
+                bool amsgrad, bool maximize, bool adamw) {
+  return AdamHyper{lr, beta1, beta2, eps, weight_decay, amsgrad, maximize, adamw};
+}
+
+void fused_adam(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                at::TensorList state_steps, double lr, double beta1, double beta2, double eps,
+                double weight_decay, bool amsgrad, bool maximize, bool adamw,
+                std::optional<at::TensorList> master_params,
+                const std::optional<at::Tensor>& grad_scale,
+                const std::optional<at::Tensor>& found_inf) {
+  fused_adam_impl(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+                  hyper(lr, beta1, beta2, eps, weight_decay, amsgrad, maximize, adamw),
+                  master_params, std::nullopt, grad_scale, found_inf);
+}
+
+void fused_adam_tensor_lr(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                          at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                          at::TensorList state_steps, const at::Tensor& lr, double beta1,
+                          double beta2, double eps, double weight_decay, bool amsgrad,
+                          bool maximize, bool adamw, std::optional<at::TensorList> master_params,
+                          const std::optional<at::Tensor>& grad_scale,
+                          const std::optional<at::Tensor>& found_inf) {
+  fused_adam_impl(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+                  hyper(0.0, beta1, beta2, eps, weight_decay, amsgrad, maximize, adamw),
+                  master_params, lr, grad_scale, found_inf);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(torchops, CPU, m) {
+  m.impl("fused_adam_", &fused_adam);
+  m.impl("fused_adam_.tensor_lr", &fused_adam_tensor_lr);
+}
+
+// A sparse gradient sends the call to the sparse key: the same kernel then
+// rejects it by name and index.
+TORCH_LIBRARY_IMPL(torchops, SparseCPU, m) {
+  m.impl("fused_adam_", &fused_adam);
+  m.impl("fused_adam_.tensor_lr", &fused_adam_tensor_lr);
+}
+
+}  // namespace torchops::cpu

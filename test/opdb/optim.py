@@ -1,0 +1,95 @@
+"""Entries of the optimizer ops: fused_adam_ (one Adam/AdamW step over lists
+of tensors, in place).
+
+Its arguments are lists of tensors, which the generic tests' helpers do not
+take apart (they copy, convert and compare top-level tensors): the entry runs
+opcheck (schema and alias annotations over the lists, fake tensors,
+dynamic-shape AOT dispatch) and the invalid inputs; test/test_optim.py checks
+the same invalid inputs under FakeTensorMode, and the values (every dtype against
+the reference, masters, GradScaler's arguments, several chunks and launches,
+CPU against CUDA, compile) and the optimizers."""
+
+from __future__ import annotations
+
+import torch
+
+from .core import ErrorInput, OpInfo, Sample, Skip, make
+
+_HYPER = dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1, maximize=False,
+              adamw=True)
+
+
+def _lists(sizes, device, dtype, amsgrad=True, master=False):
+    sdtype = torch.float32 if master else dtype
+    params = [make(s, device, dtype) for s in sizes]
+    grads = [make(s, device, dtype) for s in sizes]
+    exp_avgs = [make(s, device, sdtype) for s in sizes]
+    exp_avg_sqs = [make(s, device, sdtype, low=0.0, high=1.0) for s in sizes]
+    maxes = [make(s, device, sdtype, low=0.0, high=1.0) for s in sizes] if amsgrad else []
+    steps = [torch.tensor(float(i + 1), device=device) for i in range(len(sizes))]
+    return params, grads, exp_avgs, exp_avg_sqs, maxes, steps
+
+
+def _adam_samples(device, dtype, requires_grad=False):
+    sizes = [(3, 5), (0,), (1,), (17,)]
+    yield Sample(_lists(sizes, device, dtype), dict(_HYPER, amsgrad=True), "adamw-amsgrad")
+    yield Sample(_lists(sizes[:2], device, dtype, amsgrad=False),
+                 dict(_HYPER, amsgrad=False, adamw=False, maximize=True), "adam-maximize")
+    scale = torch.tensor(2.0, device=device)
+    yield Sample(_lists([(4, 4)], device, dtype), dict(_HYPER, amsgrad=True, grad_scale=scale,
+                                                      found_inf=torch.zeros((), device=device)),
+                 "scaled")
+    if dtype in (torch.float16, torch.bfloat16):
+        p = _lists([(6,), (2, 3)], device, dtype, master=True)
+        masters = [t.float() for t in p[0]]
+        yield Sample(p, dict(_HYPER, amsgrad=True, master_params=masters), "masters")
+
+
+def _adam_errors(device):
+    op = r"torchops\.fused_adam_: "
+
+    def call(sizes=((3,), (2,)), amsgrad=True, **over):
+        lists = list(_lists(sizes, device, torch.float32, amsgrad=amsgrad))
+        names = ("params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "state_steps")
+        for k, v in over.items():
+            lists[names.index(k)] = v
+        return Sample(tuple(lists), dict(_HYPER, amsgrad=amsgrad))
+
+    f = lambda *s, dt=torch.float32: make(s, device, dt)  # noqa: E731
+    yield ErrorInput(call(grads=[f(3)]), op + r"expected 'grads' to have 2 tensors")
+    yield ErrorInput(call(max_exp_avg_sqs=[]), op + r"expected 'max_exp_avg_sqs' to have 2")
+    yield ErrorInput(call(exp_avgs=[f(3), f(2, dt=torch.float64)]),
+                     op + r"expected 'exp_avgs\[1\]' to have dtype")
+    yield ErrorInput(call(exp_avg_sqs=[f(3), f(3)]), op + r"'exp_avg_sqs\[1\]' has shape")
+    yield ErrorInput(call(grads=[f(3), f(2, 2)[:, 0]]), op + r"'grads\[1\]' must be dense")
+    yield ErrorInput(call(state_steps=[torch.tensor(1.0, device=device), f(2)]),
+                     op + r".*'state_steps\[1\]'")
+    p = f(3)
+    yield ErrorInput(call(sizes=((3,), (3,)), params=[p, p]), op + r"'params\[1\]' appears twice")
+    yield ErrorInput(call(params=[f(3), f(2, dt=torch.float64)]),
+                     op + r"expected 'params\[1\]' to have dtype")
+    yield ErrorInput(call(grads=[f(3), torch.zeros(2, device=device).to_sparse()]),
+                     op + r"'grads\[1\]'.*sparse", kernel_only="fake tensors of sparse "
+                     "layouts are not what the fake's check sees")
+    if device != "cpu":
+        yield ErrorInput(call(exp_avgs=[f(3), make((2,), "cpu", torch.float32)]),
+                         op + r"'exp_avgs\[1\]' is on")
+
+
+_LISTS = ("the arguments are lists of tensors, which the generic helpers do not copy, convert "
+          "or compare; test_optim.py checks the values")
+
+FUSED_ADAM_ = OpInfo(
+    name="fused_adam_",
+    sample_inputs=_adam_samples,
+    error_inputs=_adam_errors,
+    differentiable=False,
+    skips=[Skip(t, _LISTS) for t in ("correctness", "wrapper", "cpu_vs_cuda", "autocast",
+                                     "compile", "cuda_graph", "export", "property",
+                                     "sample_variety", "fake_error_inputs")],
+    no_benchmark={"fused_adam_": "the bench's cases call an op with positional tensors of one "
+                  "dtype; a multi-tensor optimizer step needs lists moved to the device, "
+                  "keyword arguments and float32 states beside bfloat16 parameters"},
+)
+
+OPTIM_OPS = [FUSED_ADAM_]
