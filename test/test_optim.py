@@ -78,7 +78,11 @@ def test_matches_torch_optim_for_50_steps(device, ours, theirs, kw):
     ob = theirs(mb.parameters(), lr=1e-2, **kw)
     _train(ma, oa, batches)
     _train(mb, ob, batches)
-    _assert_states_close(oa, ob)
+    # CUDA: torch's foreach step orders (and partly widens) the update's
+    # arithmetic differently from the for-loop order ours follows, so 50
+    # steps drift apart by a few float32 roundings of the parameters.
+    tol = dict(rtol=1e-5, atol=1e-6) if device == "cuda" else {}
+    _assert_states_close(oa, ob, **tol)
     assert set(oa.state_dict()["param_groups"][0]) == set(ob.state_dict()["param_groups"][0])
 
 
