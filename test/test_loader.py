@@ -3,6 +3,7 @@ private cache folder (TORCHOPS_PREBUILT=0 hides the installed library)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -121,14 +122,32 @@ def test_jit_build_cache_and_concurrency(tmp_path):
     # Truncated to half: that fix works, despite TORCHOPS_JIT=0 -- one line
     # says the entry is damaged, it is rebuilt under the lock -- and a later
     # JIT-off run loads the result without a compiler and computes right.
-    # (One rebuild only: each costs minutes of CI on 2 cores.)
+    # The rebuild keeps the entry's intact objects (the manifest lists each
+    # with its sha256) and relinks; a damaged object -- schema.o, the
+    # quickest to compile, truncated, so newer than its source and up to date
+    # for ninja -- is compiled again, never linked in.
+    objects = {p.name: p.stat().st_mtime_ns for p in folders[0].glob("*.o")}
+    assert set(manifest["build_files"]) == {*objects, ".ninja_log", ".ninja_deps"}
     so.write_bytes(data[: len(data) // 2])
+    schema_o = folders[0] / "schema.o"
+    schema_o.write_bytes(schema_o.read_bytes()[:4096])
     out = subprocess.run([sys.executable, "-m", "torchops", "build"], capture_output=True,
                          text=True, env=_env(cache, TORCHOPS_JIT="0"), timeout=900)
     assert out.returncode == 0, out.stdout + out.stderr
     said = [ln for ln in out.stderr.splitlines() if "unusable" in ln]
     assert len(said) == 1 and "damaged" in said[0] and "rebuilding" in said[0], out.stderr
+    assert f"reusing the {len(objects) - 1} of its {len(objects)} compiled objects" in said[0]
     assert f"torchops_cpu: ready (jit-built: {so})" in out.stdout, out.stdout + out.stderr
+    rebuilt = {p.name: p.stat().st_mtime_ns for p in folders[0].glob("*.o")}
+    assert rebuilt.keys() == objects.keys()
+    assert [n for n in objects if rebuilt[n] != objects[n]] == ["schema.o"]
+    new_object = schema_o.read_bytes()
+    assert len(new_object) > 4096   # compiled again, and recorded as it is now
+    manifest = json.loads((folders[0] / "manifest.json").read_text())
+    assert manifest["build_files"]["schema.o"] == hashlib.sha256(new_object).hexdigest()
+    assert not list(cache.rglob(".*.tmp-*"))
+    for path in (folders[0], *folders[0].iterdir()):
+        assert not stat.S_IMODE(path.stat().st_mode) & 0o022, path
     out = subprocess.run([sys.executable, "-c", REPORT], capture_output=True, text=True,
                          env=_env(cache, TORCHOPS_JIT="0", PATH="/nonexistent"), timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -426,12 +426,15 @@ class Library:
                   verbose: bool = False) -> Path:
         """Compile into `folder` (which must not be in use by anyone else) with
         torch.utils.cpp_extension.load; this also loads the library into the
-        process.  Returns the library path."""
+        process.  Returns the library path.  Objects already in `folder` are
+        reused where ninja finds them up to date (its log and dependency
+        records beside them): the loader leaves there only those of an
+        identical build."""
         from torch.utils import cpp_extension
 
         # Private from the start: the folder is renamed into the cache, where
         # the loader refuses anything that others can write.
-        folder.mkdir(parents=True, mode=0o700)
+        folder.mkdir(parents=True, mode=0o700, exist_ok=True)
         env_arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
         if self.cuda:
             os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list or DEFAULT_CUDA_ARCHS

@@ -404,18 +404,87 @@ def _jit(lib: Library, csrc: Path, rec: LoadRecord, verbose: bool, may_build: bo
     rec.loaded, rec.path, rec.how, rec.manifest = True, lib_file, "jit-cache", m
 
 
+# The build's own state, besides the objects, that ninja needs to see them as
+# up to date: without its log and dependency records it recompiles everything.
+_NINJA_STATE = (".ninja_log", ".ninja_deps")
+
+
+def _build_files(folder: Path) -> dict[str, str]:
+    """sha256 of the compiled objects and ninja's records in a finished build
+    folder: the manifest keeps them so that a rebuild can tell which are intact."""
+    return {p.name: _build.file_sha256(p) for p in sorted(folder.iterdir())
+            if p.is_file() and not p.is_symlink()
+            and (p.name.endswith(".o") or p.name in _NINJA_STATE)}
+
+
+def _keep_reusable(lib: Library, csrc: Path, arch_list: str | None, folder: Path) -> int:
+    """Empty `folder` (a damaged entry, moved there under the lock) except for
+    the objects and ninja records that a build now would produce: those its
+    manifest lists, with the same sha256, when everything else that manifest
+    records about the build (torchops, torch, CUDA, nvcc, Python, compiler,
+    flags, arch list, sources hash) is what this build has.  ninja then
+    recompiles only what is missing and relinks.  Returns how many objects
+    are kept."""
+    old = _read_json(folder / "manifest.json") or {}
+    recorded = old.get("build_files")
+    now = lib.manifest(csrc, built_by="jit", arch_list=arch_list)
+    same = isinstance(recorded, dict) and all(
+        old.get(k) == v for k, v in now.items() if k not in ("built_by", "built_at"))
+    keep = set()
+    for name, digest in (recorded.items() if same else ()):
+        if not isinstance(digest, str) or os.path.basename(name) != name:
+            continue
+        path = folder / name
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if (stat.S_ISREG(st.st_mode)
+                and (not hasattr(os, "geteuid") or _private_problem(path, st) is None)
+                and _build.file_sha256(path) == digest):
+            keep.add(name)
+    for entry in os.scandir(folder):
+        if entry.name in keep:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+    return sum(1 for name in keep if name.endswith(".o"))
+
+
 def _build_entry(lib: Library, csrc: Path, arch_list: str | None, final: Path,
                  why: str | None, verbose: bool) -> None:
-    """Build into a temporary folder and rename it to `final` (under the lock)."""
+    """Build into a temporary folder and rename it to `final` (under the lock).
+
+    A damaged entry is the temporary folder's start: it is moved there and
+    keeps the compiled objects that are intact and current (`_keep_reusable`),
+    so rebuilding a damaged library relinks it instead of compiling every
+    source again."""
     # Any leftover temporary folder is from a dead build.
     for stale in final.parent.glob(f".{final.name}.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
-    if os.path.lexists(final):
-        shutil.rmtree(final)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    kept = 0
+    try:
+        if os.path.isdir(final) and not os.path.islink(final):
+            os.rename(final, tmp)
+            kept = _keep_reusable(lib, csrc, arch_list, tmp)
+        elif os.path.lexists(final):
+            os.unlink(final)
+        objects = len(lib.sources(csrc))
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise LoadError(f"JIT build of {lib.name} failed: {e}") from e
     if why:
-        _say(f"the cached {lib.name} in {final} is unusable ({why}); rebuilding it "
-             "(a minute or two).")
+        if not kept:
+            how = "a minute or two"
+        elif kept >= objects:
+            how = f"relinking its {kept} compiled objects, which are intact"
+        else:
+            how = (f"reusing the {kept} of its {objects} compiled objects that are intact, "
+                   "compiling the others")
+        _say(f"the cached {lib.name} in {final} is unusable ({why}); rebuilding it ({how}).")
     else:
         _say(f"building the {lib.description} for torch {torch.__version__} "
              f"(first use; this takes a minute or two) in {final}. "
@@ -428,6 +497,7 @@ def _build_entry(lib: Library, csrc: Path, arch_list: str | None, final: Path,
                          library_file=lib.library_file(tmp))
         if built.resolve() != lib.library_file(tmp).resolve():
             raise RuntimeError(f"the build produced {built}, not {lib.library_file(tmp)}")
+        m["build_files"] = _build_files(tmp)
         (tmp / "manifest.json").write_text(json.dumps(m, indent=2))
         _make_private(tmp)
         os.replace(tmp, final)
