@@ -55,7 +55,11 @@ class ReferenceMode(TorchDispatchMode):
         if not written:
             return out
         for tensor, value in zip(written, out):
-            tensor.copy_(value)
+            if isinstance(tensor, (list, tuple)):  # a Tensor(a!)[] list
+                for t, v in zip(tensor, value):
+                    t.copy_(v)
+            else:
+                tensor.copy_(value)
         return None
 
 
@@ -239,6 +243,10 @@ def _lines() -> list[Line]:
         Line("scaled_upper_triang_masked_softmax (2x4x128x128)",
              lambda dev, dt: rand(dev, dt, (2, 4, 128, 128)),
              lambda x: torchops.scaled_upper_triang_masked_softmax(x, 0.125)),
+        # optim
+        Line("fused_adam_ (an AdamW step of 1M parameters)",
+             lambda dev, dt: rand(dev, dt, (1 << 20,), (1 << 20,), (1 << 20,), (1 << 20,)),
+             _adamw_step),
         # losses: fused linear cross-entropy
         Line("fused_linear_cross_entropy (512 tokens, 256 -> 8000 classes)",
              lambda dev, dt: (torch.randn(512, 256, device=dev, dtype=dt),
@@ -252,6 +260,17 @@ def _lines() -> list[Line]:
 
 def rand(device: str, dtype: torch.dtype, *shapes) -> tuple:
     return tuple(torch.randn(s, device=device, dtype=dtype) for s in shapes)
+
+
+def _adamw_step(p, g, m, v):
+    """One AdamW step of fused_adam_ on copies of a parameter and its
+    state; returns the new parameter."""
+    p, m, v = p.clone(), m.clone(), v.abs()
+    step = torch.ones((), device=p.device)
+    torchops.fused_adam_([p], [g], [m], [v], [], [step], lr=1e-3, beta1=0.9, beta2=0.999,
+                         eps=1e-8, weight_decay=0.01, amsgrad=False, maximize=False,
+                         adamw=True)
+    return p
 
 
 def _written(op: Callable, *args):
