@@ -184,15 +184,6 @@ inline void check_lce_vocab(const char* op, int64_t start, int64_t total, int64_
               total);
 }
 
-// The row statistics / lse tensor a backward is handed: (N, ...) of the
-// accumulation type on the input's device.
-inline void check_lce_rows(const char* op, const at::Tensor& t, const char* name,
-                           c10::IntArrayRef sizes, at::ScalarType dtype) {
-  TORCH_CHECK(t.sizes() == sizes && t.scalar_type() == dtype, "torchops.", op,
-              ": expected '", name, "' of shape ", sizes, " and dtype ", dtype, ", but got ",
-              t.sizes(), " and ", t.scalar_type());
-}
-
 // float64 for float64 inputs, else float32: the type of the loss, the row
 // statistics and every per-row quantity.
 inline at::ScalarType lce_acc_type(at::ScalarType t) {
