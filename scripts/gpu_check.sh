@@ -46,7 +46,8 @@
 # step in one.
 #
 # GPU_CHECK_OPS=<families> (a comma list of the op database's families:
-# basic, boxes, roi, losses, deform, masked_conv, upsample; `python
+# basic, boxes, roi, losses, deform, masked_conv, upsample, norms, softmax,
+# activations, rotary, optim; `python
 # scripts/gpu_check_families.py --list` maps them to ops and test files):
 # one family's check in one command on a fresh machine, build included.  It
 # runs wheels, env, build-aot, then tests (the gates, and the family's

@@ -39,6 +39,7 @@ FAMILIES: dict[str, tuple[tuple[str, ...], str, bool]] = {
     "activations": (("silu_and_mul", "gelu_and_mul"), "test/test_activations.py", False),
     # rotary
     "rotary": (("rotary_embedding", "rotary_embedding_"), "test/test_rotary.py", False),
+    "optim": (("fused_adam_",), "test/test_optim.py", False),
 }
 
 # Test files generated from the op database (test ids carry the op's name),
