@@ -722,7 +722,7 @@ LCE = dict(op="fused_linear_cross_entropy", inputs=inputs.linear_cross_entropy_a
            sizes={"cuda": LCE_CUDA, "cpu": LCE_CPU})
 LCE_NOTE = ("No bias, reduction 'mean', targets uniform over the vocabulary; the weight scaled "
             "by 1/sqrt(H). TFLOP/s count the GEMMs (2 N H V forward, 6 N H V with the "
-            "gradients). Targets (H200, N=8192 H=4096 V=128256 bf16): fwd+bwd <= 38 ms and "
+            "gradients). Targets (CUDA, N=8192 H=4096 V=128256 bf16): fwd+bwd <= 38 ms and "
             "<= 0.1 GiB beyond the gradients; forward >= 1.3x compiled; CPU (N=1024 H=1024 "
             "V=32000 float32, all threads) >= 1x compiled and <= 1/4 of eager's peak memory.")
 CASES += [
