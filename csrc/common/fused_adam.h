@@ -25,7 +25,8 @@
 #include <optional>
 #include <string>
 #include <type_traits>
-#include <unordered_set>
+
+#include "common/multi_tensor.h"
 
 namespace torchops {
 
@@ -131,52 +132,11 @@ C10_HOST_DEVICE inline void adam_update(acc_t& p, acc_t& g, acc_t& m, acc_t& v, 
   p = p + c.neg_step_size * m / denom;
 }
 
-namespace fused_adam_detail {
-
-inline std::string at_index(const char* list, size_t i) {
-  return std::string(list) + "[" + std::to_string(i) + "]";
-}
-
-// `t` (list[i]) against `p`, named `ref` in messages.
-inline void check_like(c10::DeviceType type, const at::Tensor& p, const std::string& ref, size_t i,
-                       const at::Tensor& t, const char* list, std::optional<at::ScalarType> dtype) {
-  const std::string name = at_index(list, i);
-  TORCH_CHECK(t.defined(), "torchops.fused_adam_: '", name, "' is undefined");
-  TORCH_CHECK(t.layout() == at::kStrided, "torchops.fused_adam_: '", name,
-              "' must be a dense (strided) tensor, but got layout ", t.layout(),
-              " (sparse gradients are not supported)");
-  TORCH_CHECK(t.device().type() == type && t.device() == p.device(), "torchops.fused_adam_: '",
-              name, "' is on ", t.device(), " but '", ref, "' is on ", p.device());
-  if (dtype.has_value()) {
-    TORCH_CHECK(t.scalar_type() == *dtype, "torchops.fused_adam_: expected '", name,
-                "' to have dtype ", *dtype, ", but got ", t.scalar_type());
-  }
-  TORCH_CHECK(t.sizes() == p.sizes(), "torchops.fused_adam_: '", name, "' has shape ",
-              t.sizes(), " but '", ref, "' has shape ", p.sizes());
-  TORCH_CHECK(t.is_non_overlapping_and_dense() && t.strides() == p.strides(),
-              "torchops.fused_adam_: '", name, "' must be dense with the strides of '", ref,
-              "' (", p.strides(), "), but got strides ", t.strides());
-}
-
-inline void check_scalar(c10::DeviceType type, const at::Tensor& p0, const at::Tensor& t,
-                         const std::string& name) {
-  TORCH_CHECK(t.layout() == at::kStrided && t.numel() == 1 && t.scalar_type() == at::kFloat,
-              "torchops.fused_adam_: expected '", name,
-              "' to be a float32 tensor of one element, but got ", t.scalar_type(), " of shape ",
-              t.sizes());
-  TORCH_CHECK(t.device().type() == type && t.device() == p0.device(), "torchops.fused_adam_: '",
-              name, "' is on ", t.device(), " but 'params[0]' is on ", p0.device());
-}
-
-}  // namespace fused_adam_detail
-
 // Every argument of one call: equal list lengths (max_exp_avg_sqs empty
-// without amsgrad), every tensor on params[0]'s device, dense and laid out as
-// its parameter, one dtype per list, no parameter twice.  Without
-// master_params the gradient and the states have the parameter's dtype; with
-// them the parameters are float16 or bfloat16, the masters and the states
-// float32, the gradients the parameter's dtype or float32.  state_steps,
-// lr (as a tensor), grad_scale and found_inf are float32 single elements.
+// without amsgrad), the parameter rules of multi_tensor::check_params, the
+// moments (and masters) laid out as their parameters in the state dtype,
+// state_steps, lr (as a tensor), grad_scale and found_inf float32 single
+// elements.
 inline void check_fused_adam(c10::DeviceType type, at::TensorList params, at::TensorList grads,
                              at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                              at::TensorList max_exp_avg_sqs, at::TensorList state_steps,
@@ -184,20 +144,17 @@ inline void check_fused_adam(c10::DeviceType type, at::TensorList params, at::Te
                              const std::optional<at::Tensor>& lr,
                              const std::optional<at::Tensor>& grad_scale,
                              const std::optional<at::Tensor>& found_inf) {
-  using namespace fused_adam_detail;
+  namespace mt = multi_tensor;
+  const char* op = kFusedAdamOp;
   const size_t n = params.size();
-  auto same_length = [&](at::TensorList l, const char* name, size_t want) {
-    TORCH_CHECK(l.size() == want, "torchops.fused_adam_: expected '", name, "' to have ", want,
-                " tensors (one per parameter", (want == 0 ? ", none without amsgrad" : ""),
-                "), but got ", l.size());
-  };
-  same_length(grads, "grads", n);
-  same_length(exp_avgs, "exp_avgs", n);
-  same_length(exp_avg_sqs, "exp_avg_sqs", n);
-  same_length(max_exp_avg_sqs, "max_exp_avg_sqs", h.amsgrad ? n : 0);
-  same_length(state_steps, "state_steps", n);
+  mt::check_length(op, grads, "grads", n);
+  mt::check_length(op, exp_avgs, "exp_avgs", n);
+  mt::check_length(op, exp_avg_sqs, "exp_avg_sqs", n);
+  mt::check_length(op, max_exp_avg_sqs, "max_exp_avg_sqs", h.amsgrad ? n : 0,
+                   h.amsgrad ? "one per parameter" : "none without amsgrad");
+  mt::check_length(op, state_steps, "state_steps", n);
   if (master.has_value()) {
-    same_length(*master, "master_params", n);
+    mt::check_length(op, *master, "master_params", n);
   }
   TORCH_CHECK(h.beta1 >= 0.0 && h.beta1 < 1.0 && h.beta2 >= 0.0 && h.beta2 < 1.0,
               "torchops.fused_adam_: expected 'beta1' and 'beta2' in [0, 1), but got ", h.beta1,
@@ -205,58 +162,50 @@ inline void check_fused_adam(c10::DeviceType type, at::TensorList params, at::Te
   if (n == 0) {
     return;
   }
-  const at::Tensor& p0 = params[0];
-  TORCH_CHECK(p0.device().type() == type, "torchops.fused_adam_: expected 'params[0]' to be a ",
-              c10::DeviceTypeName(type, /*lower_case=*/true), " tensor, but got one on ",
-              p0.device());
-  TORCH_CHECK(at::isFloatingType(p0.scalar_type()),
-              "torchops.fused_adam_: expected 'params[0]' to be a floating-point tensor, but got ",
-              p0.scalar_type());
-  const at::ScalarType pt = p0.scalar_type();
-  if (master.has_value()) {
-    TORCH_CHECK(pt == at::kHalf || pt == at::kBFloat16, "torchops.fused_adam_: with "
-                "'master_params', expected 'params' to be float16 or bfloat16, but got ", pt);
-  }
-  const at::ScalarType st = master.has_value() ? at::kFloat : pt;
-  const at::ScalarType gt = grads[0].defined() ? grads[0].scalar_type() : pt;
-  TORCH_CHECK(gt == pt || (master.has_value() && gt == at::kFloat),
-              "torchops.fused_adam_: expected 'grads[0]' to have dtype ", pt,
-              (master.has_value() ? " or float32" : ""), ", but got ", gt);
-  std::unordered_set<const void*> seen;
+  const mt::StepDtypes d = mt::check_params(op, type, params, grads, master.has_value());
   for (size_t i = 0; i < n; ++i) {
     const at::Tensor& p = params[i];
-    const std::string ref = at_index("params", i);
-    TORCH_CHECK(p.defined(), "torchops.fused_adam_: '", ref, "' is undefined");
-    TORCH_CHECK(p.device() == p0.device(), "torchops.fused_adam_: '", ref, "' is on ",
-                p.device(), " but 'params[0]' is on ", p0.device());
-    TORCH_CHECK(p.scalar_type() == pt, "torchops.fused_adam_: expected '", ref,
-                "' to have dtype ", pt, " (that of 'params[0]'), but got ", p.scalar_type());
-    TORCH_CHECK(p.layout() == at::kStrided && p.is_non_overlapping_and_dense(),
-                "torchops.fused_adam_: '", ref, "' must be a dense tensor");
-    TORCH_CHECK(seen.insert(p.unsafeGetTensorImpl()).second &&
-                    (p.numel() == 0 || seen.insert(p.data_ptr()).second),
-                "torchops.fused_adam_: 'params[", i, "]' appears twice (or shares memory with "
-                "another parameter)");
-    check_like(type, p, ref, i, grads[i], "grads", gt);
-    check_like(type, p, ref, i, exp_avgs[i], "exp_avgs", st);
-    check_like(type, p, ref, i, exp_avg_sqs[i], "exp_avg_sqs", st);
+    const std::string ref = mt::at_index("params", i);
+    mt::check_like(op, type, p, ref, i, exp_avgs[i], "exp_avgs", d.state);
+    mt::check_like(op, type, p, ref, i, exp_avg_sqs[i], "exp_avg_sqs", d.state);
     if (h.amsgrad) {
-      check_like(type, p, ref, i, max_exp_avg_sqs[i], "max_exp_avg_sqs", st);
+      mt::check_like(op, type, p, ref, i, max_exp_avg_sqs[i], "max_exp_avg_sqs", d.state);
     }
     if (master.has_value()) {
-      check_like(type, p, ref, i, (*master)[i], "master_params", at::kFloat);
+      mt::check_like(op, type, p, ref, i, (*master)[i], "master_params", at::kFloat);
     }
-    check_scalar(type, p0, state_steps[i], at_index("state_steps", i));
+    mt::check_scalar(op, type, params[0], state_steps[i], mt::at_index("state_steps", i));
   }
-  if (lr.has_value()) {
-    check_scalar(type, p0, *lr, "lr");
-  }
-  if (grad_scale.has_value()) {
-    check_scalar(type, p0, *grad_scale, "grad_scale");
-  }
-  if (found_inf.has_value()) {
-    check_scalar(type, p0, *found_inf, "found_inf");
-  }
+  mt::check_step_scalars(op, type, params[0], lr, grad_scale, found_inf);
+}
+
+// The schema's two overloads (a float lr, a tensor lr) over one device's
+// `void Impl(params, ..., state_steps, const AdamHyper&, master_params,
+// lr_tensor, grad_scale, found_inf)`.
+template <auto Impl>
+void fused_adam_float_lr(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                         at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                         at::TensorList state_steps, double lr, double beta1, double beta2,
+                         double eps, double weight_decay, bool amsgrad, bool maximize, bool adamw,
+                         std::optional<at::TensorList> master_params,
+                         const std::optional<at::Tensor>& grad_scale,
+                         const std::optional<at::Tensor>& found_inf) {
+  Impl(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+       AdamHyper{lr, beta1, beta2, eps, weight_decay, amsgrad, maximize, adamw}, master_params,
+       std::nullopt, grad_scale, found_inf);
+}
+
+template <auto Impl>
+void fused_adam_tensor_lr(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                          at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                          at::TensorList state_steps, const at::Tensor& lr, double beta1,
+                          double beta2, double eps, double weight_decay, bool amsgrad,
+                          bool maximize, bool adamw, std::optional<at::TensorList> master_params,
+                          const std::optional<at::Tensor>& grad_scale,
+                          const std::optional<at::Tensor>& found_inf) {
+  Impl(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+       AdamHyper{0.0, beta1, beta2, eps, weight_decay, amsgrad, maximize, adamw}, master_params,
+       lr, grad_scale, found_inf);
 }
 
 }  // namespace torchops

@@ -29,3 +29,19 @@
     m.impl(#op, &op##_forward<Kernels>);                     \
     m.impl("_" #op "_backward", &op##_backward<Kernels>);    \
   }
+
+// An in-place optimizer step with its two overloads, a float lr and a
+// tensor lr (`<op>.tensor_lr`), at the device's key and at its sparse key, so
+// that a sparse gradient reaches the kernel's check and is rejected by name:
+//
+//   TORCHOPS_REGISTER_STEP(CPU, fused_adam_, (&fused_adam_float_lr<impl>),
+//                          (&fused_adam_tensor_lr<impl>))
+#define TORCHOPS_REGISTER_STEP(key, op, float_lr, tensor_lr)  \
+  TORCH_LIBRARY_IMPL(torchops, key, m) {                      \
+    m.impl(#op, float_lr);                                    \
+    m.impl(#op ".tensor_lr", tensor_lr);                      \
+  }                                                           \
+  TORCH_LIBRARY_IMPL(torchops, Sparse##key, m) {              \
+    m.impl(#op, float_lr);                                    \
+    m.impl(#op ".tensor_lr", tensor_lr);                      \
+  }

@@ -22,13 +22,16 @@
 #include <vector>
 
 #include "common/fused_adam.h"
+#include "common/register_kernels.h"
+#include "cpu/common/multi_tensor.h"
 
 namespace torchops::cpu {
 namespace {
 
-// Elements per parallel work item, and per block inside it (6 arrays of
-// kBlock floats fit in L1 with room to spare).
-constexpr int64_t kChunk = 1 << 16;
+namespace mt = multi_tensor;
+
+// Elements per block of a work item (6 arrays of kBlock floats fit in L1
+// with room to spare).
 constexpr int64_t kBlock = 1024;
 
 template <typename acc_t>
@@ -93,42 +96,6 @@ template void adam_block_vec<double>(double*, double*, double*, double*, double*
 
 TORCHOPS_VEC_END
 
-// One array of a block in the compute type: the array itself when its type
-// is acc_t, else a converted copy in `buf`, written back by finish().
-template <typename T, typename acc_t>
-struct View {
-  T* data;
-  acc_t* buf;
-  acc_t* at(int64_t off, int64_t len) {
-    if (data == nullptr) {
-      return nullptr;
-    }
-    if constexpr (std::is_same_v<T, acc_t>) {
-      return data + off;
-    } else {
-      for (int64_t i = 0; i < len; ++i) {
-        buf[i] = static_cast<acc_t>(data[off + i]);
-      }
-      return buf;
-    }
-  }
-  void finish(int64_t off, int64_t len) {
-    if constexpr (!std::is_same_v<T, acc_t>) {
-      if (data != nullptr) {
-        for (int64_t i = 0; i < len; ++i) {
-          data[off + i] = static_cast<T>(buf[i]);
-        }
-      }
-    }
-  }
-};
-
-struct Item {
-  size_t tensor;
-  int64_t begin;
-  int64_t end;
-};
-
 // param_t: the parameters; grad_t: the gradients; state_t: moments (and
 // masters, which are float32 as the states then are).
 template <typename param_t, typename grad_t, typename state_t>
@@ -140,31 +107,26 @@ void run(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
   constexpr bool kMaster = !std::is_same_v<param_t, state_t>;
   const size_t n = params.size();
   std::vector<AdamCoeffs<acc_t>> coeffs(n);
-  std::vector<Item> items;
   for (size_t i = 0; i < n; ++i) {
     const double step = static_cast<double>(*steps[i].data_ptr<float>());
     coeffs[i] = adam_coeffs<acc_t>(h, lr, step, grad_scale);
-    const int64_t numel = params[i].numel();
-    for (int64_t b = 0; b < numel; b += kChunk) {
-      items.push_back({i, b, std::min(numel, b + kChunk)});
-    }
   }
+  const std::vector<mt::Item> items =
+      mt::chunk_items(n, [&](size_t i) { return params[i].numel(); });
   const bool vec = vec_available();
-  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t lo, int64_t hi) {
-    acc_t buf[5][kBlock];
-    for (int64_t it = lo; it < hi; ++it) {
-      const Item& item = items[it];
+  mt::parallel_items(items, [&](const mt::Item& item) {
+      acc_t buf[5][kBlock];
       const size_t i = item.tensor;
       const AdamCoeffs<acc_t>& c = coeffs[i];
       // With masters the update reads and writes the float32 master, then
       // rounds it into the parameter.
-      View<state_t, acc_t> pv{kMaster ? (*master)[i].data_ptr<state_t>()
+      mt::View<state_t, acc_t> pv{kMaster ? (*master)[i].data_ptr<state_t>()
                                       : reinterpret_cast<state_t*>(params[i].data_ptr()),
                               buf[0]};
-      View<grad_t, acc_t> gv{grads[i].data_ptr<grad_t>(), buf[1]};
-      View<state_t, acc_t> mv{exp_avgs[i].data_ptr<state_t>(), buf[2]};
-      View<state_t, acc_t> vv{exp_avg_sqs[i].data_ptr<state_t>(), buf[3]};
-      View<state_t, acc_t> xv{h.amsgrad ? max_exp_avg_sqs[i].data_ptr<state_t>() : nullptr,
+      mt::View<grad_t, acc_t> gv{grads[i].data_ptr<grad_t>(), buf[1]};
+      mt::View<state_t, acc_t> mv{exp_avgs[i].data_ptr<state_t>(), buf[2]};
+      mt::View<state_t, acc_t> vv{exp_avg_sqs[i].data_ptr<state_t>(), buf[3]};
+      mt::View<state_t, acc_t> xv{h.amsgrad ? max_exp_avg_sqs[i].data_ptr<state_t>() : nullptr,
                               buf[4]};
       param_t* low = kMaster ? params[i].data_ptr<param_t>() : nullptr;
       for (int64_t off = item.begin; off < item.end; off += kBlock) {
@@ -192,7 +154,6 @@ void run(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
           }
         }
       }
-    }
   });
 }
 
@@ -215,69 +176,18 @@ void fused_adam_impl(at::TensorList params, at::TensorList grads, at::TensorList
   const double lr = lr_tensor.has_value() ? static_cast<double>(*lr_tensor->data_ptr<float>())
                                           : h.lr;
   const float* scale = grad_scale.has_value() ? grad_scale->data_ptr<float>() : nullptr;
-  const at::ScalarType pt = params[0].scalar_type();
-  const at::ScalarType gt = grads[0].scalar_type();
-  auto call = [&](auto param_tag, auto grad_tag, auto state_tag) {
-    run<decltype(param_tag), decltype(grad_tag), decltype(state_tag)>(
-        params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, master_params, h, lr,
-        scale);
-  };
-  if (master_params.has_value()) {
-    AT_DISPATCH_REDUCED_FLOATING_TYPES(pt, "fused_adam_", [&] {
-      if (gt == at::kFloat) {
-        call(scalar_t{}, float{}, float{});
-      } else {
-        call(scalar_t{}, scalar_t{}, float{});
-      }
-    });
-  } else {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pt, "fused_adam_", [&] {
-      call(scalar_t{}, scalar_t{}, scalar_t{});
-    });
-  }
-}
-
-AdamHyper hyper(double lr, double beta1, double beta2, double eps, double weight_decay,
-                bool amsgrad, bool maximize, bool adamw) {
-  return AdamHyper{lr, beta1, beta2, eps, weight_decay, amsgrad, maximize, adamw};
-}
-
-void fused_adam(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
-                at::TensorList state_steps, double lr, double beta1, double beta2, double eps,
-                double weight_decay, bool amsgrad, bool maximize, bool adamw,
-                std::optional<at::TensorList> master_params,
-                const std::optional<at::Tensor>& grad_scale,
-                const std::optional<at::Tensor>& found_inf) {
-  fused_adam_impl(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
-                  hyper(lr, beta1, beta2, eps, weight_decay, amsgrad, maximize, adamw),
-                  master_params, std::nullopt, grad_scale, found_inf);
-}
-
-void fused_adam_tensor_lr(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                          at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
-                          at::TensorList state_steps, const at::Tensor& lr, double beta1,
-                          double beta2, double eps, double weight_decay, bool amsgrad,
-                          bool maximize, bool adamw, std::optional<at::TensorList> master_params,
-                          const std::optional<at::Tensor>& grad_scale,
-                          const std::optional<at::Tensor>& found_inf) {
-  fused_adam_impl(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
-                  hyper(0.0, beta1, beta2, eps, weight_decay, amsgrad, maximize, adamw),
-                  master_params, lr, grad_scale, found_inf);
+  const torchops::multi_tensor::StepDtypes d{params[0].scalar_type(), grads[0].scalar_type(),
+                        master_params.has_value() ? at::kFloat : params[0].scalar_type()};
+  torchops::multi_tensor::dispatch_step_types(d, master_params.has_value(), [&](auto p, auto g, auto st) {
+    run<decltype(p), decltype(g), decltype(st)>(params, grads, exp_avgs, exp_avg_sqs,
+                                                max_exp_avg_sqs, state_steps, master_params, h,
+                                                lr, scale);
+  });
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(torchops, CPU, m) {
-  m.impl("fused_adam_", &fused_adam);
-  m.impl("fused_adam_.tensor_lr", &fused_adam_tensor_lr);
-}
-
-// A sparse gradient sends the call to the sparse key: the same kernel then
-// rejects it by name and index.
-TORCH_LIBRARY_IMPL(torchops, SparseCPU, m) {
-  m.impl("fused_adam_", &fused_adam);
-  m.impl("fused_adam_.tensor_lr", &fused_adam_tensor_lr);
-}
+TORCHOPS_REGISTER_STEP(CPU, fused_adam_, (&fused_adam_float_lr<fused_adam_impl>),
+                       (&fused_adam_tensor_lr<fused_adam_impl>))
 
 }  // namespace torchops::cpu

@@ -1,14 +1,8 @@
-// CUDA kernel of torchops.fused_adam_: one launch steps many tensors.
-//
-// As apex's multi_tensor_apply: the tensors are cut into chunks of kChunk
-// elements, and each block of a launch updates one chunk.  A launch's table
-// (the tensors' pointers, sizes and step pointers, and which tensor and
-// chunk each block takes) is passed by value as the kernel's argument, so
-// nothing is copied to the device beforehand and the launch can be captured
-// in a CUDA graph; a long list takes several launches, each with its own
-// table.  Steps, a tensor lr, grad_scale and found_inf are read on the
-// device: no host synchronisation.  Elements move four at a time (16 bytes
-// for float) where every array of the tensor is aligned for it.
+// CUDA kernel of torchops.fused_adam_: one launch steps many tensors
+// (cuda/common/multi_tensor.cuh).  Steps, a tensor lr, grad_scale and
+// found_inf are read on the device: no host synchronisation.  Elements move
+// four at a time (16 bytes for float) where every array of the tensor is
+// aligned for it.
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -20,7 +14,9 @@
 #include <type_traits>
 
 #include "common/fused_adam.h"
+#include "common/register_kernels.h"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/multi_tensor.cuh"
 #include "cuda/common/vectorized.cuh"
 
 namespace torchops::cuda {
@@ -29,22 +25,13 @@ namespace {
 constexpr int64_t kChunk = 1 << 16;
 constexpr int kThreads = 512;
 constexpr int kVec = 4;
-// Table sizes that keep the kernel's arguments under CUDA's 4 KiB.
-constexpr int kMaxTensors = 36;
-constexpr int kMaxBlocks = 256;
 
 // The arrays of a tensor: parameter (the float32 master with masters),
-// gradient, moments, max moment (null without amsgrad), and the
-// low-precision parameter the master is rounded into (null without masters).
-enum Slot { kParam = 0, kGrad, kExpAvg, kExpAvgSq, kMaxExpAvgSq, kLowParam, kSlots };
-
-struct Table {
-  void* ptr[kSlots][kMaxTensors];
-  const float* step[kMaxTensors];
-  int64_t numel[kMaxTensors];
-  int block_chunk[kMaxBlocks];
-  unsigned char block_tensor[kMaxBlocks];
-};
+// gradient, moments, max moment (null without amsgrad), the low-precision
+// parameter the master is rounded into (null without masters), and the
+// float32 step count.
+enum Slot { kParam = 0, kGrad, kExpAvg, kExpAvgSq, kMaxExpAvgSq, kLowParam, kStep, kSlots };
+using Table = MultiTensorTable<kSlots>;
 
 struct Scalars {
   AdamHyper h;
@@ -54,7 +41,6 @@ struct Scalars {
 };
 
 static_assert(sizeof(Table) + sizeof(Scalars) <= 4000, "kernel arguments over 4 KiB");
-static_assert(kMaxTensors <= 255, "block_tensor is a byte");
 static_assert(kChunk % kVec == 0, "chunks keep the vector alignment");
 
 template <typename T>
@@ -70,13 +56,13 @@ __global__ void __launch_bounds__(kThreads) fused_adam_kernel(Table t, Scalars s
   if (s.found_inf != nullptr && *s.found_inf == 1.0f) {
     return;
   }
-  const int ti = t.block_tensor[blockIdx.x];
-  const int64_t begin = static_cast<int64_t>(t.block_chunk[blockIdx.x]) * kChunk;
-  const int64_t rest = t.numel[ti] - begin;
-  const int64_t len = rest < kChunk ? rest : kChunk;
+  const BlockChunk bc = block_chunk(t, kChunk);
+  const int ti = bc.tensor;
+  const int64_t begin = bc.begin;
+  const int64_t len = bc.len;
   const double lr = s.lr != nullptr ? static_cast<double>(*s.lr) : s.h.lr;
   const AdamCoeffs<acc_t> c =
-      adam_coeffs<acc_t>(s.h, lr, static_cast<double>(*t.step[ti]), s.grad_scale);
+      adam_coeffs<acc_t>(s.h, lr, static_cast<double>(*static_cast<const float*>(t.ptr[kStep][ti])), s.grad_scale);
 
   state_t* p = static_cast<state_t*>(t.ptr[kParam][ti]) + begin;
   grad_t* g = static_cast<grad_t*>(t.ptr[kGrad][ti]) + begin;
@@ -174,53 +160,22 @@ void launch_all(at::TensorList params, at::TensorList grads, at::TensorList exp_
                 const Scalars& s) {
   constexpr bool kMaster = !std::is_same_v<param_t, state_t>;
   const cudaStream_t stream = current_stream();
-  Table t;
-  int tensors = 0;
-  int blocks = 0;
-  auto launch = [&] {
-    fused_adam_kernel<param_t, grad_t, state_t><<<blocks, kThreads, 0, stream>>>(t, s);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  };
-  for (size_t i = 0; i < params.size(); ++i) {
-    const int64_t numel = params[i].numel();
-    if (numel == 0) {
-      continue;
-    }
-    const int slot = tensors++;
-    t.ptr[kParam][slot] = kMaster ? (*master)[i].data_ptr() : params[i].data_ptr();
-    t.ptr[kGrad][slot] = grads[i].data_ptr();
-    t.ptr[kExpAvg][slot] = exp_avgs[i].data_ptr();
-    t.ptr[kExpAvgSq][slot] = exp_avg_sqs[i].data_ptr();
-    t.ptr[kMaxExpAvgSq][slot] = s.h.amsgrad ? max_exp_avg_sqs[i].data_ptr() : nullptr;
-    t.ptr[kLowParam][slot] = kMaster ? params[i].data_ptr() : nullptr;
-    t.step[slot] = steps[i].data_ptr<float>();
-    t.numel[slot] = numel;
-    const int64_t chunks = ceil_div(numel, kChunk);
-    for (int64_t ch = 0; ch < chunks; ++ch) {
-      t.block_tensor[blocks] = static_cast<unsigned char>(slot);
-      t.block_chunk[blocks] = static_cast<int>(ch);
-      ++blocks;
-      const bool last_chunk = ch == chunks - 1;
-      if (blocks == kMaxBlocks || (tensors == kMaxTensors && last_chunk)) {
-        launch();
-        blocks = 0;
-        if (last_chunk) {
-          tensors = 0;
-        } else {
-          // The tensor continues in the next launch, as its table's slot 0.
-          for (int k = 0; k < kSlots; ++k) {
-            t.ptr[k][0] = t.ptr[k][slot];
-          }
-          t.step[0] = t.step[slot];
-          t.numel[0] = t.numel[slot];
-          tensors = 1;
-        }
-      }
-    }
-  }
-  if (blocks > 0) {
-    launch();
-  }
+  multi_tensor_apply<kSlots>(
+      kFusedAdamOp, params.size(), kChunk,
+      [&](size_t i, void** ptr) {
+        ptr[kParam] = kMaster ? (*master)[i].data_ptr() : params[i].data_ptr();
+        ptr[kGrad] = grads[i].data_ptr();
+        ptr[kExpAvg] = exp_avgs[i].data_ptr();
+        ptr[kExpAvgSq] = exp_avg_sqs[i].data_ptr();
+        ptr[kMaxExpAvgSq] = s.h.amsgrad ? max_exp_avg_sqs[i].data_ptr() : nullptr;
+        ptr[kLowParam] = kMaster ? params[i].data_ptr() : nullptr;
+        ptr[kStep] = steps[i].data_ptr();
+        return params[i].numel();
+      },
+      [&](const Table& t, int blocks) {
+        fused_adam_kernel<param_t, grad_t, state_t><<<blocks, kThreads, 0, stream>>>(t, s);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
 }
 
 void fused_adam_impl(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
@@ -236,72 +191,24 @@ void fused_adam_impl(at::TensorList params, at::TensorList grads, at::TensorList
   if (params.empty()) {
     return;
   }
-  // Chunk indices are ints (a tensor of up to 2^31 chunks of kChunk).
-  for (size_t i = 0; i < params.size(); ++i) {
-    TORCH_CHECK(ceil_div(params[i].numel(), kChunk) <= std::numeric_limits<int>::max(),
-                "torchops.fused_adam_: 'params[", i, "]' is too large");
-  }
   const c10::cuda::CUDAGuard guard(params[0].device());
   Scalars s{h, lr_tensor.has_value() ? lr_tensor->data_ptr<float>() : nullptr,
             grad_scale.has_value() ? grad_scale->data_ptr<float>() : nullptr,
             found_inf.has_value() ? found_inf->data_ptr<float>() : nullptr};
-  const at::ScalarType pt = params[0].scalar_type();
-  const at::ScalarType gt = grads[0].scalar_type();
-  auto call = [&](auto param_tag, auto grad_tag, auto state_tag) {
-    launch_all<decltype(param_tag), decltype(grad_tag), decltype(state_tag)>(
-        params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, master_params, s);
-  };
-  if (master_params.has_value()) {
-    AT_DISPATCH_REDUCED_FLOATING_TYPES(pt, "fused_adam_", [&] {
-      if (gt == at::kFloat) {
-        call(scalar_t{}, float{}, float{});
-      } else {
-        call(scalar_t{}, scalar_t{}, float{});
-      }
-    });
-  } else {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pt, "fused_adam_", [&] {
-      call(scalar_t{}, scalar_t{}, scalar_t{});
-    });
-  }
-}
-
-void fused_adam(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
-                at::TensorList state_steps, double lr, double beta1, double beta2, double eps,
-                double weight_decay, bool amsgrad, bool maximize, bool adamw,
-                std::optional<at::TensorList> master_params,
-                const std::optional<at::Tensor>& grad_scale,
-                const std::optional<at::Tensor>& found_inf) {
-  fused_adam_impl(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
-                  AdamHyper{lr, beta1, beta2, eps, weight_decay, amsgrad, maximize, adamw},
-                  master_params, std::nullopt, grad_scale, found_inf);
-}
-
-void fused_adam_tensor_lr(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                          at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
-                          at::TensorList state_steps, const at::Tensor& lr, double beta1,
-                          double beta2, double eps, double weight_decay, bool amsgrad,
-                          bool maximize, bool adamw, std::optional<at::TensorList> master_params,
-                          const std::optional<at::Tensor>& grad_scale,
-                          const std::optional<at::Tensor>& found_inf) {
-  fused_adam_impl(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
-                  AdamHyper{0.0, beta1, beta2, eps, weight_decay, amsgrad, maximize, adamw},
-                  master_params, lr, grad_scale, found_inf);
+  const torchops::multi_tensor::StepDtypes d{
+      params[0].scalar_type(), grads[0].scalar_type(),
+      master_params.has_value() ? at::kFloat : params[0].scalar_type()};
+  torchops::multi_tensor::dispatch_step_types(
+      d, master_params.has_value(), [&](auto p, auto g, auto st) {
+        launch_all<decltype(p), decltype(g), decltype(st)>(params, grads, exp_avgs, exp_avg_sqs,
+                                                           max_exp_avg_sqs, state_steps,
+                                                           master_params, s);
+      });
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
-  m.impl("fused_adam_", &fused_adam);
-  m.impl("fused_adam_.tensor_lr", &fused_adam_tensor_lr);
-}
-
-// A sparse gradient sends the call to the sparse key: the same kernel then
-// rejects it by name and index.
-TORCH_LIBRARY_IMPL(torchops, SparseCUDA, m) {
-  m.impl("fused_adam_", &fused_adam);
-  m.impl("fused_adam_.tensor_lr", &fused_adam_tensor_lr);
-}
+TORCHOPS_REGISTER_STEP(CUDA, fused_adam_, (&fused_adam_float_lr<fused_adam_impl>),
+                       (&fused_adam_tensor_lr<fused_adam_impl>))
 
 }  // namespace torchops::cuda
