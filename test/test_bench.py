@@ -690,7 +690,7 @@ def test_memory_rows_report_peaks_beyond_inputs_and_gradients(monkeypatch, tmp_p
 # --- in-place multi-tensor ops: lists, keyword-only arguments, the optimizer steps -------------
 
 def _adam_case(dtype=torch.float32, **kw) -> Case:
-    """fused_adam_ on a one-layer model: 920 parameters in 12 tensors."""
+    """fused_adam_ on a one-layer model: 920 parameters in 11 tensors."""
     p = {"layers": 1, "d": 8, "ffn": 16, "vocab": 32, **({"master": True} if dtype != torch.float32
                                                         else {})}
     base = dict(op="fused_adam_", inputs=inputs.adam_args, reference=references.fused_adam_,
@@ -794,3 +794,17 @@ def test_an_in_place_multi_tensor_cuda_row(dtype):
     want = ["torchops", "fused", "foreach"] if fp32 else ["torchops"]
     assert list(row.results) == want and row.check == "ok" and not row.notes, (row.check,
                                                                                 row.notes)
+
+
+def test_a_reference_may_return_one_written_list_bare():
+    """multi_tensor_scale_-like: one written list; its reference's new values
+    come back as a list or wrapped in a tuple, and are written back alike."""
+    case = _adam_case()
+    args = case.make_inputs(case.sizes["cpu"][0], "cpu")
+    new = references.fused_adam_(*args, **args.kwargs)
+    flat = [t for lst in new for t in lst]
+    for ref in (lambda *a, **k: new, lambda *a, **k: flat):
+        got = runner.check_outputs(case, runner._write_back(case, ref), args)
+        assert all(torch.equal(g, w) for g, w in zip(got, flat)) and len(got) == len(flat)
+    with pytest.raises(RuntimeError, match="returned 1 tensors for the 44"):
+        runner.check_outputs(case, runner._write_back(case, lambda *a, **k: [flat[0]]), args)

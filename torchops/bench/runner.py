@@ -206,16 +206,20 @@ def _call(fn: Callable, args: tuple):
 def _write_back(case: Case, reference: Callable) -> Callable:
     """An in-place case's reference that writes the new values it returns
     into the arguments the op writes, as the op does (one that returns None
-    has written them itself)."""
+    has written them itself).  The values pair with the written arguments'
+    tensors in order (the schema's, lists flattened; arguments not given
+    have none), so one written list may come back as a bare list."""
     def call(*args, **kwargs):
         out = reference(*args, **kwargs)
         if out is None:
             return None
-        targets = [a for a in case.written(Call(args, kwargs)) if a is not None]
+        dst, src = _tensors(case.written(Call(args, kwargs))), _tensors(out)
+        if len(dst) != len(src):
+            raise RuntimeError(f"the reference returned {len(src)} tensors for the {len(dst)} "
+                               f"that torchops.{case.op} writes")
         with torch.no_grad():
-            for target, value in zip(targets, out):
-                for t, v in zip(_tensors(target), _tensors(value)):
-                    t.copy_(v)
+            for t, v in zip(dst, src):
+                t.copy_(v)
         return None
     return call
 
