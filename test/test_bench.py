@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import re
 import subprocess
@@ -148,20 +149,30 @@ def test_every_case_makes_inputs_and_counts_work(case):
     for counter in (case.flops, case.bytes):
         if counter is not None:
             assert counter(args) > 0
-    outs = [case.reference(*args)] if case.reference is not None else []
+    def outputs(fn):
+        """The outputs (an in-place case's written arguments) of a call on copies."""
+        if case.in_place and case.missing():  # no schema says what it writes: just call it
+            runner._call(fn, runner._copy(args))
+            return []
+        return runner.check_outputs(case, fn, args)
+
+    outs = [outputs(case.reference)] if case.reference is not None else []
     for peer in case.all_peers("cpu"):
         if peer.slow or peer.bound:
             continue
         try:
-            outs.append(peer.load()(*args))
+            outs.append(outputs(peer.load()))
         except ImportError:
             pass
     if not case.missing():
-        outs.append(case.torchops_fn()(*args))
-    first = [o[0] if isinstance(o, tuple) else o for o in outs]
-    if case.op not in ("nms", "batched_nms"):
-        for o in first[1:]:
-            torch.testing.assert_close(o, first[0], atol=1e-4, rtol=1e-4)
+        outs.append(outputs(case.torchops_fn()))
+    outs = [o for o in outs if o]
+    if case.in_place:
+        for o in outs[1:]:
+            assert runner._compare(o, outs[0], args[0][0].dtype, own_dtype=True) is None
+    elif case.op not in ("nms", "batched_nms"):
+        for o in outs[1:]:
+            torch.testing.assert_close(o[0], outs[0][0], atol=1e-4, rtol=1e-4)
 
 
 def _roi_align_naive(x, rois, scale, ph, pw, sr, aligned):
@@ -674,3 +685,126 @@ def test_memory_rows_report_peaks_beyond_inputs_and_gradients(monkeypatch, tmp_p
     plain = run([_vector_case(reference=references.d_sigmoid, compile=False)], ["cpu"],
                 _brief())[0][0]
     assert not plain.peak_bytes and "mem" not in report._table([plain])[0]
+
+
+# --- in-place multi-tensor ops: lists, keyword-only arguments, the optimizer steps -------------
+
+def _adam_case(dtype=torch.float32, **kw) -> Case:
+    """fused_adam_ on a one-layer model: 920 parameters in 11 tensors."""
+    p = {"layers": 1, "d": 8, "ffn": 16, "vocab": 32, **({"master": True} if dtype != torch.float32
+                                                        else {})}
+    base = dict(op="fused_adam_", inputs=inputs.adam_args, reference=references.fused_adam_,
+                eager=False, compile=False, in_place=True, bytes=cases._adam_bytes)
+    return Case(name="adam", sizes={"cpu": [Size("tiny", p, dtype)]}, **{**base, **kw})
+
+
+def test_in_place_multi_tensor_rows_time_torchs_steps_and_check_the_written_arguments():
+    """fused_adam_'s lists and keyword-only arguments reach every variant; the
+    reference only checks (no eager or compiled variant); each variant's first
+    step runs on fresh copies, and the parameters and states it wrote agree
+    with torchops's; the bytes are 28 a parameter."""
+    case = _adam_case(peers=peers.torch_optim("fused_adam_"))
+    assert not case.missing(), case.missing()
+    row = run([case], ["cpu"], _brief())[0][0]
+    assert list(row.results) == ["torchops", "fused", "foreach", "for-loop"], row.notes
+    assert "eager" not in row.names and row.check == "ok", (row.check, row.notes)
+    n = sum(math.prod(s) for s in inputs.llama_shapes(case.sizes["cpu"][0].params))
+    assert n == 920 and row.metric == "GB/s" and row.work == 28 * n
+    assert row.roofline_pct() > 0 and row.best() in {"fused", "foreach", "for-loop"}
+    # The CUDA rows list no for-loop step.
+    assert [p.label for p in case.all_peers("cuda")] == ["fused", "foreach"]
+
+
+def test_the_in_place_check_catches_a_wrong_step_of_a_peer_or_the_reference():
+    def no_op(*args, **kwargs):
+        return None
+
+    def half_lr(*args, lr, **kw):
+        return references.fused_adam_(*args, lr=lr / 2, **kw)
+    row = run([_adam_case(peers=(_fn_peer("lazy", no_op),))], ["cpu"], _brief())[0][0]
+    assert row.check.startswith("MISMATCH vs lazy: relative error"), row.check
+    row = run([_adam_case(reference=half_lr)], ["cpu"], _brief())[0][0]
+    assert set(row.results) == {"torchops"}
+    assert row.check.startswith("MISMATCH vs reference: relative error"), row.check
+
+
+def test_master_params_inputs_keep_their_dtypes_and_own_storage():
+    case = _adam_case(torch.bfloat16)
+    args = case.make_inputs(case.sizes["cpu"][0], "cpu")
+    params, grads, m, v, vmax, steps = args
+    masters = args.kwargs["master_params"]
+    assert {t.dtype for t in params + grads} == {torch.bfloat16} and vmax == []
+    assert {t.dtype for t in m + v + masters + steps} == {torch.float32}
+    assert all(torch.equal(p, w.to(torch.bfloat16)) for p, w in zip(params, masters))
+    storages = {t.untyped_storage().data_ptr() for t in runner._tensors(args)}
+    assert len(storages) == len(runner._tensors(args)) == 6 * len(params)
+    assert args.kwargs["lr"] == 1e-3 and args.kwargs["adamw"]
+    # 4 + 2 + 4 + 4 bytes read, 4 + 4 + 4 + 2 written, a parameter.
+    assert cases._adam_bytes(args) == 28 * sum(p.numel() for p in params)
+    copied = runner._copy(args)
+    assert isinstance(copied, inputs.Call) and copied.kwargs["lr"] == 1e-3
+    assert copied.kwargs["master_params"][0] is not masters[0]
+    assert torch.equal(copied.kwargs["master_params"][0], masters[0])
+    assert case.written(args) == [params, grads, m, v, vmax, masters]
+    row = run([case], ["cpu"], _brief())[0][0]
+    assert set(row.results) == {"torchops"} and row.check == "ok", (row.check, row.notes)
+
+
+def test_torch_optimizer_peers_take_the_ops_arguments():
+    fused, foreach, loop = (p.load() for p in peers.torch_optim("fused_adam_"))
+    case = _adam_case()
+    torch.manual_seed(0)
+    args = case.make_inputs(case.sizes["cpu"][0], "cpu")
+    want = runner.check_outputs(case, case.reference, args)
+    for step in (fused, foreach, loop):
+        assert runner._compare(runner.check_outputs(case, step, args), want, torch.float32,
+                               own_dtype=True) is None
+    assert [float(s) for s in args[5]] == [10.0] * len(args[5])  # the op's counts untouched
+    masters = inputs.Call(args, {**args.kwargs, "master_params": args[0]})
+    for step in (fused, foreach):
+        with pytest.raises(NotImplementedError, match="master parameters"):
+            step(*masters, **masters.kwargs)
+    norm, = (p.load() for p in peers.torch_optim("multi_tensor_l2norm"))
+    scale, = (p.load() for p in peers.torch_optim("multi_tensor_scale_"))
+    ts = [torch.full((3,), 2.0), torch.full((4, 2), 1.0)]
+    torch.testing.assert_close(norm(ts), torch.tensor(20.0).sqrt())
+    scale(ts, -1.0)
+    assert ts[0].tolist() == [-2.0] * 3
+    with pytest.raises(ValueError, match="no PyTorch optimizer peer"):
+        peers.torch_optim("matmul")
+
+
+def test_compile_only_makes_no_inputs_for_a_row_with_nothing_to_compile():
+    def never(p):
+        raise AssertionError("inputs made")
+    row = run([_adam_case(inputs=never)], ["cpu"], _quiet(compile_only=True))[0][0]
+    assert row.notes == ["nothing to compile"] and not row.results
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_in_place_multi_tensor_cuda_row(dtype):
+    """PyTorch's fused and foreach steps on CUDA parameters (the foreach one
+    with its step counts on the CPU) agree with torchops's; bf16 with masters
+    checks against the reference alone."""
+    fp32 = dtype == torch.float32
+    case = _adam_case(dtype, peers=peers.torch_optim("fused_adam_") if fp32 else ())
+    case.sizes = {"cuda": case.sizes["cpu"]}
+    row = run([case], ["cuda"], _brief())[0][0]
+    want = ["torchops", "fused", "foreach"] if fp32 else ["torchops"]
+    assert list(row.results) == want and row.check == "ok" and not row.notes, (row.check,
+                                                                                row.notes)
+
+
+def test_a_reference_may_return_one_written_list_bare():
+    """multi_tensor_scale_-like: one written list; its reference's new values
+    come back as a list or wrapped in a tuple, and are written back alike."""
+    case = _adam_case()
+    args = case.make_inputs(case.sizes["cpu"][0], "cpu")
+    new = references.fused_adam_(*args, **args.kwargs)
+    flat = [t for lst in new for t in lst]
+    for ref in (lambda *a, **k: new, lambda *a, **k: flat):
+        got = runner.check_outputs(case, runner._write_back(case, ref), args)
+        assert all(torch.equal(g, w) for g, w in zip(got, flat)) and len(got) == len(flat)
+    with pytest.raises(RuntimeError, match="returned 1 tensors for the 44"):
+        runner.check_outputs(case, runner._write_back(case, lambda *a, **k: [flat[0]]), args)

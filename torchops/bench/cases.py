@@ -11,6 +11,7 @@ variant is named by its ``label``).  docs/benchmarks.md says how they are timed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -82,6 +83,15 @@ class Case:
     # Also measure each variant's peak memory (one more call each): the
     # rows' `mem` columns, where memory is what the op saves.
     memory: bool = False
+    # Time the reference itself (the `eager` variant).  False: the reference
+    # only checks torchops's result, untimed (an optimizer step has no eager
+    # formulation worth timing; its peers are PyTorch's own steps).
+    eager: bool = True
+    # The op writes into its arguments (those its schema marks `(a!)`) and
+    # returns nothing: the check compares those arguments after one call of
+    # each variant on fresh copies, and a reference that returns their new
+    # values (torchops.references' convention) has them written back.
+    in_place: bool = False
 
     def __post_init__(self):
         self.peers = tuple(self.peers)
@@ -113,12 +123,36 @@ class Case:
     def make_inputs(self, size: Size, device: str) -> tuple:
         """The op's arguments at `size` on `device`: floating tensors in the
         size's dtype; those of grad_args() (with backward, the first one: the
-        features, logits, ...) require their gradient."""
-        args = [a.to(device, size.dtype if a.is_floating_point() else a.dtype)
-                if isinstance(a, torch.Tensor) else a for a in self.inputs(size.params)]
+        features, logits, ...) require their gradient.  A factory's
+        inputs.Call keeps its keyword arguments (an inputs.Call again) and
+        the dtype of the arguments it names in `keep`; tensors in lists are
+        copied into tensors of their own (a factory may give views of one
+        pool)."""
+        made = self.inputs(size.params)
+        keep = getattr(made, "keep", frozenset())
+
+        def move(a, kept: bool, copy: bool = False):
+            if isinstance(a, torch.Tensor):
+                dtype = a.dtype if kept or not a.is_floating_point() else size.dtype
+                return a.to(device, dtype, copy=copy)
+            if isinstance(a, list):
+                return [move(t, kept, True) for t in a]
+            return a
+        args = [move(a, i in keep) for i, a in enumerate(made)]
         for i in self.grad_args():
             args[i].requires_grad_()
+        if isinstance(made, inputs.Call):
+            return inputs.Call(args, {k: move(v, k in keep) for k, v in made.kwargs.items()},
+                               keep)
         return tuple(args)
+
+    def written(self, args: tuple) -> list:
+        """The arguments of `args` that the op writes (its schema's `(a!)`
+        ones, in the schema's order; None where not given): tensors or lists."""
+        kwargs = getattr(args, "kwargs", {})
+        return [kwargs.get(a.name) if a.kwarg_only or i >= len(args) else args[i]
+                for i, a in enumerate(self.torchops_fn()._schema.arguments)
+                if a.alias_info is not None and a.alias_info.is_write]
 
     def sizes_for(self, device: str, quick: bool) -> list[Size]:
         sizes = list(self.sizes.get(device, ()))
@@ -731,4 +765,84 @@ CASES += [
     Case(name="fused_linear_cross_entropy fwd+bwd", **LCE, backward=True, requires_grad=(0, 1),
          flops=lambda a: _lce_flops(a, True),
          note=LCE_NOTE + " Gradients of the hidden states and the weight."),
+]
+
+
+# --- optim: multi-tensor optimizer steps ---------------------------------------------------
+def _model(layers, d, ffn, vocab=32000, dtype=torch.float32, quick=False, threads=("all",),
+           final_norm=True, **extra):
+    """The parameters of a Llama-style decoder (inputs.llama_shapes), labelled
+    by their count: d 2048, 22 layers, ffn 5632 and a 32k vocabulary make
+    1.2B parameters in 200 tensors."""
+    p = {"layers": layers, "d": d, "ffn": ffn, "vocab": vocab, "final_norm": final_norm, **extra}
+    shapes = inputs.llama_shapes(p)
+    n = sum(math.prod(s) for s in shapes)
+    count = next(f"{n / s:.3g}{u}" for s, u in ((1e9, "B"), (1e6, "M"), (1e3, "k"), (1, ""))
+                 if n >= s)
+    return Size(f"{count} in {len(shapes)} tensors (d {d}, {layers} layers)", p, dtype, quick,
+                threads)
+
+
+def _adam_bytes(args) -> float:
+    """Gradients read; moments (and amsgrad's maxima) read and written; the
+    parameters read and written, or with masters the masters read and
+    written and the low-precision parameters written: 28 bytes a parameter
+    in float32, and in bf16 with float32 masters and bf16 gradients."""
+    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs = args[:5]
+    masters = args.kwargs.get("master_params")
+    both = [*exp_avgs, *exp_avg_sqs, *max_exp_avg_sqs, *(masters or params)]
+    return 2 * _nbytes(*both) + _nbytes(*grads) + (_nbytes(*params) if masters else 0)
+
+
+def _model_sizes(dtype=torch.float32, **extra) -> dict:
+    """Per device a quick model and the targets' (CUDA 1.2B parameters in 200
+    tensors; CPU 100M in 100, at 1 and all threads); `extra`: the input
+    factory's other params."""
+    both = (1, "all")
+    return {"cuda": [_model(8, 1024, 2816, dtype=dtype, quick=True, **extra),
+                     _model(22, 2048, 5632, dtype=dtype, **extra)],
+            "cpu": [_model(4, 64, 172, 1000, dtype, quick=True, threads=both, **extra),
+                    _model(11, 768, 2048, dtype=dtype, threads=both, final_norm=False, **extra)]}
+
+
+# The reference (torch.optim.Adam's update, in torchops.references) checks
+# one step on fresh copies, untimed: the alternatives timed are PyTorch's own
+# steps on the same tensors.
+ADAM = dict(op="fused_adam_", inputs=inputs.adam_args, reference=references.fused_adam_,
+            reference_name="torch.optim.Adam's for-loop update", eager=False, compile=False,
+            in_place=True, bytes=_adam_bytes)
+ADAM_NOTE = ("One AdamW step (lr 1e-3, weight decay 0.01, no amsgrad) over a Llama-style "
+             "model's parameters, in place; the same buffers every call. GB/s over the bytes "
+             "moved (28 a parameter: gradient read, moments and parameter read and written). "
+             "The check compares the parameters and states after one step on fresh copies.")
+CASES += [
+    Case(name="fused_adam_ AdamW", **ADAM, peers=_peers.torch_optim("fused_adam_"),
+         sizes=_model_sizes(),
+         note=ADAM_NOTE + " Targets: CUDA 1.2B >= 1.05x fused (>= 88% of copy); CPU >= 1.1x "
+                          "fused or >= 90% of the copy roofline, at 1 and all threads."),
+    Case(name="fused_adam_ AdamW bf16 master", **ADAM, sizes=_model_sizes(bf16, master=True),
+         note=ADAM_NOTE + " bf16 parameters and gradients, float32 masters and moments: the "
+                          "masters read and written, the bf16 copy written. PyTorch has no "
+                          "fused equivalent: the target is >= 85% of the copy roofline."),
+]
+
+# Gradient clipping's pieces: declared ahead of their ops (skipped, with the
+# reason, while torch.ops.torchops has no such op); a reference in
+# torchops.references, once there, checks them too.
+MULTI_TENSOR = dict(eager=False, compile=False, inputs=inputs.tensor_list_args)
+
+
+CASES += [
+    Case(name="multi_tensor_l2norm", op="multi_tensor_l2norm", **MULTI_TENSOR,
+         reference=getattr(references, "multi_tensor_l2norm", None),
+         peers=_peers.torch_optim("multi_tensor_l2norm"), sizes=_model_sizes(extra=(False,)),
+         bytes=lambda a: _nbytes(*a[0]),
+         note="The total L2 norm of a model's gradients (per_tensor=False). Target: CUDA "
+              ">= 1.5x get_total_norm."),
+    Case(name="multi_tensor_scale_", op="multi_tensor_scale_", **MULTI_TENSOR, in_place=True,
+         reference=getattr(references, "multi_tensor_scale_", None),
+         peers=_peers.torch_optim("multi_tensor_scale_"), sizes=_model_sizes(extra=(-1.0,)),
+         bytes=lambda a: 2 * _nbytes(*a[0]),
+         note="A model's gradients scaled in place by -1 (repeated calls keep the values: "
+              "no underflow into denormals)."),
 ]

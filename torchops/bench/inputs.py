@@ -266,3 +266,89 @@ def linear_cross_entropy_args(p: P) -> tuple:
     t = torch.randint(0, v, (n,))
     t[torch.rand(n) < p.get("ignored", 0.0)] = -100
     return x, w, t, None, -100, 0.0, "mean", 0.0, p.get("softcap")
+
+
+# --- optim: multi-tensor ops (lists of tensors, keyword-only arguments) ---------------------
+
+
+class Call(tuple):
+    """An input factory's result for an op with keyword-only arguments: the
+    positional arguments (the tuple itself, so ``args[0]`` still works),
+    ``kwargs`` (keyword-only hyper-parameters, and tensors or lists of them:
+    ``master_params``), and ``keep``: the arguments (positions, keyword
+    names) whose floating tensors keep the factory's dtype instead of taking
+    the size's (optimizer states and float32 masters of bf16 parameters,
+    step counts).  Tensors inside lists are moved like the others."""
+
+    def __new__(cls, args=(), kwargs=None, keep=()):
+        self = super().__new__(cls, args)
+        self.kwargs = dict(kwargs or {})
+        self.keep = frozenset(keep)
+        return self
+
+
+def llama_shapes(p: P) -> list[tuple[int, ...]]:
+    """The parameter shapes of a Llama-style decoder (a mix of large matrices
+    and small vectors): the embedding (``vocab x d``, tied with the head),
+    then per layer q, k, v, o (``d x d``), gate and up (``ffn x d``), down
+    (``d x ffn``) and two norm weights (``d``), and, unless
+    ``p["final_norm"]`` is False, the final norm's weight."""
+    d, ffn = p["d"], p["ffn"]
+    layer = [(d, d)] * 4 + [(ffn, d)] * 2 + [(d, ffn), (d,), (d,)]
+    return [(p["vocab"], d)] + layer * p["layers"] + [(d,)] * p.get("final_norm", True)
+
+
+def _pool(shapes) -> torch.Tensor:
+    """Standard normals for :func:`_pool_slices`: as many as the shapes hold,
+    at most 2^24."""
+    return torch.randn(min(1 << 24, sum(math.prod(s) for s in shapes)))
+
+
+def _pool_slices(pool: torch.Tensor, shapes) -> list[torch.Tensor]:
+    """One tensor per shape, each a slice of `pool` at a random offset (views:
+    Case.make_inputs copies list entries into tensors of their own), or the
+    pool repeated where a shape is larger."""
+    out = []
+    for shape in shapes:
+        n = math.prod(shape)
+        if n > pool.numel():
+            out.append(pool.repeat(-(-n // pool.numel()))[:n].view(shape))
+            continue
+        off = int(torch.randint(0, pool.numel() - n + 1, (1,)))
+        out.append(pool[off:off + n].view(shape))
+    return out
+
+
+def adam_args(p: P) -> Call:
+    """torch.ops.torchops.fused_adam_'s arguments for one AdamW step (lr 1e-3,
+    betas 0.9 and 0.999, eps 1e-8, weight decay 0.01) over the parameters of
+    :func:`llama_shapes`: parameters of about 0.02 (an initialised model's),
+    unit-normal gradients, first moments of about 0.1 and second moments of
+    about 0.01 (a model some steps in), float32 step counts of 10 (the count
+    after this step: bias correction mid-way).  With ``p["master"]`` the
+    parameters take the size's dtype (bf16) and ``master_params`` hold them in
+    float32, as do the moments; the gradients take the parameters' dtype.
+
+    Drawing billions of normals takes minutes on a CPU, so each list's
+    tensors are slices of one pool of at most 2^24 normals, at random
+    offsets: the values repeat, which a memory-bound step does not notice."""
+    shapes = llama_shapes(p)
+    z = _pool(shapes)
+    params, grads, exp_avgs, exp_avg_sqs = (
+        _pool_slices(pool, shapes) for pool in (0.02 * z, z, 0.1 * z, 0.01 * z * z))
+    steps = [torch.tensor(10.0) for _ in shapes]
+    kwargs = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, amsgrad=False,
+                  maximize=False, adamw=True)
+    keep: tuple = (5,)
+    if p.get("master"):
+        kwargs["master_params"] = list(params)
+        keep = (2, 3, 4, 5, "master_params")
+    return Call((params, grads, exp_avgs, exp_avg_sqs, [], steps), kwargs, keep)
+
+
+def tensor_list_args(p: P) -> tuple:
+    """A gradient list of :func:`llama_shapes` (unit normal, pool slices as in
+    :func:`adam_args`), then ``p["extra"]``: the op's other positional
+    arguments (multi_tensor_l2norm's per_tensor, multi_tensor_scale_'s scale)."""
+    shapes = llama_shapes(p)
+    return (_pool_slices(_pool(shapes), shapes), *p.get("extra", ()))

@@ -1,4 +1,5 @@
-"""Peers of the transformer ops: PyTorch's native op and Liger-Kernel.
+"""Peers of the transformer ops: PyTorch's native op and Liger-Kernel; and of
+the multi-tensor optimizer ops: PyTorch's own steps (:func:`torch_optim`).
 
 Each factory returns a :class:`~torchops.bench.cases.Peer` whose callable
 takes the torchops op's own arguments (its schema's order, as a case's input
@@ -57,7 +58,8 @@ if TYPE_CHECKING:
 # cases.py is imported by the factories, not here: cases.py may import this
 # module at its end (to attach peers to its cases) without a cycle.
 
-__all__ = ["torch_native", "liger", "for_op", "attach", "TORCH_NATIVE_OPS", "LIGER_OPS"]
+__all__ = ["torch_native", "liger", "for_op", "attach", "TORCH_NATIVE_OPS", "LIGER_OPS",
+           "torch_optim"]
 
 
 def _norm_shape(normalized_shape) -> tuple[int, ...]:
@@ -289,3 +291,104 @@ def attach(cases: Iterable[Case], ops: Iterable[str] | None = None) -> None:
             have = {x for p in case.all_peers() for x in (p.label, p.name)}
             case.peers += tuple(p for p in for_op(case.op)
                                 if p.label not in have and p.name not in have)
+
+
+# --- PyTorch's optimizer steps and multi-tensor ops -------------------------------------------
+#
+# Each adapter takes the torchops op's arguments (its lists, then its
+# keyword-only hyper-parameters) and calls PyTorch's own implementation on
+# the same tensors, in place.  Float32 master parameters have no PyTorch
+# counterpart: an adapter given them raises NotImplementedError (the cases
+# with masters declare no peer).
+
+def _no_masters(what: str, master_params) -> None:
+    if master_params is not None:
+        raise NotImplementedError(f"{what} has no float32 master parameters")
+
+
+def _torch_fused_adam():
+    """``torch._fused_adamw_`` / ``torch._fused_adam_``: the kernel that
+    ``torch.optim.AdamW(fused=True)`` calls, with the op's semantics (step
+    counts on the parameters' device, already incremented)."""
+    def call(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1,
+             beta2, eps, weight_decay, amsgrad, maximize, adamw, master_params=None,
+             grad_scale=None, found_inf=None):
+        _no_masters("torch's fused Adam", master_params)
+        (torch._fused_adamw_ if adamw else torch._fused_adam_)(
+            params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr=lr,
+            beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=amsgrad,
+            maximize=maximize, grad_scale=grad_scale, found_inf=found_inf)
+    return call
+
+
+def _torch_optim_adam(foreach: bool):
+    """``torch.optim.adamw.adamw`` / ``torch.optim.adam.adam`` (the step of
+    ``AdamW(foreach=...)``), which keeps non-fused step counts on the CPU and
+    increments them before the update: the adapter keeps CPU counts per
+    ``state_steps`` list, one below the op's (the op's list holds the count
+    after the increment), so the first call steps as the op does; later
+    calls count on (the benchmark's repeated steps)."""
+    from torch.optim import adam, adamw as adamw_mod
+
+    cpu_steps: dict[int, tuple[list, list]] = {}
+
+    def call(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1,
+             beta2, eps, weight_decay, amsgrad, maximize, adamw, master_params=None,
+             grad_scale=None, found_inf=None):
+        _no_masters("torch.optim's Adam", master_params)
+        if id(state_steps) not in cpu_steps:  # the list is kept: its id is not reused
+            cpu_steps[id(state_steps)] = (state_steps, [s.detach().to("cpu", copy=True) - 1
+                                                        for s in state_steps])
+        steps = cpu_steps[id(state_steps)][1]
+        (adamw_mod.adamw if adamw else adam.adam)(
+            params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, foreach=foreach,
+            grad_scale=grad_scale, found_inf=found_inf, amsgrad=amsgrad, beta1=beta1,
+            beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps, maximize=maximize)
+    return call
+
+
+def _torch_total_norm():
+    from torch.nn.utils import get_total_norm
+
+    def call(tensors, per_tensor=False):
+        if per_tensor:
+            raise NotImplementedError("get_total_norm gives the total norm only")
+        return get_total_norm(tensors, 2.0, foreach=True)
+    return call
+
+
+def _torch_foreach_mul():
+    return lambda tensors, scale: torch._foreach_mul_(tensors, scale)
+
+
+# (op, implementation) -> (label, name, loader, devices)
+_TORCH_OPTIM: dict[tuple[str, str], tuple[str, str, Callable[[], Callable], tuple | None]] = {
+    ("fused_adam_", "fused"): ("fused", "torch._fused_adamw_ (the kernel of "
+                               "torch.optim.AdamW(fused=True))", _torch_fused_adam, None),
+    ("fused_adam_", "foreach"): ("foreach", "torch.optim.adamw.adamw(foreach=True) (the step of "
+                                 "AdamW(foreach=True); step counts on the CPU)",
+                                 lambda: _torch_optim_adam(True), None),
+    ("fused_adam_", "for-loop"): ("for-loop", "torch.optim.adamw.adamw(foreach=False) (the "
+                                  "for-loop step of AdamW(foreach=False))",
+                                  lambda: _torch_optim_adam(False), ("cpu",)),
+    ("multi_tensor_l2norm", "foreach"): ("get_total_norm", "torch.nn.utils.get_total_norm("
+                                         "foreach=True)", _torch_total_norm, None),
+    ("multi_tensor_scale_", "foreach"): ("_foreach_mul_", "torch._foreach_mul_",
+                                         _torch_foreach_mul, None),
+}
+
+
+def torch_optim(op: str) -> tuple[Peer, ...]:
+    """PyTorch's implementations of a multi-tensor op, each a peer taking the
+    op's arguments: for fused_adam_ the fused kernel, the foreach step and
+    (CPU only: a loop of hundreds of launches on a GPU) the for-loop step;
+    get_total_norm for multi_tensor_l2norm; _foreach_mul_ for
+    multi_tensor_scale_."""
+    from torchops.bench.cases import Peer
+
+    found = tuple(Peer(name, load, label=label, devices=devices)
+                  for (o, _), (label, name, load, devices) in _TORCH_OPTIM.items() if o == op)
+    if not found:
+        raise ValueError(f"no PyTorch optimizer peer for {op!r}; known: "
+                         f"{sorted({o for o, _ in _TORCH_OPTIM})}")
+    return found

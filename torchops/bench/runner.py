@@ -21,6 +21,7 @@ from typing import Callable, TextIO
 import torch
 
 from torchops.bench.cases import Case, Size
+from torchops.bench.inputs import Call
 from torchops.bench.timing import Measurement, Roofline, input_sets, measure_interleaved
 
 # torch's default intra-op thread count, captured before any row changes it.
@@ -190,9 +191,53 @@ def plan(cases: list[Case], devices: list[str], quick: bool,
 
 
 def _tensors(out) -> list[torch.Tensor]:
+    """The tensors of `out`, lists and an inputs.Call's keyword arguments included."""
     if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _tensors(o)]
+        more = list(out.kwargs.values()) if isinstance(out, Call) else []
+        return [t for o in [*out, *more] for t in _tensors(o)]
     return [out] if isinstance(out, torch.Tensor) else []
+
+
+def _call(fn: Callable, args: tuple):
+    """fn on an input set: its positional arguments and an inputs.Call's keywords."""
+    return fn(*args, **getattr(args, "kwargs", {}))
+
+
+def _write_back(case: Case, reference: Callable) -> Callable:
+    """An in-place case's reference that writes the new values it returns
+    into the arguments the op writes, as the op does (one that returns None
+    has written them itself).  The values pair with the written arguments'
+    tensors in order (the schema's, lists flattened; arguments not given
+    have none), so one written list may come back as a bare list."""
+    def call(*args, **kwargs):
+        out = reference(*args, **kwargs)
+        if out is None:
+            return None
+        dst, src = _tensors(case.written(Call(args, kwargs))), _tensors(out)
+        if len(dst) != len(src):
+            raise RuntimeError(f"the reference returned {len(src)} tensors for the {len(dst)} "
+                               f"that torchops.{case.op} writes")
+        with torch.no_grad():
+            for t, v in zip(dst, src):
+                t.copy_(v)
+        return None
+    return call
+
+
+def _checked(case: Case, args: tuple, out) -> list[torch.Tensor]:
+    """What the check compares of a call on `args` that returned `out`: the
+    outputs, or for an in-place case the arguments the op writes."""
+    return _tensors(case.written(args)) if case.in_place else [t.detach() for t in _tensors(out)]
+
+
+def check_outputs(case: Case, fn: Callable, args: tuple) -> list[torch.Tensor]:
+    """:func:`_checked` of one call of `fn` on a copy of `args` (for an
+    in-place case whose reference returns the new values: `fn` the
+    reference, written back)."""
+    if case.in_place and fn is case.reference:
+        fn = _write_back(case, fn)
+    first = _copy(args)
+    return _checked(case, first, _call(fn, first))
 
 
 @contextlib.contextmanager
@@ -206,12 +251,18 @@ def _deterministic(on: bool):
         torch.use_deterministic_algorithms(prev, warn_only=warn_only)
 
 
-def _compare(ours: list, theirs: list, dtype: torch.dtype) -> str | None:
+def _compare(ours: list, theirs: list, dtype: torch.dtype,
+             own_dtype: bool = False) -> str | None:
     """None when the outputs agree, else what differs.  Integer outputs (kept
     indices) must be equal; floating ones within a tolerance relative to the
     largest value, loose enough for another summation order or cuBLAS's
-    reduced-precision accumulation (a wrong kernel is off by O(1))."""
+    reduced-precision accumulation (a wrong kernel is off by O(1)): the
+    row's dtype's, or with `own_dtype` each tensor's (an optimizer's float32
+    states and masters beside bf16 parameters: a step moves them by about
+    lr, which the bf16 tolerance would not see)."""
     for a, b in zip(ours, theirs):
+        if own_dtype:
+            dtype = a.dtype
         if a.shape != b.shape:
             return f"shape {tuple(a.shape)} vs {tuple(b.shape)}"
         if not a.is_floating_point():
@@ -228,15 +279,18 @@ def _compare(ours: list, theirs: list, dtype: torch.dtype) -> str | None:
 def _variants(case: Case, row: Row, opts: Options) -> dict[str, Callable]:
     out: dict[str, Callable] = {"torchops": case.torchops_fn()}
     row.names["torchops"] = f"torch.ops.torchops.{case.op}"
-    if case.reference is not None:
-        out["eager"], row.names["eager"] = case.reference, case.reference_name
+    reference = case.reference
+    if reference is not None and case.in_place:
+        reference = _write_back(case, reference)
+    if reference is not None and case.eager:
+        out["eager"], row.names["eager"] = reference, case.reference_name
         if case.compile and opts.compile:
             # One compilation per row: resetting dynamo compiles each size
             # statically, as a user with that one shape would, and never hits
             # the recompile limit.  The lambda gives dynamo a Python frame to
             # trace, also where the reference is a builtin (torch.matmul).
             torch._dynamo.reset()
-            out["compiled"] = torch.compile(lambda *a, ref=case.reference: ref(*a))
+            out["compiled"] = torch.compile(lambda *a, ref=reference, **kw: ref(*a, **kw))
             row.names["compiled"] = f"torch.compile({case.reference_name})"
     for peer in case.all_peers(row.device) if not opts.compile_only else ():
         row.names[peer.label] = peer.name
@@ -256,8 +310,11 @@ def _variants(case: Case, row: Row, opts: Options) -> dict[str, Callable]:
 
 def _copy(args: tuple) -> tuple:
     """The arguments with every tensor copied (same strides, same
-    requires_grad), so a call that writes into its inputs leaves them be."""
+    requires_grad; in lists and an inputs.Call's keywords too), so a call
+    that writes into its inputs leaves them be."""
     def one(a):
+        if isinstance(a, list):
+            return [one(t) for t in a]
         # A broadcast (a stride 0 over several elements) cannot be copied
         # stride for stride; it is read-only in practice: shared.
         if not isinstance(a, torch.Tensor) or any(st == 0 and n > 1
@@ -267,15 +324,20 @@ def _copy(args: tuple) -> tuple:
         with torch.no_grad():
             c.copy_(a)
         return c.requires_grad_(a.requires_grad)
+    if isinstance(args, Call):
+        return Call([one(a) for a in args], {k: one(v) for k, v in args.kwargs.items()},
+                    args.keep)
     return tuple(one(a) for a in args)
 
 
 def _run_row(case: Case, device: str, size: Size, row: Row, opts: Options,
              rooflines: dict[str, Roofline]) -> None:
     torch.manual_seed(0)
-    sets, variants = [case.make_inputs(size, device)], _variants(case, row, opts)
-    if opts.compile_only and not variants:
+    variants = _variants(case, row, opts)
+    if opts.compile_only and not variants:  # no inputs made (an optimizer's take GBs)
         row.notes.append("nothing to compile")
+        return
+    sets = [case.make_inputs(size, device)]
     if not opts.compile_only:
         if case.flops or case.bytes:
             roof = rooflines.setdefault(device, Roofline(device, opts.quick))
@@ -288,31 +350,48 @@ def _run_row(case: Case, device: str, size: Size, row: Row, opts: Options,
         set_bytes = sum(t.numel() * t.element_size() for t in _tensors(sets[0]))
         sets += [case.make_inputs(size, device) for _ in range(input_sets(device, set_bytes) - 1)]
     diff_inputs = [[t for t in _tensors(s) if t.requires_grad] for s in sets]
-    grads, outputs, steps = None, {}, {}
+    grads, ours, steps, compared, bad = None, None, {}, 0, []
+    # A reference that is not a timed variant (Case.eager False) still
+    # checks torchops's result: one untimed call, after torchops's.
+    checks = dict(variants)
+    if case.reference is not None and not case.eager and not opts.compile_only:
+        checks["reference"] = _write_back(case, case.reference) if case.in_place \
+            else case.reference
     with _deterministic(case.deterministic):
-        for name, fn in variants.items():
+        for name, fn in checks.items():
             try:
                 t0 = time.perf_counter()
                 first = _copy(sets[0])
-                out = fn(*first)  # the first call compiles: never timed
+                out = _call(fn, first)  # the first call compiles: never timed
                 if case.backward:
                     diff_out = [t for t in _tensors(out) if t.requires_grad]
                     grads = grads or [torch.randn_like(t) for t in diff_out]
                     torch.autograd.grad(diff_out, [t for t in _tensors(first) if t.requires_grad],
                                         grads)
-                del first
                 if opts.compile_only:  # the call filled torch.compile's on-disk caches
                     row.notes.append(f"compiled in {time.perf_counter() - t0:.1f} s")
                     continue
-                outputs[name] = [t.detach() for t in _tensors(out)]
-                del out
+                got = _checked(case, first, out)
+                del first, out
+                # Compared at once and dropped (only torchops's result is
+                # kept): an optimizer step's states take tens of GB.
+                if name == "torchops":
+                    ours = got
+                elif name not in row.bounds and ours is not None:
+                    compared += 1
+                    if d := _compare(ours, got, size.dtype, case.in_place):
+                        bad.append(f"vs {name}: {d}")
+                del got
+                if name not in variants:
+                    continue
                 # fn and grads bound now: the steps are called after the loop.
-                steps[name] = (lambda i, fn=fn: fn(*sets[i])) if grads is None else (
+                steps[name] = (lambda i, fn=fn: _call(fn, sets[i])) if grads is None else (
                     lambda i, fn=fn, g=grads: torch.autograd.grad(
-                        [t for t in _tensors(fn(*sets[i])) if t.requires_grad],
+                        [t for t in _tensors(_call(fn, sets[i])) if t.requires_grad],
                         diff_inputs[i], g))
             except Exception as e:  # noqa: BLE001  (one variant's failure is a note)
                 row.notes.append(_failure_note(name, e))
+        ours = None
         if steps:
             results, failed = measure_interleaved(steps, device, len(sets),
                                                   **opts.timing(device))
@@ -320,10 +399,7 @@ def _run_row(case: Case, device: str, size: Size, row: Row, opts: Options,
             row.notes += [_failure_note(name, e) for name, e in failed.items()]
             if case.memory:
                 _measure_memory(steps, results, device, row)
-    compared = {n: o for n, o in outputs.items() if n not in row.bounds}
-    if "torchops" in compared and len(compared) > 1:
-        bad = [f"vs {n}: {d}" for n, o in compared.items()
-               if n != "torchops" and (d := _compare(outputs["torchops"], o, size.dtype))]
+    if compared:
         row.check = "MISMATCH " + "; ".join(bad) if bad else "ok"
 
 
