@@ -3,7 +3,10 @@
 loaded both ways, float16/bfloat16 parameters with float32 masters,
 GradScaler's grad_scale/found_inf, lr as a tensor, the op against its
 reference in every dtype (several chunks, unaligned tensors, and on a GPU
-more tensors and chunks than one launch takes), and the errors."""
+more tensors and chunks than one launch takes), and the errors; HybridAdam
+(ColossalAI's arguments, one call per device, CPU and CUDA parameters in one
+optimizer), torch.compile of the step, and the optimizers' own errors.
+test_optim_distributed.py runs the optimizers under FSDP2."""
 
 from __future__ import annotations
 
@@ -652,3 +655,29 @@ def test_duplicate_parameters_are_rejected():
     p.grad = torch.ones(3)
     with pytest.raises(RuntimeError, match=r"torchops\.fused_adam_: 'params\[1\]' appears twice"):
         opt.step()
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_hybrid_adam_low_precision_gradients_of_float32_parameters(device):
+    """ColossalAI's mixed case: float32 parameters with bfloat16/float16
+    gradients step as with those gradients converted to float32."""
+    if not hasattr(torch.Tensor, "grad_dtype"):
+        pytest.skip("this torch takes no gradient of another dtype than its tensor's")
+    g = torch.Generator().manual_seed(6)
+    ps = [torch.randn(s, generator=g).to(device).requires_grad_() for s in (9, 4)]
+    for p in ps:
+        p.grad_dtype = None  # any gradient dtype
+    refs = [p.detach().clone().requires_grad_() for p in ps]
+    opt = HybridAdam(ps, lr=1e-2, weight_decay=0.1)
+    ref = torch.optim.AdamW(refs, lr=1e-2, weight_decay=0.1)
+    for _ in range(3):
+        for p, r, dtype in zip(ps, refs, (torch.bfloat16, torch.float16)):
+            grad = torch.randn(p.shape, generator=g).to(device, dtype)
+            p.grad, r.grad = grad, grad.float()
+        opt.step(div_scale=2.0)
+        for r in refs:
+            r.grad /= 2.0
+        ref.step()
+    for p, r in zip(ps, refs):
+        torch.testing.assert_close(p, r, rtol=1e-6, atol=1e-7)
+    assert ps[0].grad.dtype == torch.bfloat16

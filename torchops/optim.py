@@ -63,6 +63,9 @@ class _FusedAdam:
     """The step and the state handling that Adam and AdamW share."""
 
     master_weights: bool
+    # Whether a gradient whose dtype is not its parameter's (without a master
+    # copy) is converted for the step; otherwise fused_adam_ rejects it.
+    _converts_grads = False
 
     def _uses_master(self, p: Tensor) -> bool:
         return self.master_weights and p.dtype in _LOW_PRECISION
@@ -107,7 +110,8 @@ class _FusedAdam:
         """Fills the lists (empty on entry) with the group's parameters that
         have gradients, their gradients and states (made or converted here),
         ordered by fused_adam_ call, and returns the calls: a tuple of
-        (start, stop, master, dtensor), the list slice of each call.
+        (start, stop, master, dtensor, convert), the list slice of each call
+        and how its tensors are passed.
 
         Dynamo runs a method of this name eagerly, outside the graph, and
         hands the traced step the filled lists (the state is made once, not
@@ -136,10 +140,12 @@ class _FusedAdam:
                     f"{self._name()}: parameter {i} of its param group is a DTensor but its "
                     f"state is not (load DTensor states, e.g. with "
                     f"torch.distributed.checkpoint.state_dict.set_state_dict)")
-            key = (p.device, p.dtype, grad.dtype, self._uses_master(p), dtensor)
+            master = self._uses_master(p)
+            convert = self._converts_grads and not master and grad.dtype != p.dtype
+            key = (p.device, p.dtype, grad.dtype, master, dtensor, convert)
             members.setdefault(key, []).append((p, state))
         calls = []
-        for (_, _, _, master, dtensor), items in members.items():
+        for (_, _, _, master, dtensor, convert), items in members.items():
             start = len(params)
             for p, state in items:
                 params.append(p)
@@ -151,7 +157,7 @@ class _FusedAdam:
                 state_steps.append(state["step"])
                 if master:
                     master_params.append(state["master_param"])
-            calls.append((start, len(params), master, dtensor))
+            calls.append((start, len(params), master, dtensor, convert))
         return tuple(calls)
 
     @torch.no_grad()
@@ -180,9 +186,9 @@ class _FusedAdam:
             beta1, beta2 = group["betas"]
             adamw = bool(group.get("decoupled_weight_decay", adamw_default))
             amsgrad = bool(group["amsgrad"])
-            # Masters are listed for the master calls only: their own index.
+            # master_params holds the master calls' masters only, in call order.
             m_start = 0
-            for start, stop, master, dtensor in calls:
+            for start, stop, master, dtensor, convert in calls:
                 n = stop - start
                 lists = [params[start:stop], grads[start:stop], exp_avgs[start:stop],
                          exp_avg_sqs[start:stop],
@@ -197,6 +203,8 @@ class _FusedAdam:
                     lists = [[t.to_local() for t in ts] for ts in lists]
                     if masters is not None:
                         masters = [t.to_local() for t in masters]
+                if convert:
+                    lists[1] = [g.to(lists[0][0].dtype) for g in lists[1]]
                 steps = state_steps[start:stop]
                 device = lists[0][0].device
                 lr = group["lr"]
@@ -293,8 +301,11 @@ class HybridAdam(_FusedAdam, torch.optim.Adam):
     parameter's device.  ``bias_correction=False`` drops Adam's bias
     corrections (the states still count steps).  ``step(div_scale=s)`` with
     ``s > 0`` divides the gradients by ``s`` first (and leaves them divided,
-    as ``GradScaler``'s unscale does).  ``amsgrad``, ``maximize`` and
-    ``master_weights`` are torchops.optim.Adam's.
+    as ``GradScaler``'s unscale does).  A gradient in another float dtype
+    than its parameter (float16 gradients of float32 parameters) is
+    converted to the parameter's for the step; the step then leaves it
+    undivided.  ``amsgrad``, ``maximize`` and ``master_weights`` are
+    torchops.optim.Adam's.
 
     ``adamw_mode`` and ``bias_correction`` are kept per param group (as
     ``decoupled_weight_decay`` and ``bias_correction``): the state dict has
@@ -324,6 +335,7 @@ class HybridAdam(_FusedAdam, torch.optim.Adam):
         self.defaults["bias_correction"] = self.bias_correction
         self.master_weights = master_weights
         self._step_supports_amp_scaling = True
+        self._converts_grads = True
 
     def __setstate__(self, state: dict) -> None:
         # torch.optim.Adam fills a group without decoupled_weight_decay with
