@@ -424,10 +424,13 @@ def _adam_without_bias_correction(p, grads, lr, beta1, beta2, eps, wd):
     return p, m, v
 
 
-def test_hybrid_adam_without_bias_correction():
+@pytest.mark.parametrize("device", _devices())
+def test_hybrid_adam_without_bias_correction(device):
+    """The kernels' bias corrections 1 - beta ** step are exactly 1 for the
+    step +inf the optimizer passes them."""
     g = torch.Generator().manual_seed(3)
-    p0 = torch.randn(37, generator=g)
-    grads = [torch.randn(37, generator=g) for _ in range(5)]
+    p0 = torch.randn(37, generator=g).to(device)
+    grads = [torch.randn(37, generator=g).to(device) for _ in range(5)]
     p = p0.clone().requires_grad_()
     opt = HybridAdam([p], lr=1e-2, bias_correction=False, weight_decay=0.1, betas=(0.8, 0.9))
     for grad in grads:
