@@ -3,7 +3,10 @@
 loaded both ways, float16/bfloat16 parameters with float32 masters,
 GradScaler's grad_scale/found_inf, lr as a tensor, the op against its
 reference in every dtype (several chunks, unaligned tensors, and on a GPU
-more tensors and chunks than one launch takes), and the errors."""
+more tensors and chunks than one launch takes), and the errors; HybridAdam
+(ColossalAI's arguments, one call per device, CPU and CUDA parameters in one
+optimizer), torch.compile of the step, and the optimizers' own errors.
+test_optim_distributed.py runs the optimizers under FSDP2."""
 
 from __future__ import annotations
 
@@ -379,3 +382,305 @@ def test_scalar_path_matches_reference():
     env["PYTHONPATH"] = os.pathsep.join([here, env.get("PYTHONPATH", "")])
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+# --- HybridAdam, one call per device, torch.compile of the step, optimizer errors ----------
+
+from torchops.optim import HybridAdam  # noqa: E402
+
+HYBRID_VARIANTS = [
+    ({}, torch.optim.AdamW, {"weight_decay": 0.0}),
+    ({"weight_decay": 0.1}, torch.optim.AdamW, {"weight_decay": 0.1}),
+    ({"weight_decay": 0.1, "adamw_mode": False, "amsgrad": True}, torch.optim.Adam,
+     {"weight_decay": 0.1, "amsgrad": True}),
+]
+
+
+@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("kw,theirs,their_kw", HYBRID_VARIANTS,
+                         ids=["defaults", "adamw-wd", "adam-l2-amsgrad"])
+def test_hybrid_adam_matches_torch_optim(device, kw, theirs, their_kw):
+    """ColossalAI's defaults: AdamW (adamw_mode=True) without weight decay."""
+    batches = _batches(device, 50)
+    ma, mb = _model(device), _model(device)
+    oa = HybridAdam(ma.parameters(), lr=1e-2, **kw)
+    ob = theirs(mb.parameters(), lr=1e-2, **their_kw)
+    _train(ma, oa, batches)
+    _train(mb, ob, batches)
+    tol = dict(rtol=1e-5, atol=1e-6) if device == "cuda" else {}
+    _assert_states_close(oa, ob, **tol)
+
+
+def _adam_without_bias_correction(p, grads, lr, beta1, beta2, eps, wd):
+    """Adam with decoupled weight decay and no bias corrections, in float64."""
+    p, m, v = p.double(), torch.zeros_like(p, dtype=torch.float64), torch.zeros_like(
+        p, dtype=torch.float64)
+    for g in grads:
+        g = g.double()
+        p = p * (1 - lr * wd)
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g * g
+        p = p - lr * m / (v.sqrt() + eps)
+    return p, m, v
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_hybrid_adam_without_bias_correction(device):
+    """The kernels' bias corrections 1 - beta ** step are exactly 1 for the
+    step +inf the optimizer passes them."""
+    g = torch.Generator().manual_seed(3)
+    p0 = torch.randn(37, generator=g).to(device)
+    grads = [torch.randn(37, generator=g).to(device) for _ in range(5)]
+    p = p0.clone().requires_grad_()
+    opt = HybridAdam([p], lr=1e-2, bias_correction=False, weight_decay=0.1, betas=(0.8, 0.9))
+    for grad in grads:
+        p.grad = grad.clone()
+        opt.step()
+    want_p, want_m, want_v = _adam_without_bias_correction(p0, grads, 1e-2, 0.8, 0.9, 1e-8, 0.1)
+    torch.testing.assert_close(p.detach().double(), want_p, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(opt.state[p]["exp_avg"].double(), want_m, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(opt.state[p]["exp_avg_sq"].double(), want_v, rtol=1e-6,
+                               atol=1e-7)
+    assert float(opt.state[p]["step"]) == 5  # the state still counts steps
+    # Per group: a second group with bias correction follows torch.optim.AdamW.
+    q, r = p0.clone().requires_grad_(), p0.clone().requires_grad_()
+    opt.add_param_group({"params": [q], "bias_correction": True})
+    ref = torch.optim.AdamW([r], lr=1e-2, weight_decay=0.1, betas=(0.8, 0.9))
+    for grad in grads:
+        p.grad, q.grad, r.grad = grad.clone(), grad.clone(), grad.clone()
+        opt.step()
+        ref.step()
+    torch.testing.assert_close(q, r, rtol=1e-6, atol=1e-7)
+
+
+def test_hybrid_adam_arguments():
+    p = torch.zeros(3, requires_grad=True)
+    opt = HybridAdam([p])
+    group = opt.param_groups[0]
+    assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == \
+        (1e-3, (0.9, 0.999), 1e-8, 0)
+    assert group["bias_correction"] is True and group["decoupled_weight_decay"] is True
+    assert HybridAdam([p], adamw_mode=False).param_groups[0]["decoupled_weight_decay"] is False
+    with pytest.raises(ValueError, match=r"torchops\.optim\.HybridAdam: NVMe offloading"):
+        HybridAdam([p], nvme_offload_fraction=0.5)
+    with pytest.raises(TypeError, match=r"torchops\.optim\.HybridAdam: unexpected arguments "
+                                        r"\['simd_log'\]"):
+        HybridAdam([p], simd_log=True)
+
+
+def test_hybrid_adam_div_scale():
+    """step(div_scale=s) steps as with the gradients divided by s."""
+    batches = _batches("cpu", 5)
+    ma, mb = _model("cpu"), _model("cpu")
+    oa, ob = HybridAdam(ma.parameters(), lr=1e-2), HybridAdam(mb.parameters(), lr=1e-2)
+    for x, y in batches:
+        for model, opt, scale in ((ma, oa, 8.0), (mb, ob, None)):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            (loss * (scale or 1.0)).backward()
+            opt.step(div_scale=scale or -1)
+    _assert_states_close(oa, ob)
+
+
+@pytest.mark.parametrize("direction", ["hybrid-to-torch", "torch-to-hybrid"])
+def test_hybrid_adam_state_dict_round_trip(direction):
+    batches = _batches("cpu", 20)
+    kw = {"lr": 1e-2, "weight_decay": 0.1}
+    m1 = _model("cpu")
+    first = HybridAdam if direction == "hybrid-to-torch" else torch.optim.AdamW
+    second = torch.optim.AdamW if direction == "hybrid-to-torch" else HybridAdam
+    o1 = first(m1.parameters(), **kw)
+    _train(m1, o1, batches[:10])
+    m2 = copy.deepcopy(m1)
+    # The other's mode is the saved one: an AdamW state makes HybridAdam AdamW.
+    o2 = second(m2.parameters(), **kw, **({"adamw_mode": False} if second is HybridAdam
+                                          else {}))
+    o2.load_state_dict(copy.deepcopy(o1.state_dict()))
+    assert set(o2.state_dict()["state"][0]) == set(o1.state_dict()["state"][0])
+    _train(m1, o1, batches[10:])
+    _train(m2, o2, batches[10:])
+    for a, b in zip(m1.parameters(), m2.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_hybrid_adam_keeps_its_mode_for_a_state_without_it():
+    """A group saved without decoupled_weight_decay (ColossalAI's, an older
+    torch's) takes the HybridAdam's adamw_mode, not torch.optim.Adam's L2."""
+    p = torch.zeros(3, requires_grad=True)
+    for mode in (True, False):
+        opt = HybridAdam([p], adamw_mode=mode, bias_correction=False)
+        sd = opt.state_dict()
+        for key in ("decoupled_weight_decay", "bias_correction"):
+            del sd["param_groups"][0][key]
+        opt.load_state_dict(sd)
+        assert opt.param_groups[0]["decoupled_weight_decay"] is mode
+        assert opt.param_groups[0]["bias_correction"] is False
+
+
+def _spy_calls(monkeypatch):
+    """Records the device of every fused_adam_ call of torchops.optim, and
+    runs those on the meta device (a stand-in for a second device) through
+    the op's fake."""
+    calls = []
+    real = torchops.optim.ops.fused_adam_
+
+    def spy(params, *args, **kwargs):
+        calls.append(params[0].device.type)
+        real(params, *args, **kwargs)
+
+    monkeypatch.setattr(torchops.optim.ops, "fused_adam_", spy)
+    return calls
+
+
+def test_hybrid_adam_one_call_per_device(monkeypatch):
+    """CPU parameters and parameters of another device in one optimizer:
+    one fused_adam_ call per device and step, each state on its parameter's
+    device, the CPU parameters as torch.optim.AdamW steps them."""
+    calls = _spy_calls(monkeypatch)
+    g = torch.Generator().manual_seed(4)
+    cpu = [torch.randn(s, generator=g).requires_grad_() for s in (5, 7, 3)]
+    meta = [torch.empty(s, device="meta", requires_grad=True) for s in (4, 6)]
+    ref = [p.detach().clone().requires_grad_() for p in cpu]
+    # Interleaved, in two groups: the grouping is per device within a group.
+    opt = HybridAdam([{"params": [cpu[0], meta[0], cpu[1]]},
+                      {"params": [meta[1], cpu[2]], "lr": 1e-2}], weight_decay=0.1)
+    ref_opt = torch.optim.AdamW([{"params": ref[:2]}, {"params": ref[2:], "lr": 1e-2}],
+                                weight_decay=0.1)
+    for _ in range(3):
+        grads = [torch.randn(p.shape, generator=g) for p in cpu]
+        for p, r, grad in zip(cpu, ref, grads):
+            p.grad, r.grad = grad.clone(), grad.clone()
+        for p in meta:
+            p.grad = torch.empty_like(p)
+        opt.step()
+        ref_opt.step()
+    assert calls == ["cpu", "meta", "meta", "cpu"] * 3
+    for p in cpu + meta:
+        for key, value in opt.state[p].items():
+            assert value.device == p.device, key
+    for p, r in zip(cpu, ref):
+        torch.testing.assert_close(p, r, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.cuda
+def test_hybrid_adam_cpu_and_cuda_parameters(monkeypatch):
+    """An offloaded half of a model (CPU) and a GPU half in one HybridAdam:
+    each half steps with its device's kernel and matches torch.optim.AdamW."""
+    calls = _spy_calls(monkeypatch)
+    batches = _batches("cpu", 20)
+    ma, mb = _model("cpu"), _model("cpu")
+    ma[2].cuda()
+    mb[2].cuda()
+
+    def train(model, opt):
+        for x, y in batches:
+            opt.zero_grad()
+            out = model[2](model[1](model[0](x)).cuda())
+            torch.nn.functional.mse_loss(out, y.cuda()).backward()
+            opt.step()
+
+    oa = HybridAdam(ma.parameters(), lr=1e-2, weight_decay=0.1)
+    ob = torch.optim.AdamW(mb.parameters(), lr=1e-2, weight_decay=0.1)
+    train(ma, oa)
+    train(mb, ob)
+    assert calls == ["cpu", "cuda"] * len(batches)
+    for p in ma.parameters():
+        assert all(v.device == p.device for v in oa.state[p].values())
+    _assert_states_close(oa, ob, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_step_matches_eager():
+    """torch.compile(fullgraph=True) of opt.step(): no graph break, the eager
+    result, and one graph whatever the lr tensor's value (the kernel reads
+    it).  The state is made at the first compiled step (in _init_group,
+    which dynamo runs eagerly)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("inductor")
+    batches = _batches("cpu", 4)
+    ma, mb = _model("cpu"), _model("cpu")
+    lr_a, lr_b = torch.tensor(1e-2), torch.tensor(1e-2)
+    oa = HybridAdam(ma.parameters(), lr=lr_a, weight_decay=0.1, bias_correction=False)
+    ob = HybridAdam(mb.parameters(), lr=lr_b, weight_decay=0.1, bias_correction=False)
+
+    def step(opt):
+        opt.step()
+
+    compiled = torch.compile(step, backend=counter, fullgraph=True)
+    for i, (x, y) in enumerate(batches):
+        if i == 2:  # a new lr value: no recompile
+            lr_a.fill_(3e-3)
+            lr_b.fill_(3e-3)
+        for model, opt, fn in ((ma, oa, compiled), (mb, ob, step)):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            fn(opt)
+    assert counter.frame_count == 1
+    _assert_states_close(oa, ob)
+    assert int(oa.state[next(ma.parameters())]["step"]) == len(batches)
+
+
+def test_compiled_training_step_breaks_only_at_backward():
+    """A compiled forward, backward and step: dynamo breaks the graph at
+    loss.backward() (as for any optimizer) and nowhere in the step."""
+    model = _model("cpu")
+    opt = AdamW(model.parameters(), lr=torch.tensor(1e-2), amsgrad=True)
+
+    def train(x, y):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    (x, y), = _batches("cpu", 1)
+    explained = torch._dynamo.explain(train)(x, y)
+    assert explained.graph_break_count == 1, [r.reason for r in explained.break_reasons]
+    assert "backward" in explained.break_reasons[0].reason
+    assert explained.graph_count == 2  # up to the backward, and the step
+
+
+def test_sparse_gradient_is_rejected_naming_the_optimizer():
+    emb = torch.nn.Embedding(10, 3, sparse=True)
+    opt = AdamW(emb.parameters())
+    emb(torch.tensor([1, 2])).sum().backward()
+    with pytest.raises(RuntimeError, match=r"torchops\.optim\.AdamW: the gradient of parameter "
+                                           r"0 of its param group has layout torch\.sparse_coo"):
+        opt.step()
+
+
+def test_duplicate_parameters_are_rejected():
+    p = torch.zeros(3, requires_grad=True)
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        AdamW([{"params": [p]}, {"params": [p]}])
+    with pytest.warns(UserWarning, match="duplicate parameters"):
+        opt = AdamW([p, p])
+    p.grad = torch.ones(3)
+    with pytest.raises(RuntimeError, match=r"torchops\.fused_adam_: 'params\[1\]' appears twice"):
+        opt.step()
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_hybrid_adam_low_precision_gradients_of_float32_parameters(device):
+    """ColossalAI's mixed case: float32 parameters with bfloat16/float16
+    gradients step as with those gradients converted to float32."""
+    if not hasattr(torch.Tensor, "grad_dtype"):
+        pytest.skip("this torch takes no gradient of another dtype than its tensor's")
+    g = torch.Generator().manual_seed(6)
+    ps = [torch.randn(s, generator=g).to(device).requires_grad_() for s in (9, 4)]
+    for p in ps:
+        p.grad_dtype = None  # any gradient dtype
+    refs = [p.detach().clone().requires_grad_() for p in ps]
+    opt = HybridAdam(ps, lr=1e-2, weight_decay=0.1)
+    ref = torch.optim.AdamW(refs, lr=1e-2, weight_decay=0.1)
+    for _ in range(3):
+        for p, r, dtype in zip(ps, refs, (torch.bfloat16, torch.float16)):
+            grad = torch.randn(p.shape, generator=g).to(device, dtype)
+            p.grad, r.grad = grad, grad.float()
+        opt.step(div_scale=2.0)
+        for r in refs:
+            r.grad /= 2.0
+        ref.step()
+    for p, r in zip(ps, refs):
+        torch.testing.assert_close(p, r, rtol=1e-6, atol=1e-7)
+    assert ps[0].grad.dtype == torch.bfloat16
