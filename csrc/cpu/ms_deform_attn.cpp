@@ -2,10 +2,11 @@
 //
 // Forward: at::parallel_for over the (batch, query) rows; each head's output
 // row sums its samples' corner rows of value (C contiguous values each) with
-// an axpy over C.  Backward: at::parallel_for over the (batch, head) pairs,
-// each of which owns value's gradient at its head (grad_value[b, :, head, :]),
-// so the scatter needs no atomics and adds in query order: the result does
-// not depend on the thread count.  The same pass computes the locations' and
+// an axpy over C.  Backward: at::parallel_for over (batch, head, level), each
+// of which owns value's gradient at that head and level's positions (the
+// levels' positions are disjoint once spatial_shapes is checked), so the
+// scatter needs no atomics and adds in query order: the result does not
+// depend on the thread count.  The same pass computes the locations' and
 // weights' gradients (dot products over C).
 //
 // float and double run the loops in their own type; float16 and bfloat16 are
@@ -127,42 +128,41 @@ void backward_loop(const T* grad, const T* value, const std::vector<MsdaLevel>& 
                    T* grad_loc, T* grad_attn) {
   const int64_t C = d.channels, H = d.heads, LP = d.levels * d.points;
   const int64_t pixel = H * C;
-  parallel_range(d.batch * H, [&](int64_t begin, int64_t end) {
-    for (int64_t bh = begin; bh < end; ++bh) {
+  parallel_range(d.batch * H * d.levels, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t l = task % d.levels, bh = task / d.levels;
       const int64_t b = bh / H, h = bh % H;
+      const MsdaLevel& lv = levels[l];
       for (int64_t q = 0; q < d.queries; ++q) {
         const int64_t row = (b * d.queries + q) * H + h;
         const T* g = grad + row * C;
         const T* lrow = loc + row * LP * 2;
         const T* arow = attn + row * LP;
-        for (int64_t l = 0; l < d.levels; ++l) {
-          const MsdaLevel& lv = levels[l];
-          const int64_t first = (b * d.spatial + lv.start) * pixel + h * C;
-          for (int64_t p = 0; p < d.points; ++p) {
-            const int64_t s = l * d.points + p;
-            const MsdaTaps<T> t = msda_taps<T>(lv, lrow[2 * s], lrow[2 * s + 1]);
-            if (!t.any) {
+        const int64_t first = (b * d.spatial + lv.start) * pixel + h * C;
+        for (int64_t p = 0; p < d.points; ++p) {
+          const int64_t s = l * d.points + p;
+          const MsdaTaps<T> t = msda_taps<T>(lv, lrow[2 * s], lrow[2 * s + 1]);
+          if (!t.any) {
+            continue;
+          }
+          const T a = arow[s];
+          T dh[4], dw[4];
+          msda_tap_slopes(t, dh, dw);
+          T ga = T(0), gx = T(0), gy = T(0);
+          for (int k = 0; k < 4; ++k) {
+            if (t.pos[k] < 0) {
               continue;
             }
-            const T a = arow[s];
-            T dh[4], dw[4];
-            msda_tap_slopes(t, dh, dw);
-            T ga = T(0), gx = T(0), gy = T(0);
-            for (int k = 0; k < 4; ++k) {
-              if (t.pos[k] < 0) {
-                continue;
-              }
-              const int64_t off = first + t.pos[k] * pixel;
-              const T dk = dot(g, value + off, C);
-              ga += t.weight[k] * dk;
-              gx += dw[k] * dk;
-              gy += dh[k] * dk;
-              axpy(a * t.weight[k], g, grad_value + off, C);
-            }
-            grad_attn[row * LP + s] = ga;
-            grad_loc[(row * LP + s) * 2] = a * static_cast<T>(lv.width) * gx;
-            grad_loc[(row * LP + s) * 2 + 1] = a * static_cast<T>(lv.height) * gy;
+            const int64_t off = first + t.pos[k] * pixel;
+            const T dk = dot(g, value + off, C);
+            ga += t.weight[k] * dk;
+            gx += dw[k] * dk;
+            gy += dh[k] * dk;
+            axpy(a * t.weight[k], g, grad_value + off, C);
           }
+          grad_attn[row * LP + s] = ga;
+          grad_loc[(row * LP + s) * 2] = a * static_cast<T>(lv.width) * gx;
+          grad_loc[(row * LP + s) * 2 + 1] = a * static_cast<T>(lv.height) * gy;
         }
       }
     }

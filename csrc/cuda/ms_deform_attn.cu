@@ -58,6 +58,42 @@ __device__ __forceinline__ void load_pack(const scalar_t* p, T (&out)[V]) {
   }
 }
 
+// p[v] += x[v] for v < V, each element atomically.  On sm_90 and newer a
+// lane adds its pack with 16-byte (or 8-byte) float atomics, so a row's
+// lanes update whole contiguous sectors in one instruction; elsewhere, and
+// for double, one atomic per element.  p is aligned to the pack.
+template <int V>
+__device__ __forceinline__ void atomic_add_pack(float* p, const float (&x)[V]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (V % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4) {
+      atomicAdd(reinterpret_cast<float4*>(p + j),
+                make_float4(x[j], x[j + 1], x[j + 2], x[j + 3]));
+    }
+    return;
+  } else if constexpr (V % 2 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 2) {
+      atomicAdd(reinterpret_cast<float2*>(p + j), make_float2(x[j], x[j + 1]));
+    }
+    return;
+  }
+#endif
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    atomicAdd(p + v, x[v]);
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void atomic_add_pack(double* p, const double (&x)[V]) {
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    atomicAdd(p + v, x[v]);
+  }
+}
+
 // out[row * C + g * V + v] for every (row, g) = (b, q, head, pack of V
 // channels); value (B, S, heads, C), loc and attn (B, Q, heads, L, P[, 2]),
 // out (B, Q, heads * C), all contiguous; C % V == 0.
@@ -184,10 +220,12 @@ __global__ void __launch_bounds__(kThreads) ms_deform_attn_backward_kernel(
                 gy += dh[k] * dk;
                 if constexpr (kScatter) {
                   const T w = a * t.weight[k];
+                  acc_t add[V];
 #pragma unroll
                   for (int v = 0; v < V; ++v) {
-                    atomicAdd(grad_value + off + v, static_cast<acc_t>(w * gv[v]));
+                    add[v] = static_cast<acc_t>(w * gv[v]);
                   }
+                  atomic_add_pack<V>(grad_value + off, add);
                 }
               }
             }

@@ -772,8 +772,9 @@ CASES += [
     Case(name="ms_deform_attn fwd+bwd", **MSDA, backward=True, requires_grad=(0, 3, 4),
          bytes=lambda a: _msda_bytes(a, True),
          note=MSDA_NOTE + " Gradients of value, locations and weights."),
-    Case(name="ms_deform_attn fwd+bwd deterministic", **{**MSDA, "reference": None},
+    Case(name="ms_deform_attn fwd+bwd deterministic",
+         **{**MSDA, "reference": None, "sizes": {"cuda": MSDA_CUDA[:2]}},
          backward=True, requires_grad=(0, 3, 4), deterministic=True,
-         sizes={"cuda": MSDA_CUDA[:2]}, bytes=lambda a: _msda_bytes(a, True),
+         bytes=lambda a: _msda_bytes(a, True),
          note=MSDA_NOTE + " Under torch.use_deterministic_algorithms(True)."),
 ]

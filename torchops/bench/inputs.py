@@ -280,8 +280,9 @@ def ms_deform_attn_args(p: P) -> tuple:
     levels, b, heads, c, points = p["levels"], p["b"], p["heads"], p["c"], p["points"]
     sizes = torch.tensor(levels, dtype=torch.int64)
     n_levels = len(levels)
-    starts = torch.cat([torch.zeros(1, dtype=torch.int64), (sizes[:, 0] * sizes[:, 1]).cumsum(0)[:-1]])
-    spatial = int((sizes[:, 0] * sizes[:, 1]).sum())
+    areas = sizes[:, 0] * sizes[:, 1]
+    starts = torch.cat([torch.zeros(1, dtype=torch.int64), areas.cumsum(0)[:-1]])
+    spatial = int(areas.sum())
     if p.get("q"):
         ref = torch.rand(b, p["q"], 2)
     else:
