@@ -749,8 +749,11 @@ def ms_deform_attn(value: Tensor, spatial_shapes: Tensor, level_start_index: Ten
             # (B, Q, heads, P) -> (B, heads, Q * P, C) rows of v.
             flat = idx.permute(0, 2, 1, 3).reshape(b, heads, q * points, 1).expand(-1, -1, -1, c)
             rows = torch.gather(v, 2, flat).reshape(b, heads, q, points, c).permute(0, 2, 1, 3, 4)
-            scale = torch.where(ok, weight * a, torch.zeros_like(weight))
-            out = out + (rows * scale[..., None]).sum(3)
+            # Corners outside contribute nothing, whatever their clamped
+            # index reads or the weight holds (inf, nan).
+            term = torch.where(ok[..., None], rows * (weight * a)[..., None],
+                               torch.zeros_like(rows))
+            out = out + term.sum(3)
     return out.reshape(b, q, heads * c)
 
 
