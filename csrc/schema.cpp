@@ -232,4 +232,15 @@ TORCH_LIBRARY(torchops, m) {
         "Tensor lr, float beta1, float beta2, float eps, float weight_decay, bool amsgrad, "
         "bool maximize, bool adamw, Tensor(f!)[]? master_params=None, Tensor? grad_scale=None, "
         "Tensor? found_inf=None) -> ()", pt2);
+  // --- detection: multi-scale deformable attention -------------------------------------
+  // Deformable DETR's sampling (mmcv's ms_deform_attn): value (B, S, heads,
+  // C), spatial_shapes (L, 2) int64 rows (H_l, W_l), level_start_index (L,)
+  // int64, sampling_locations (B, Q, heads, L, P, 2) as (x, y) in [0, 1],
+  // attention_weights (B, Q, heads, L, P) -> (B, Q, heads * C).
+  m.def("ms_deform_attn(Tensor value, Tensor spatial_shapes, Tensor level_start_index, "
+        "Tensor sampling_locations, Tensor attention_weights) -> Tensor", pt2);
+  // Returns the gradients of value, sampling_locations and attention_weights.
+  m.def("_ms_deform_attn_backward(Tensor grad, Tensor value, Tensor spatial_shapes, "
+        "Tensor level_start_index, Tensor sampling_locations, Tensor attention_weights) "
+        "-> (Tensor, Tensor, Tensor)", pt2);
 }

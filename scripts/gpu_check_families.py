@@ -40,6 +40,8 @@ FAMILIES: dict[str, tuple[tuple[str, ...], str, bool]] = {
     # rotary
     "rotary": (("rotary_embedding", "rotary_embedding_"), "test/test_rotary.py", False),
     "optim": (("fused_adam_",), "test/test_optim.py", False),
+    # detection: multi-scale deformable attention
+    "deform_attn": (("ms_deform_attn",), "test/test_deform_attn.py", False),
 }
 
 # Test files generated from the op database (test ids carry the op's name),

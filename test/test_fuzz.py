@@ -276,6 +276,32 @@ def gen_scaled_upper_triang_masked_softmax(rng: random.Random, device: str) -> C
 FAMILIES["scaled_masked_softmax"] = gen_scaled_masked_softmax
 FAMILIES["scaled_upper_triang_masked_softmax"] = gen_scaled_upper_triang_masked_softmax
 
+
+# detection: multi-scale deformable attention
+def gen_ms_deform_attn(rng: random.Random, device: str) -> Case:
+    """Consistent levels (some empty), any channel count (the CUDA packs and
+    their fallback), locations inside, outside, huge or non-finite, and
+    non-finite values and weights."""
+    dtype = rng.choice(DTYPES)
+    levels = [(_size(rng, 1, 6), _size(rng, 1, 6)) for _ in range(rng.randint(0, 3))]
+    b, q = _size(rng, 1, 2), _size(rng, 1, 5)
+    heads, c, points = rng.randint(1, 3), rng.choice((1, 3, 4, 8, 16, 36)), rng.randint(1, 3)
+    areas = [h * w for h, w in levels]
+    starts = [sum(areas[:i]) for i in range(len(levels))]
+    value = make(rng, (b, sum(areas), heads, c), dtype, device, nonfinite=0.2)
+    far = rng.random() < 0.2
+    loc = make(rng, (b, q, heads, len(levels), points, 2), dtype, device, nonfinite=0.2,
+               **(dict(scale=1e6) if far else dict(low=-0.3, high=1.3)))
+    attn = make(rng, (b, q, heads, len(levels), points), dtype, device, nonfinite=0.1,
+                low=0.0, high=1.0)
+    shapes = torch.tensor(levels, dtype=torch.int64).reshape(-1, 2).to(device)
+    return Case("ms_deform_attn", "ms_deform_attn",
+                [value, shapes, torch.tensor(starts, dtype=torch.int64, device=device), loc,
+                 attn])
+
+
+FAMILIES["ms_deform_attn"] = gen_ms_deform_attn
+
 # --- checking one call ------------------------------------------------------------
 
 

@@ -312,3 +312,95 @@ def test_fused_linear_cross_entropy_loss_module_takes_ligers_call_and_compiles()
     assert torchops.FusedLinearCrossEntropyLoss()(w, x, t).shape == ()
     with pytest.raises(ValueError, match=r"FusedLinearCrossEntropyLoss.*'reduction'"):
         torchops.FusedLinearCrossEntropyLoss(reduction="avg")
+
+
+# --- detection: multi-scale deformable attention ---------------------------------------------
+
+
+def _msda_module_inputs(b=2, q=5, levels=((6, 8), (3, 4)), dims=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = torch.tensor(levels)
+    starts = torch.cat([shapes.new_zeros(1), (shapes[:, 0] * shapes[:, 1]).cumsum(0)[:-1]])
+    s = int((shapes[:, 0] * shapes[:, 1]).sum())
+    query = torch.randn(b, q, dims, generator=g)
+    value = torch.randn(b, s, dims, generator=g)
+    ref = torch.rand(b, q, len(levels), 2, generator=g)
+    return query, value, ref, shapes, starts
+
+
+def _msda_by_hand(mod, query, value, ref, shapes, starts):
+    """mmcv's forward, batch first, with grid_sample's formulation."""
+    b, q, _ = query.shape
+    v = mod.value_proj(value).view(b, value.shape[1], mod.num_heads, -1)
+    off = mod.sampling_offsets(query).view(b, q, mod.num_heads, mod.num_levels, mod.num_points, 2)
+    w = mod.attention_weights(query).view(b, q, mod.num_heads, -1).softmax(-1)
+    w = w.view(b, q, mod.num_heads, mod.num_levels, mod.num_points)
+    if ref.shape[-1] == 2:
+        norm = torch.stack([shapes[:, 1], shapes[:, 0]], -1)
+        loc = ref[:, :, None, :, None, :] + off / norm[None, None, None, :, None, :]
+    else:
+        loc = (ref[:, :, None, :, None, :2]
+               + off / mod.num_points * ref[:, :, None, :, None, 2:] * 0.5)
+    out = references.ms_deform_attn_grid_sample(v, shapes, starts, loc, w)
+    return mod.output_proj(out) + query
+
+
+def test_multi_scale_deformable_attention_initialisation_is_mmcvs():
+    mod = torchops.MultiScaleDeformableAttention(embed_dims=64, num_heads=4, num_levels=3,
+                                                 num_points=2)
+    assert mod.sampling_offsets.weight.abs().max() == 0
+    bias = mod.sampling_offsets.bias.view(4, 3, 2, 2)
+    # Head i points along angle 2 pi i / 4, its larger coordinate 1; point p at p + 1.
+    want = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]])
+    for p in range(2):
+        for lvl in range(3):
+            torch.testing.assert_close(bias[:, lvl, p], want * (p + 1), atol=1e-6, rtol=0)
+    for lin in (mod.attention_weights,):
+        assert lin.weight.abs().max() == 0 and lin.bias.abs().max() == 0
+    for lin in (mod.value_proj, mod.output_proj):
+        bound = (6.0 / (lin.in_features + lin.out_features)) ** 0.5
+        assert lin.bias.abs().max() == 0 and 0 < lin.weight.abs().max() <= bound
+    assert [n for n, _ in mod.named_parameters()] == [
+        "sampling_offsets.weight", "sampling_offsets.bias", "attention_weights.weight",
+        "attention_weights.bias", "value_proj.weight", "value_proj.bias", "output_proj.weight",
+        "output_proj.bias"]
+    with pytest.raises(ValueError, match=r"MultiScaleDeformableAttention.*'embed_dims'"):
+        torchops.MultiScaleDeformableAttention(embed_dims=30, num_heads=4)
+
+
+@pytest.mark.parametrize("box_refs", [False, True])
+def test_multi_scale_deformable_attention_equals_mmcvs_formula(box_refs):
+    torch.manual_seed(0)
+    mod = torchops.MultiScaleDeformableAttention(32, num_heads=4, num_levels=2, num_points=3,
+                                                 dropout=0.0, batch_first=True)
+    for p in mod.parameters():  # away from the initialisation's zeros
+        torch.nn.init.normal_(p, std=0.3)
+    query, value, ref, shapes, starts = _msda_module_inputs()
+    if box_refs:
+        ref = torch.cat([ref, torch.rand(ref.shape) * 0.5], -1)
+    query.requires_grad_()
+    got = mod(query, value=value, reference_points=ref, spatial_shapes=shapes,
+              level_start_index=starts)
+    want = _msda_by_hand(mod, query, value, ref, shapes, starts)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    g1 = torch.autograd.grad(got.sum(), [query, *mod.parameters()])
+    g2 = torch.autograd.grad(want.sum(), [query, *mod.parameters()])
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    # Sequence-first (mmcv's default) is the same attention on transposed inputs.
+    mod.batch_first = False
+    seq = mod(query.transpose(0, 1), value=value.transpose(0, 1), reference_points=ref,
+              spatial_shapes=shapes, level_start_index=starts)
+    torch.testing.assert_close(seq.transpose(0, 1), got)
+
+
+def test_multi_scale_deformable_attention_compiles_in_one_graph():
+    mod = torchops.MultiScaleDeformableAttention(32, num_heads=4, num_levels=2, num_points=2,
+                                                 dropout=0.0, batch_first=True)
+    query, value, ref, shapes, starts = _msda_module_inputs(q=4)
+    want = mod(query, value=value, reference_points=ref, spatial_shapes=shapes,
+               level_start_index=starts)
+    compiled = torch.compile(mod, backend="aot_eager", fullgraph=True, dynamic=True)
+    got = compiled(query, value=value, reference_points=ref, spatial_shapes=shapes,
+                   level_start_index=starts)
+    torch.testing.assert_close(got, want)

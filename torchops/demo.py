@@ -255,6 +255,9 @@ def _lines() -> list[Line]:
              torchops.fused_linear_cross_entropy,
              peer=lambda x, w, t: F.cross_entropy(F.linear(x, w).float(), t),
              peer_name="F.cross_entropy(F.linear)"),
+        # detection: multi-scale deformable attention
+        Line("ms_deform_attn (2 images, 4 levels 40x60..5x8, 8 heads x 32, 300 queries)",
+             lambda dev, dt: _msda_args(dev, dt, 300), torchops.ms_deform_attn),
     ]
 
 
@@ -280,6 +283,26 @@ def _written(op: Callable, *args):
               for a in args]
     op(*copies)
     return next(c for c, a in zip(copies, args) if c is not a)
+
+
+def _msda_args(dev: str, dt: torch.dtype, queries: int) -> tuple:
+    """Deformable DETR's attention inputs over 4 levels (torchops.bench.inputs')."""
+    from torchops.bench import inputs
+
+    torch.manual_seed(0)
+    args = inputs.ms_deform_attn_args({"levels": [(40, 60), (20, 30), (10, 15), (5, 8)], "b": 2,
+                                       "q": queries, "heads": 8, "c": 32, "points": 4})
+    return tuple(a.to(dev, dt) if a.is_floating_point() else a.to(dev) for a in args)
+
+
+def _msda_module_args(dev: str, dt: torch.dtype) -> tuple:
+    """MultiScaleDeformableAttention's positional call: 300 queries at random
+    reference points on every level of a 2-image, 4-level memory."""
+    value, shapes, starts, _, _ = _msda_args(dev, dt, 1)
+    memory = torch.randn(2, value.shape[1], 256, device=dev, dtype=dt)
+    query = torch.randn(2, 300, 256, device=dev, dtype=dt)
+    ref = torch.rand(2, 300, 4, 2, device=dev, dtype=dt)
+    return query, None, memory, None, None, None, ref, shapes, starts
 
 
 def _module_lines(device: str) -> list[Line]:
@@ -313,6 +336,10 @@ def _module_lines(device: str) -> list[Line]:
          lambda dev, dt: (torch.randn(8000, 256, device=dev, dtype=dt) / 16,
                           torch.randn(512, 256, device=dev, dtype=dt),
                           torch.randint(0, 8000, (512,), device=dev))),
+        # detection: multi-scale deformable attention
+        ("MultiScaleDeformableAttention(256, dropout=0.0, batch_first=True)",
+         m.MultiScaleDeformableAttention(256, dropout=0.0, batch_first=True),
+         _msda_module_args),
     ]
     assert {type(mod).__name__ for _, mod, _ in mods} == set(torchops.modules.__all__), \
         "the demo lists every module of torchops.modules"

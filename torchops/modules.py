@@ -557,3 +557,145 @@ class FusedLinearCrossEntropyLoss(nn.Module):
         return (f"ignore_index={self.ignore_index}, lse_square_scale={self.lse_square_scale}, "
                 f"label_smoothing={self.label_smoothing}, reduction={self.reduction!r}, "
                 f"softcap={self.softcap}")
+
+
+# --- detection: multi-scale deformable attention ---------------------------------------------
+
+__all__ += ["MultiScaleDeformableAttention"]
+
+
+class MultiScaleDeformableAttention(nn.Module):
+    """mmcv's ``MultiScaleDeformableAttention`` (Deformable DETR's attention):
+    the same constructor, parameters (names and shapes, so mmcv checkpoints
+    load), initialisation and call, with :func:`torchops.ms_deform_attn` for
+    the sampling.
+
+    Args:
+        embed_dims: the query and value width; divisible by ``num_heads``.
+        num_heads, num_levels, num_points: heads, feature levels and sampling
+            points per head and level.
+        im2col_step: accepted for mmcv compatibility; unused (the kernels
+            need no batch chunking).
+        dropout: on the output, before the residual.
+        batch_first: inputs ``(B, N, C)`` when true, ``(N, B, C)`` when false
+            (mmcv's default).
+        norm_cfg, init_cfg: accepted and ignored (mmcv's config hooks).
+        value_proj_ratio: the value projection's width, ``embed_dims *
+            value_proj_ratio``.
+
+    ``forward(query, key=None, value=None, identity=None, query_pos=None,
+    key_padding_mask=None, reference_points=None, spatial_shapes=None,
+    level_start_index=None)``: ``reference_points`` ``(B, Q, num_levels, 2)``
+    (points, normalised ``(x, y)``) or ``(..., 4)`` (boxes ``(cx, cy, w,
+    h)``); returns ``dropout(output_proj(attention)) + identity`` in the
+    query's layout.
+    """
+
+    def __init__(self, embed_dims: int = 256, num_heads: int = 8, num_levels: int = 4,
+                 num_points: int = 4, im2col_step: int = 64, dropout: float = 0.1,
+                 batch_first: bool = False, norm_cfg=None, init_cfg=None,
+                 value_proj_ratio: float = 1.0):
+        super().__init__()
+        name = "MultiScaleDeformableAttention"
+        for arg, v in (("embed_dims", embed_dims), ("num_heads", num_heads),
+                       ("num_levels", num_levels), ("num_points", num_points)):
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"torchops.{name}: expected '{arg}' to be a positive int, "
+                                 f"but got {v!r}")
+        if embed_dims % num_heads != 0:
+            raise ValueError(f"torchops.{name}: expected 'embed_dims' ({embed_dims}) to be "
+                             f"divisible by 'num_heads' ({num_heads})")
+        value_dims = int(embed_dims * value_proj_ratio)
+        if value_dims <= 0 or value_dims % num_heads != 0:
+            raise ValueError(f"torchops.{name}: expected embed_dims * 'value_proj_ratio' "
+                             f"({value_dims}) to be a positive multiple of num_heads "
+                             f"({num_heads})")
+        self.embed_dims, self.num_heads = embed_dims, num_heads
+        self.num_levels, self.num_points = num_levels, num_points
+        self.im2col_step, self.batch_first = im2col_step, batch_first
+        self.norm_cfg, self.init_cfg = norm_cfg, init_cfg
+        self.dropout = nn.Dropout(dropout)
+        points = num_heads * num_levels * num_points
+        self.sampling_offsets = nn.Linear(embed_dims, points * 2)
+        self.attention_weights = nn.Linear(embed_dims, points)
+        self.value_proj = nn.Linear(embed_dims, value_dims)
+        self.output_proj = nn.Linear(value_dims, embed_dims)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """mmcv's initialisation: each head's offsets start on a ring of
+        directions (head i at angle 2 pi i / heads, scaled so its larger
+        coordinate is 1), point p at p + 1 times that; attention weights
+        zero (uniform after the softmax); the projections Xavier-uniform
+        with zero biases."""
+        nn.init.zeros_(self.sampling_offsets.weight)
+        device = self.sampling_offsets.bias.device
+        angle = torch.arange(self.num_heads, dtype=torch.float32, device=device) * (
+            2.0 * math.pi / self.num_heads)
+        ring = torch.stack([angle.cos(), angle.sin()], -1)
+        ring = ring / ring.abs().max(-1, keepdim=True)[0]
+        scale = torch.arange(1, self.num_points + 1, dtype=torch.float32, device=device)
+        grid = ring[:, None, None, :] * scale[None, None, :, None]  # (heads, 1, points, 2)
+        grid = grid.expand(self.num_heads, self.num_levels, self.num_points, 2)
+        self.sampling_offsets.bias.copy_(grid.reshape(-1))
+        nn.init.zeros_(self.attention_weights.weight)
+        nn.init.zeros_(self.attention_weights.bias)
+        for proj in (self.value_proj, self.output_proj):
+            nn.init.xavier_uniform_(proj.weight)
+            nn.init.zeros_(proj.bias)
+
+    def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
+                identity: Tensor | None = None, query_pos: Tensor | None = None,
+                key_padding_mask: Tensor | None = None,
+                reference_points: Tensor | None = None, spatial_shapes: Tensor | None = None,
+                level_start_index: Tensor | None = None, **kwargs) -> Tensor:
+        name = "MultiScaleDeformableAttention"
+        if reference_points is None or spatial_shapes is None or level_start_index is None:
+            raise ValueError(f"torchops.{name}: 'reference_points', 'spatial_shapes' and "
+                             "'level_start_index' are required")
+        if value is None:
+            value = query
+        if identity is None:
+            identity = query
+        if query_pos is not None:
+            query = query + query_pos
+        if not self.batch_first:
+            query, value = query.transpose(0, 1), value.transpose(0, 1)
+        b, q, _ = query.shape
+        s = value.shape[1]
+        value = self.value_proj(value)
+        if key_padding_mask is not None:
+            value = value.masked_fill(key_padding_mask[..., None], 0.0)
+        value = value.reshape(b, s, self.num_heads, -1)
+        heads, levels, points = self.num_heads, self.num_levels, self.num_points
+        offsets = self.sampling_offsets(query).view(b, q, heads, levels, points, 2)
+        weights = self.attention_weights(query).view(b, q, heads, levels * points)
+        weights = weights.softmax(-1).view(b, q, heads, levels, points)
+        if reference_points.shape[-1] == 2:
+            # Offsets are in pixels of each level: (W, H) normalise (x, y).
+            size = torch.stack([spatial_shapes[..., 1], spatial_shapes[..., 0]], -1)
+            locations = (reference_points[:, :, None, :, None, :]
+                         + offsets / size[None, None, None, :, None, :])
+        elif reference_points.shape[-1] == 4:
+            locations = (reference_points[:, :, None, :, None, :2]
+                         + offsets / points * reference_points[:, :, None, :, None, 2:] * 0.5)
+        else:
+            raise ValueError(f"torchops.{name}: expected 'reference_points' to end in 2 or 4 "
+                             f"coordinates, but got shape {tuple(reference_points.shape)}")
+        # Under autocast the projections give half values beside float32
+        # locations and weights, which the op's autocast kernel takes as they
+        # are (rounding locations to bfloat16 would move samples by up to a
+        # pixel).  Outside autocast the op takes one dtype, value's.
+        if not torch.is_autocast_enabled(value.device.type):
+            locations, weights = locations.to(value.dtype), weights.to(value.dtype)
+        out = ops.ms_deform_attn(value, spatial_shapes, level_start_index, locations, weights)
+        out = self.output_proj(out)
+        if not self.batch_first:
+            out = out.transpose(0, 1)
+        return self.dropout(out) + identity
+
+    def extra_repr(self) -> str:
+        return (f"embed_dims={self.embed_dims}, num_heads={self.num_heads}, "
+                f"num_levels={self.num_levels}, num_points={self.num_points}, "
+                f"batch_first={self.batch_first}")

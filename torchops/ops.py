@@ -2134,3 +2134,165 @@ def _fused_adam_tensor_lr_fake(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg
     _check_fused_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
                       beta1, beta2, amsgrad, master_params, lr, grad_scale, found_inf)
     return None
+
+
+# --- detection: multi-scale deformable attention ---------------------------------------------
+
+__all__ += ["ms_deform_attn"]
+
+
+def ms_deform_attn(value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor,
+                   sampling_locations: Tensor, attention_weights: Tensor, *,
+                   validate: bool = True) -> Tensor:
+    """Multi-scale deformable attention's sampling (Deformable DETR; mmcv's
+    ``multi_scale_deformable_attn``, same arguments and semantics).
+
+    Args:
+        value: ``(B, S, heads, C)``, the flattened feature maps of all levels,
+            float32/float64/float16/bfloat16.
+        spatial_shapes: ``(L, 2)`` int64 rows ``(H_l, W_l)``; stays a tensor
+            (on value's device), read by the kernels where it lives.
+        level_start_index: ``(L,)`` int64, where each level starts in ``S``
+            (``0, H_0 W_0, H_0 W_0 + H_1 W_1, ...``).
+        sampling_locations: ``(B, Q, heads, L, P, 2)`` of value's dtype,
+            ``(x, y)`` in ``[0, 1]`` over each level (outside allowed).
+        attention_weights: ``(B, Q, heads, L, P)`` of value's dtype.
+        validate: check the values of ``spatial_shapes`` and
+            ``level_start_index`` (below).
+
+    For each level, location ``(x, y)`` is pixel ``(x W_l - 0.5, y H_l -
+    0.5)`` (``align_corners=False``), sampled bilinearly with zeros outside
+    the level; the samples are weighted by ``attention_weights`` and summed
+    over levels and points.  Returns ``(B, Q, heads * C)`` in value's dtype
+    (half types computed in float32); the same as
+    ``F.grid_sample``'s formulation (mmcv's
+    ``multi_scale_deformable_attn_pytorch``).  Under ``torch.autocast``
+    the op computes in float32 and returns value's dtype (so float32
+    locations and weights beside a half ``value`` work).
+
+    Differentiable with respect to ``value``, ``sampling_locations`` and
+    ``attention_weights`` (not twice).  On CUDA value's gradient is added with
+    atomics (run-to-run differences in the last bits), except under
+    ``torch.use_deterministic_algorithms(True)``, where a sorted gather makes
+    it bitwise reproducible; the other gradients, and every gradient on CPU,
+    are always deterministic.
+
+    Raises RuntimeError naming the argument for wrong shapes, dtypes or
+    devices, and for ``spatial_shapes`` with negative sizes, levels not
+    starting at ``level_start_index`` or not covering ``S`` exactly.  CPU
+    inputs are always checked.  Device inputs are checked here, in eager
+    calls with ``validate=True`` (reading the ``3 L`` integers costs one host
+    sync); not while torch.compile traces or a CUDA graph is captured, where
+    nothing may sync.  Unchecked, a wrong ``spatial_shapes`` gives wrong
+    values but never reads outside ``value``: the kernels bound every read.
+    """
+    out = torch.ops.torchops.ms_deform_attn.default(value, spatial_shapes, level_start_index,
+                                                     sampling_locations, attention_weights)
+    if validate and _eager_device_call(spatial_shapes):
+        # After the launch: the shapes' errors come first, and the (bounded)
+        # kernel runs while the values are read.
+        _check_ms_deform_attn_levels(spatial_shapes, level_start_index, value.shape[1])
+    return out
+
+
+def _eager_device_call(t: Tensor) -> bool:
+    """Whether an eager call may read `t`'s values from a device: not traced
+    (compile, export, fake tensors), not during CUDA-graph capture."""
+    if t.device.type in ("cpu", "meta") or torch.compiler.is_compiling():
+        return False
+    if torch._subclasses.fake_tensor.is_fake(t):
+        return False
+    return not (t.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+def _check_ms_deform_attn_levels(spatial_shapes: Tensor, level_start_index: Tensor,
+                                spatial: int, op: str = "ms_deform_attn") -> None:
+    """The kernels' check of spatial_shapes' and level_start_index's values
+    (csrc/common/ms_deform_attn.h check_ms_deform_attn_levels), for tensors
+    on any device: one host sync on a GPU."""
+    levels = spatial_shapes.shape[0]
+    flat = torch.cat([spatial_shapes.reshape(-1), level_start_index.reshape(-1)]).tolist()
+    shapes, starts = flat[:2 * levels], flat[2 * levels:]
+    total = 0
+    for lvl in range(levels):
+        h, w = shapes[2 * lvl], shapes[2 * lvl + 1]
+        if h < 0 or w < 0:
+            raise RuntimeError(f"torchops.{op}: expected 'spatial_shapes' to hold sizes >= 0, "
+                               f"but level {lvl} is ({h}, {w})")
+        if starts[lvl] != total:
+            raise RuntimeError(f"torchops.{op}: expected 'level_start_index[{lvl}]' to be "
+                               f"{total} (the sum of the earlier levels' H * W), but got "
+                               f"{starts[lvl]}")
+        total += h * w
+        if total > spatial:
+            raise RuntimeError(f"torchops.{op}: expected 'spatial_shapes' to sum (H * W over "
+                               f"levels) to value's S = {spatial}, but the levels up to {lvl} "
+                               "already cover more")
+    if total != spatial:
+        raise RuntimeError(f"torchops.{op}: expected 'spatial_shapes' to sum (H * W over "
+                           f"levels) to value's S = {spatial}, but they sum to {total}")
+
+
+def _check_ms_deform_attn(op: str, value: Tensor, spatial_shapes: Tensor,
+                          level_start_index: Tensor, loc: Tensor, attn: Tensor) -> None:
+    """csrc/common/ms_deform_attn.h check_ms_deform_attn, in its order."""
+    _check_same_device(op, value=value, spatial_shapes=spatial_shapes,
+                       level_start_index=level_start_index, sampling_locations=loc,
+                       attention_weights=attn)
+    _check_floating(op, "value", value)
+    _check_same_dtype(op, value=value, sampling_locations=loc)
+    _check_same_dtype(op, value=value, attention_weights=attn)
+    for name, t in (("spatial_shapes", spatial_shapes), ("level_start_index", level_start_index)):
+        dtype = t.dtype
+        torch._check(dtype == torch.int64, lambda: f"torchops.{op}: expected '{name}' to be an "
+                     f"int64 tensor, but got {dtype}")
+    vshape = tuple(value.shape)
+    torch._check(value.dim() == 4, lambda: f"torchops.{op}: expected 'value' to have 4 "
+                 f"dimensions, but got {len(vshape)} (shape {vshape})")
+    sshape = tuple(spatial_shapes.shape)
+    torch._check(spatial_shapes.dim() == 2 and spatial_shapes.shape[1] == 2,
+                 lambda: f"torchops.{op}: expected 'spatial_shapes' to have shape (L, 2), but "
+                 f"got {sshape}")
+    levels = spatial_shapes.shape[0]
+    ishape = tuple(level_start_index.shape)
+    torch._check(level_start_index.dim() == 1 and level_start_index.shape[0] == levels,
+                 lambda: f"torchops.{op}: expected 'level_start_index' to have shape (L,) with "
+                 f"L = {levels} (spatial_shapes' rows), but got {ishape}")
+    batch, heads = value.shape[0], value.shape[2]
+    lshape = tuple(loc.shape)
+    torch._check(loc.dim() == 6 and loc.shape[0] == batch and loc.shape[2] == heads
+                 and loc.shape[3] == levels and loc.shape[5] == 2,
+                 lambda: f"torchops.{op}: expected 'sampling_locations' to have shape (B, Q, "
+                 f"heads, L, P, 2) = ({batch}, Q, {heads}, {levels}, P, 2), but got {lshape}")
+    ashape = tuple(attn.shape)
+    torch._check(attn.dim() == 5 and all(a == b for a, b in zip(attn.shape, loc.shape[:5])),
+                 lambda: f"torchops.{op}: expected 'attention_weights' to have shape (B, Q, "
+                 f"heads, L, P) = {lshape[:5]}, but got {ashape}")
+
+
+@torch.library.register_fake("torchops::ms_deform_attn")
+def _ms_deform_attn_fake(value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor,
+                         sampling_locations: Tensor, attention_weights: Tensor) -> Tensor:
+    _check_ms_deform_attn("ms_deform_attn", value, spatial_shapes, level_start_index,
+                          sampling_locations, attention_weights)
+    shape = (value.shape[0], sampling_locations.shape[1], value.shape[2] * value.shape[3])
+    _check_output_size("ms_deform_attn", shape, value.dtype)
+    return value.new_empty(shape)
+
+
+@torch.library.register_fake("torchops::_ms_deform_attn_backward")
+def _ms_deform_attn_backward_fake(grad: Tensor, value: Tensor, spatial_shapes: Tensor,
+                                  level_start_index: Tensor, sampling_locations: Tensor,
+                                  attention_weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    op = "_ms_deform_attn_backward"
+    _check_ms_deform_attn(op, value, spatial_shapes, level_start_index, sampling_locations,
+                          attention_weights)
+    _check_same_device(op, value=value, grad=grad)
+    _check_same_dtype(op, value=value, grad=grad)
+    want = (value.shape[0], sampling_locations.shape[1], value.shape[2] * value.shape[3])
+    gshape = tuple(grad.shape)
+    torch._check(grad.dim() == 3 and all(a == b for a, b in zip(grad.shape, want)),
+                 lambda: f"torchops.{op}: expected 'grad' to have shape (B, Q, heads * C) = "
+                 f"{tuple(want)}, but got {gshape}")
+    return (value.new_empty(value.shape), sampling_locations.new_empty(sampling_locations.shape),
+            attention_weights.new_empty(attention_weights.shape))

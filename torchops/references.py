@@ -699,3 +699,82 @@ def fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_ste
         if masters is not None:
             out[0][i].copy_(p)
     return out if masters is None else (*out, masters)
+
+
+# --- detection: multi-scale deformable attention ---------------------------------------------
+
+__all__ += ["ms_deform_attn", "ms_deform_attn_grid_sample"]
+
+
+def _msda_sizes(value: Tensor, sampling_locations: Tensor):
+    b, _, heads, c = value.shape
+    return b, sampling_locations.shape[1], heads, c, sampling_locations.shape[4]
+
+
+def ms_deform_attn(value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor,
+                   sampling_locations: Tensor, attention_weights: Tensor) -> Tensor:
+    """Multi-scale deformable attention (Deformable DETR, mmcv), written as
+    explicit bilinear gathers: for output row ``(b, q, head)``, each level
+    ``l`` of size ``(H_l, W_l)`` starting at ``level_start_index[l]`` and
+    point ``p``, location ``(x, y)`` is pixel ``(x W_l - 0.5, y H_l - 0.5)``;
+    its four neighbours inside the level (zeros outside; nothing when the
+    pixel is not inside ``(-1, H_l) x (-1, W_l)``) are weighted bilinearly
+    and by ``attention_weights``, and summed over levels and points.
+    Returns ``(B, Q, heads * C)``.  Differentiable (autograd through the
+    gathers; the corner indices are constants)."""
+    b, q, heads, c, points = _msda_sizes(value, sampling_locations)
+    loc, attn = sampling_locations, attention_weights
+    # Depends on every differentiable input, as the kernels' result does.
+    out = (value.new_zeros((b, q, heads, c)) + value[..., :0].sum() + loc[..., :0].sum()
+           + attn[..., :0].sum())
+    v = value.permute(0, 2, 1, 3)  # (B, heads, S, C)
+    for lvl, ((h, w), start) in enumerate(zip(spatial_shapes.tolist(),
+                                              level_start_index.tolist())):
+        if h <= 0 or w <= 0 or q == 0 or points == 0:
+            continue
+        x = loc[:, :, :, lvl, :, 0] * w - 0.5  # (B, Q, heads, P)
+        y = loc[:, :, :, lvl, :, 1] * h - 0.5
+        inside = (x > -1) & (y > -1) & (x < w) & (y < h)
+        x = torch.where(inside, x, torch.zeros_like(x))
+        y = torch.where(inside, y, torch.zeros_like(y))
+        x0, y0 = torch.floor(x).detach(), torch.floor(y).detach()
+        lx, ly = x - x0, y - y0
+        a = attn[:, :, :, lvl, :]
+        for dy, dx, weight in ((0, 0, (1 - ly) * (1 - lx)), (0, 1, (1 - ly) * lx),
+                               (1, 0, ly * (1 - lx)), (1, 1, ly * lx)):
+            yy, xx = (y0 + dy).long(), (x0 + dx).long()
+            ok = inside & (yy >= 0) & (yy < h) & (xx >= 0) & (xx < w)
+            idx = start + yy.clamp(0, h - 1) * w + xx.clamp(0, w - 1)
+            idx = torch.where(ok, idx, torch.zeros_like(idx))
+            # (B, Q, heads, P) -> (B, heads, Q * P, C) rows of v.
+            flat = idx.permute(0, 2, 1, 3).reshape(b, heads, q * points, 1).expand(-1, -1, -1, c)
+            rows = torch.gather(v, 2, flat).reshape(b, heads, q, points, c).permute(0, 2, 1, 3, 4)
+            # Corners outside contribute nothing, whatever their clamped
+            # index reads or the weight holds (inf, nan).
+            term = torch.where(ok[..., None], rows * (weight * a)[..., None],
+                               torch.zeros_like(rows))
+            out = out + term.sum(3)
+    return out.reshape(b, q, heads * c)
+
+
+def ms_deform_attn_grid_sample(value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor,
+                               sampling_locations: Tensor, attention_weights: Tensor) -> Tensor:
+    """The same with ``F.grid_sample`` (``align_corners=False``, zeros
+    padding), the formulation of mmcv's
+    ``multi_scale_deformable_attn_pytorch``: each level as a ``(B * heads,
+    C, H_l, W_l)`` image, locations mapped to ``[-1, 1]``.  Needs levels
+    that cover ``value`` (as ``level_start_index`` says) and at least one
+    query; the benchmarks' eager and compiled baselines."""
+    b, q, heads, c, points = _msda_sizes(value, sampling_locations)
+    grids = 2 * sampling_locations - 1
+    samples = []
+    for lvl, ((h, w), start) in enumerate(zip(spatial_shapes.tolist(),
+                                              level_start_index.tolist())):
+        level = value[:, start:start + h * w].flatten(2).transpose(1, 2)  # (B, heads*C, H*W)
+        level = level.reshape(b * heads, c, h, w)
+        grid = grids[:, :, :, lvl].transpose(1, 2).flatten(0, 1)  # (B*heads, Q, P, 2)
+        samples.append(F.grid_sample(level, grid, mode="bilinear", padding_mode="zeros",
+                                     align_corners=False))  # (B*heads, C, Q, P)
+    weights = attention_weights.transpose(1, 2).reshape(b * heads, 1, q, -1)
+    out = (torch.stack(samples, dim=-2).flatten(-2) * weights).sum(-1)  # (B*heads, C, Q)
+    return out.view(b, heads * c, q).transpose(1, 2).contiguous()

@@ -162,3 +162,9 @@ from .optim import FUSED_ADAM_, OPTIM_OPS  # noqa: E402
 
 OP_DB += OPTIM_OPS
 __all__ += ["OPTIM_OPS", "FUSED_ADAM_"]
+
+# --- detection: multi-scale deformable attention ---
+from .deform_attn import DEFORM_ATTN_OPS, MS_DEFORM_ATTN, msda_inputs  # noqa: E402
+
+OP_DB += DEFORM_ATTN_OPS
+__all__ += ["DEFORM_ATTN_OPS", "MS_DEFORM_ATTN", "msda_inputs"]

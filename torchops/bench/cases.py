@@ -846,3 +846,52 @@ CASES += [
          note="A model's gradients scaled in place by -1 (repeated calls keep the values: "
               "no underflow into denormals)."),
 ]
+
+
+# --- detection: multi-scale deformable attention ---------------------------------------------
+DETR_LEVELS = [(100, 150), (50, 75), (25, 38), (13, 19)]
+
+
+def _msda(levels, b=2, q=None, dtype=torch.float32, quick=False, threads=("all",), tag=""):
+    s = sum(h * w for h, w in levels)
+    label = f"B={b} S={s} Q={q or s}" + (f" {tag}" if tag else "")
+    return Size(label, {"levels": levels, "b": b, "q": q, "heads": 8, "c": 32, "points": 4},
+                dtype, quick, threads)
+
+
+def _msda_bytes(args, backward=False) -> float:
+    """value, locations and weights read, the output written; backward: the
+    output's gradient and the forward's inputs read again, their gradients
+    written."""
+    value, _, _, loc, attn = args
+    out = loc.shape[0] * loc.shape[1] * value.shape[2] * value.shape[3] * value.element_size()
+    fwd = _nbytes(value, loc, attn) + out
+    return fwd + (out + 2 * _nbytes(value, loc, attn) if backward else 0)
+
+
+MSDA_CUDA = [_msda(DETR_LEVELS, tag="encoder"), _msda(DETR_LEVELS, q=300, tag="decoder"),
+             _msda(DETR_LEVELS, dtype=bf16, tag="encoder"),
+             _msda([(25, 38), (13, 19)], b=1, q=300, quick=True)]
+MSDA_CPU = [_msda([(25, 38), (13, 19), (7, 10), (4, 5)], b=1, quick=True, threads=(1, "all"))]
+MSDA = dict(op="ms_deform_attn", inputs=inputs.ms_deform_attn_args,
+            reference=references.ms_deform_attn_grid_sample,
+            reference_name="F.grid_sample per level (mmcv's pytorch formulation)",
+            sizes={"cuda": MSDA_CUDA, "cpu": MSDA_CPU})
+MSDA_NOTE = ("Deformable DETR: 8 heads, 32 channels, 4 points; encoder levels 100x150, 50x75, "
+             "25x38, 13x19 (19947 positions; the encoder has a query per position, the decoder "
+             "300); points about 2 pixels around each reference point. Targets (H200): encoder "
+             "forward and fwd+bwd >= 5x compiled, decoder fwd+bwd >= 3x; CPU >= 5x eager.")
+CASES += [
+    Case(name="ms_deform_attn", **MSDA, bytes=_msda_bytes, note=MSDA_NOTE),
+    Case(name="ms_deform_attn fwd+bwd", **MSDA, backward=True, requires_grad=(0, 3, 4),
+         bytes=lambda a: _msda_bytes(a, True),
+         note=MSDA_NOTE + " Gradients of value, locations and weights."),
+    # grid_sample has no deterministic CUDA backward: the baseline is the
+    # explicit gathers (whose backward scatter is deterministic), eager only.
+    Case(name="ms_deform_attn fwd+bwd deterministic",
+         **{**MSDA, "reference": references.ms_deform_attn, "sizes": {"cuda": MSDA_CUDA[:2]},
+            "reference_name": "explicit bilinear gathers"},
+         backward=True, requires_grad=(0, 3, 4), deterministic=True, compile=False,
+         bytes=lambda a: _msda_bytes(a, True),
+         note=MSDA_NOTE + " Under torch.use_deterministic_algorithms(True)."),
+]

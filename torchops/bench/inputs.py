@@ -352,3 +352,34 @@ def tensor_list_args(p: P) -> tuple:
     arguments (multi_tensor_l2norm's per_tensor, multi_tensor_scale_'s scale)."""
     shapes = llama_shapes(p)
     return (_pool_slices(_pool(shapes), shapes), *p.get("extra", ()))
+
+
+# --- detection: multi-scale deformable attention ---------------------------------------------
+
+def ms_deform_attn_args(p: P) -> tuple:
+    """A Deformable DETR attention's sampling: value ``(B, S, heads, C)`` over
+    the levels ``p["levels"]`` [(H, W), ...]; with ``p["q"]`` that many
+    queries at random reference points (a decoder), else one query per
+    position, its reference point the pixel's centre (the encoder).  Each
+    head's points lie about 2 pixels (normal) around the reference point on
+    every level; attention weights are a softmax over levels and points."""
+    levels, b, heads, c, points = p["levels"], p["b"], p["heads"], p["c"], p["points"]
+    sizes = torch.tensor(levels, dtype=torch.int64)
+    n_levels = len(levels)
+    areas = sizes[:, 0] * sizes[:, 1]
+    starts = torch.cat([torch.zeros(1, dtype=torch.int64), areas.cumsum(0)[:-1]])
+    spatial = int(areas.sum())
+    if p.get("q"):
+        ref = torch.rand(b, p["q"], 2)
+    else:
+        centres = [torch.stack(torch.meshgrid((torch.arange(w) + 0.5) / w,
+                                              (torch.arange(h) + 0.5) / h, indexing="xy"),
+                               -1).reshape(-1, 2) for h, w in levels]
+        ref = torch.cat(centres).expand(b, -1, -1)
+    q = ref.shape[1]
+    wh = sizes.flip(-1).to(torch.float32)  # (L, 2) as (W, H)
+    offsets = torch.randn(b, q, heads, n_levels, points, 2) * 2.0 / wh[:, None, :]
+    loc = ref[:, :, None, None, None, :] + offsets
+    attn = torch.softmax(torch.randn(b, q, heads, n_levels * points), -1)
+    attn = attn.view(b, q, heads, n_levels, points)
+    return torch.randn(b, spatial, heads, c), sizes, starts, loc.contiguous(), attn
