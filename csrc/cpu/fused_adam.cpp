@@ -94,7 +94,38 @@ template void adam_block_vec<float>(float*, float*, float*, float*, float*, int6
 template void adam_block_vec<double>(double*, double*, double*, double*, double*, int64_t,
                                      const AdamCoeffs<double>&);
 
+// Block conversions between float and the 16-bit types (at::vec's, with
+// F16C for the float-to-16-bit direction).
+template <typename T>
+void convert_in_vec(const T* src, float* dst, int64_t n) {
+  at::vec::convert(src, dst, n);
+}
+
+template <typename T>
+void convert_out_vec(const float* src, T* dst, int64_t n) {
+  at::vec::convert(src, dst, n);
+}
+
+template void convert_in_vec<at::BFloat16>(const at::BFloat16*, float*, int64_t);
+template void convert_in_vec<at::Half>(const at::Half*, float*, int64_t);
+template void convert_out_vec<at::BFloat16>(const float*, at::BFloat16*, int64_t);
+template void convert_out_vec<at::Half>(const float*, at::Half*, int64_t);
+
 TORCHOPS_VEC_END
+
+// A view of a T array in acc_t, with the vector conversions where they apply.
+template <typename T, typename acc_t>
+mt::View<T, acc_t> view(T* data, acc_t* buf, bool vec) {
+  mt::View<T, acc_t> v{data, buf};
+  if constexpr (std::is_same_v<acc_t, float> &&
+                (std::is_same_v<T, at::BFloat16> || std::is_same_v<T, at::Half>)) {
+    if (vec) {
+      v.in = &convert_in_vec<T>;
+      v.out = &convert_out_vec<T>;
+    }
+  }
+  return v;
+}
 
 // param_t: the parameters; grad_t: the gradients; state_t: moments (and
 // masters, which are float32 as the states then are).
@@ -115,45 +146,45 @@ void run(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
       mt::chunk_items(n, [&](size_t i) { return params[i].numel(); });
   const bool vec = vec_available();
   mt::parallel_items(items, [&](const mt::Item& item) {
-      acc_t buf[5][kBlock];
-      const size_t i = item.tensor;
-      const AdamCoeffs<acc_t>& c = coeffs[i];
-      // With masters the update reads and writes the float32 master, then
-      // rounds it into the parameter.
-      mt::View<state_t, acc_t> pv{kMaster ? (*master)[i].data_ptr<state_t>()
-                                      : reinterpret_cast<state_t*>(params[i].data_ptr()),
-                              buf[0]};
-      mt::View<grad_t, acc_t> gv{grads[i].data_ptr<grad_t>(), buf[1]};
-      mt::View<state_t, acc_t> mv{exp_avgs[i].data_ptr<state_t>(), buf[2]};
-      mt::View<state_t, acc_t> vv{exp_avg_sqs[i].data_ptr<state_t>(), buf[3]};
-      mt::View<state_t, acc_t> xv{h.amsgrad ? max_exp_avg_sqs[i].data_ptr<state_t>() : nullptr,
-                              buf[4]};
-      param_t* low = kMaster ? params[i].data_ptr<param_t>() : nullptr;
-      for (int64_t off = item.begin; off < item.end; off += kBlock) {
-        const int64_t len = std::min(kBlock, item.end - off);
-        acc_t* p = pv.at(off, len);
-        acc_t* g = gv.at(off, len);
-        acc_t* m = mv.at(off, len);
-        acc_t* v = vv.at(off, len);
-        acc_t* x = xv.at(off, len);
-        if (vec) {
-          adam_block_vec<acc_t>(p, g, m, v, x, len, c);
-        } else {
-          adam_block_scalar<acc_t>(p, g, m, v, x, len, c);
-        }
-        pv.finish(off, len);
-        if (c.has_scale) {
-          gv.finish(off, len);
-        }
-        mv.finish(off, len);
-        vv.finish(off, len);
-        xv.finish(off, len);
-        if constexpr (kMaster) {
-          for (int64_t j = 0; j < len; ++j) {
-            low[off + j] = static_cast<param_t>(p[j]);
-          }
-        }
+    acc_t buf[5][kBlock];
+    const size_t i = item.tensor;
+    const AdamCoeffs<acc_t>& c = coeffs[i];
+    // With masters the update reads and writes the float32 master, then
+    // rounds it into the parameter.
+    auto pv = view<state_t, acc_t>(kMaster ? (*master)[i].data_ptr<state_t>()
+                                           : reinterpret_cast<state_t*>(params[i].data_ptr()),
+                                   buf[0], vec);
+    auto gv = view<grad_t, acc_t>(grads[i].data_ptr<grad_t>(), buf[1], vec);
+    auto mv = view<state_t, acc_t>(exp_avgs[i].data_ptr<state_t>(), buf[2], vec);
+    auto vv = view<state_t, acc_t>(exp_avg_sqs[i].data_ptr<state_t>(), buf[3], vec);
+    auto xv = view<state_t, acc_t>(
+        h.amsgrad ? max_exp_avg_sqs[i].data_ptr<state_t>() : nullptr, buf[4], vec);
+    // The rounded copy of the master goes out as a fifth view's write-back.
+    auto lv = view<param_t, acc_t>(kMaster ? params[i].data_ptr<param_t>() : nullptr, nullptr,
+                                   vec);
+    for (int64_t off = item.begin; off < item.end; off += kBlock) {
+      const int64_t len = std::min(kBlock, item.end - off);
+      acc_t* p = pv.at(off, len);
+      acc_t* g = gv.at(off, len);
+      acc_t* m = mv.at(off, len);
+      acc_t* v = vv.at(off, len);
+      acc_t* x = xv.at(off, len);
+      if (vec) {
+        adam_block_vec<acc_t>(p, g, m, v, x, len, c);
+      } else {
+        adam_block_scalar<acc_t>(p, g, m, v, x, len, c);
       }
+      pv.finish(off, len);
+      if (c.has_scale) {
+        gv.finish(off, len);
+      }
+      mv.finish(off, len);
+      vv.finish(off, len);
+      xv.finish(off, len);
+      if constexpr (kMaster) {
+        lv.out(p, lv.data + off, len);
+      }
+    }
   });
 }
 

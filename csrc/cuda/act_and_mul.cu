@@ -33,8 +33,9 @@ namespace {
 
 constexpr int kThreads = 256;
 // Resident blocks per SM times this many bound the grid: enough blocks to
-// keep every SM full, few enough that a block loops over several rows.
-constexpr int64_t kWaves = 4;
+// keep every SM full through the tail, few enough that a block loops over
+// several rows of a tall input.
+constexpr int64_t kWaves = 16;
 
 // Items per thread: eight single elements (narrow accesses need many in
 // flight for their bytes); four 16-byte packs forward, two backward, whose

@@ -268,13 +268,21 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
   const int64_t slot = static_cast<int64_t>(blockIdx.x) * R + threadIdx.y;
   A* pw = part_w != nullptr ? part_w + slot * D : nullptr;
   A* pb = part_b != nullptr ? part_b + slot * D : nullptr;
+  // The bias gradient's accumulators exist for layer_norm only (kBiasAcc).
+  constexpr int kBiasAcc = kind == NormKind::kLayerNorm ? kItems : 1;
   A acc_w[kItems][VEC];
-  A acc_b[kItems][VEC];
+  A acc_b[kBiasAcc][VEC];
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       acc_w[j][k] = A(0);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kBiasAcc; ++j) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
       acc_b[j][k] = A(0);
     }
   }
@@ -321,7 +329,9 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
             acc_w[j][k] += gr[k] * xh[j][k];
-            acc_b[j][k] += gr[k];
+            if constexpr (kind == NormKind::kLayerNorm) {
+              acc_b[j][k] += gr[k];
+            }
             s1 += gw[j][k] * xh[j][k];
             s2 += gw[j][k];
           }
@@ -383,7 +393,9 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           if (pw != nullptr) pw[c * VEC + k] = acc_w[j][k];
-          if (pb != nullptr) pb[c * VEC + k] = acc_b[j][k];
+          if constexpr (kind == NormKind::kLayerNorm) {
+            if (pb != nullptr) pb[c * VEC + k] = acc_b[j][k];
+          }
         }
       }
     }
@@ -490,10 +502,8 @@ struct CudaKernels {
                             : &norm_backward_kernel<kind, 1, T, W, A>;
     // One wave of resident blocks, each looping over its rows: the fewest
     // partial sums of the parameter gradients that keep the device busy.
-    int per_sm = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, kernel, static_cast<int>(block.x * block.y), 0));
-    const int64_t wave = static_cast<int64_t>(sm_count_current()) * std::max(per_sm, 1);
+    const int per_sm = resident_blocks(kernel, static_cast<int>(block.x * block.y));
+    const int64_t wave = static_cast<int64_t>(sm_count_current()) * per_sm;
     const auto grid = static_cast<unsigned int>(std::max<int64_t>(1, std::min(groups, wave)));
     const int64_t slots = static_cast<int64_t>(grid) * l.groups;
     const auto acc_options =

@@ -46,13 +46,32 @@ void parallel_items(const std::vector<Item>& items, F&& f) {
   });
 }
 
+// Element-wise conversions of a block, one loop each way.
+template <typename T, typename acc_t>
+void convert_in_scalar(const T* src, acc_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    dst[i] = static_cast<acc_t>(src[i]);
+  }
+}
+
+template <typename T, typename acc_t>
+void convert_out_scalar(const acc_t* src, T* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    dst[i] = static_cast<T>(src[i]);
+  }
+}
+
 // One array of a block in the compute type: the array itself when its type
-// is acc_t, else a converted copy in `buf`, written back by finish().  A
-// null `data` (an absent optional array) gives null.
+// is acc_t, else a copy converted into `buf` by `in`, written back by
+// finish() through `out` (a kernel passes vectorised conversions where the
+// CPU has them).  A null `data` (an absent optional array) gives null.
 template <typename T, typename acc_t>
 struct View {
   T* data;
   acc_t* buf;
+  void (*in)(const T*, acc_t*, int64_t) = &convert_in_scalar<T, acc_t>;
+  void (*out)(const acc_t*, T*, int64_t) = &convert_out_scalar<T, acc_t>;
+
   acc_t* at(int64_t off, int64_t len) {
     if (data == nullptr) {
       return nullptr;
@@ -60,18 +79,14 @@ struct View {
     if constexpr (std::is_same_v<T, acc_t>) {
       return data + off;
     } else {
-      for (int64_t i = 0; i < len; ++i) {
-        buf[i] = static_cast<acc_t>(data[off + i]);
-      }
+      in(data + off, buf, len);
       return buf;
     }
   }
   void finish(int64_t off, int64_t len) {
     if constexpr (!std::is_same_v<T, acc_t>) {
       if (data != nullptr) {
-        for (int64_t i = 0; i < len; ++i) {
-          data[off + i] = static_cast<T>(buf[i]);
-        }
+        out(buf, data + off, len);
       }
     }
   }

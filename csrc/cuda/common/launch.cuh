@@ -13,6 +13,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 namespace torchops::cuda {
 
@@ -36,6 +39,29 @@ inline int sm_count(const at::Tensor& t) {
   int sms = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, t.get_device()));
   return std::max(sms, 1);
+}
+
+// Blocks of `threads` threads of `kernel` resident on one SM of the current
+// device (at least 1).  The occupancy query costs microseconds of host time,
+// which a small launch notices, so each answer is kept.
+template <typename Kernel>
+int resident_blocks(Kernel kernel, int threads, size_t shared_bytes = 0) {
+  using Key = std::tuple<const void*, int, size_t, int>;
+  static std::mutex mutex;
+  static std::map<Key, int> known;
+  const Key key{reinterpret_cast<const void*>(kernel), threads, shared_bytes,
+                static_cast<int>(c10::cuda::current_device())};
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto it = known.find(key);
+  if (it != known.end()) {
+    return it->second;
+  }
+  int blocks = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads,
+                                                               shared_bytes));
+  blocks = std::max(blocks, 1);
+  known.emplace(key, blocks);
+  return blocks;
 }
 
 inline bool fits_int32(int64_t n) {
