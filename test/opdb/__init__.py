@@ -162,3 +162,8 @@ from .optim import FUSED_ADAM_, OPTIM_OPS  # noqa: E402
 
 OP_DB += OPTIM_OPS
 __all__ += ["OPTIM_OPS", "FUSED_ADAM_"]
+
+# --- optim: fused_sgd_ ---
+from .optim import FUSED_SGD_  # noqa: E402
+
+__all__ += ["FUSED_SGD_"]
