@@ -41,6 +41,9 @@ FAMILIES: dict[str, tuple[tuple[str, ...], str, bool]] = {
     "rotary": (("rotary_embedding", "rotary_embedding_"), "test/test_rotary.py", False),
     "optim": (("fused_adam_",), "test/test_optim.py", False),
 }
+# optim: fused_sgd_ and its own test file.
+FAMILIES["optim"] = (FAMILIES["optim"][0] + ("fused_sgd_",),
+                     FAMILIES["optim"][1] + " test/test_sgd.py", False)
 
 # Test files generated from the op database (test ids carry the op's name),
 # and the seeded fuzzer (its ids too); a missing one is left out.
