@@ -360,19 +360,26 @@ def test_momentum_list_rules(fake):
          r"'params' to be float16 or bfloat16"),
         (0.9, params, grads, bufs, masters, torch.tensor([1.0, 2.0]),
          r"'grad_scale' to be a float32 tensor of one element"),
+        (0.9, params, grads, bufs, masters, None, r"'lr' to be a float32 tensor"),
     ]
     match = r"torchops\.fused_sgd_: .*"
     for momentum, ps, gs, bs, ms, scale, msg in cases:
+        # The last case: a float64 lr, through the tensor_lr overload.
+        kw["lr"] = torch.tensor(1e-3, dtype=torch.float64) if "'lr'" in msg else 1e-3
         if fake:
             mode = FakeTensorMode(allow_non_fake_inputs=True)
             conv = lambda ts: None if ts is None else [mode.from_tensor(t) for t in ts]  # noqa
             ps, gs, bs, ms = conv(ps), conv(gs), conv(bs), conv(ms)
             scale = None if scale is None else mode.from_tensor(scale)
+            if torch.is_tensor(kw["lr"]):
+                kw["lr"] = mode.from_tensor(kw["lr"])
             with mode, pytest.raises(RuntimeError, match=match + msg):
-                OP(ps, gs, bs, momentum=momentum, master_params=ms, grad_scale=scale, **kw)
+                torchops.fused_sgd_(ps, gs, bs, momentum=momentum, master_params=ms,
+                                    grad_scale=scale, **kw)
         else:
             with pytest.raises(RuntimeError, match=match + msg):
-                OP(ps, gs, bs, momentum=momentum, master_params=ms, grad_scale=scale, **kw)
+                torchops.fused_sgd_(ps, gs, bs, momentum=momentum, master_params=ms,
+                                    grad_scale=scale, **kw)
 
 
 def test_op_under_compile():

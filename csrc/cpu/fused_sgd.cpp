@@ -150,13 +150,14 @@ void fused_sgd_impl(at::TensorList params, at::TensorList grads,
   const double lr = lr_tensor.has_value() ? static_cast<double>(*lr_tensor->data_ptr<float>())
                                           : h.lr;
   const float* scale = grad_scale.has_value() ? grad_scale->data_ptr<float>() : nullptr;
-  const multi_tensor::StepDtypes d{
+  const torchops::multi_tensor::StepDtypes d{
       params[0].scalar_type(), grads[0].scalar_type(),
       master_params.has_value() ? at::kFloat : params[0].scalar_type()};
-  multi_tensor::dispatch_step_types(d, master_params.has_value(), [&](auto p, auto g, auto st) {
-    run<decltype(p), decltype(g), decltype(st)>(params, grads, momentum_buffer_list,
-                                                master_params, h, lr, scale);
-  });
+  torchops::multi_tensor::dispatch_step_types(
+      d, master_params.has_value(), [&](auto p, auto g, auto st) {
+        run<decltype(p), decltype(g), decltype(st)>(params, grads, momentum_buffer_list,
+                                                    master_params, h, lr, scale);
+      });
 }
 
 }  // namespace
