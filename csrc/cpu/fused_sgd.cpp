@@ -40,19 +40,25 @@ void sgd_block_scalar(acc_t* p, acc_t* g, acc_t* buf, int64_t n, const SgdCoeffs
 
 TORCHOPS_VEC_BEGIN
 
-// sgd_update (common/fused_sgd.h), a vector at a time; the last partial
-// vector is loaded and stored with counts.
+// sgd_update (common/fused_sgd.h), a vector at a time: whole vectors, then
+// the last partial one, loaded and stored with counts.
 template <typename acc_t>
 void sgd_block_vec(acc_t* p, acc_t* g, acc_t* buf, int64_t n, const SgdCoeffs<acc_t>& c) {
   using Vec = at::vec::Vectorized<acc_t>;
   constexpr int64_t W = Vec::size();
   const Vec scale(c.grad_scale), decay(c.weight_decay), momentum(c.momentum),
       omd(c.one_minus_dampening), neg_lr(c.neg_lr);
-  for (int64_t i = 0; i < n; i += W) {
-    const int64_t k = std::min<int64_t>(W, n - i);
-    auto load = [&](const acc_t* x) { return k == W ? Vec::loadu(x + i) : Vec::loadu(x + i, k); };
+  // `whole` (std::true_type) compiles the loop's loads and stores without counts.
+  auto step = [&](int64_t i, int64_t k, auto whole) {
+    auto load = [&](const acc_t* x) {
+      if constexpr (decltype(whole)::value) {
+        return Vec::loadu(x + i);
+      } else {
+        return Vec::loadu(x + i, k);
+      }
+    };
     auto store = [&](const Vec& x, acc_t* to) {
-      if (k == W) {
+      if constexpr (decltype(whole)::value) {
         x.store(to + i);
       } else {
         x.store(to + i, k);
@@ -75,6 +81,13 @@ void sgd_block_vec(acc_t* p, acc_t* g, acc_t* buf, int64_t n, const SgdCoeffs<ac
     }
     pv = at::vec::fmadd(d, neg_lr, pv);
     store(pv, p);
+  };
+  const int64_t whole = n - n % W;
+  for (int64_t i = 0; i < whole; i += W) {
+    step(i, W, std::true_type{});
+  }
+  if (whole < n) {
+    step(whole, n - whole, std::false_type{});
   }
 }
 
