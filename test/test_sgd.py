@@ -30,6 +30,11 @@ VARIANTS = {
 }
 
 
+# test_optim's CUDA tolerance over many steps: torch's CUDA steps order or
+# widen some of the arithmetic differently.
+_CUDA_TOL = {"cuda": dict(rtol=1e-5, atol=1e-6)}
+
+
 @pytest.mark.parametrize("device", _devices())
 @pytest.mark.parametrize("kw", VARIANTS.values(), ids=VARIANTS.keys())
 def test_matches_torch_optim_for_50_steps(device, kw):
@@ -40,9 +45,9 @@ def test_matches_torch_optim_for_50_steps(device, kw):
     _train(ma, oa, batches)
     _train(mb, ob, batches)
     # On the CPU the arithmetic is torch's for-loop's, fma for fma: equal
-    # bit for bit.  CUDA: as test_optim's (torch's foreach step there).
-    tol = dict(rtol=1e-5, atol=1e-6) if device == "cuda" else dict(rtol=0, atol=0)
-    _assert_states_close(oa, ob, **tol)
+    # bit for bit.  CUDA: test_optim's tolerance (torch's kernels there may
+    # contract a product and a sum that ours rounds apart, or the reverse).
+    _assert_states_close(oa, ob, **_CUDA_TOL.get(device, dict(rtol=0, atol=0)))
     sa, sb = oa.state_dict(), ob.state_dict()
     assert set(sa["param_groups"][0]) == set(sb["param_groups"][0])
     assert {i: set(s) for i, s in sa["state"].items()} == \
@@ -58,7 +63,7 @@ def test_lr_as_tensor(device):
                          foreach=False)
     _train(ma, oa, batches)
     _train(mb, ob, batches)
-    _assert_states_close(oa, ob)
+    _assert_states_close(oa, ob, **_CUDA_TOL.get(device, {}))
 
 
 @pytest.mark.parametrize("device", _devices())
@@ -76,8 +81,9 @@ def test_state_dict_round_trip(device, direction):
     assert set(o2.state_dict()["state"][0]) == {"momentum_buffer"}
     _train(m1, o1, batches[10:])
     _train(m2, o2, batches[10:])
+    tol = _CUDA_TOL.get(device, dict(rtol=1e-6, atol=1e-7))
     for a, b in zip(m1.parameters(), m2.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(a, b, **tol)
 
 
 def test_some_parameters_start_their_buffers_later():
@@ -163,7 +169,9 @@ def test_grad_scaler(device):
     sb = torch.amp.GradScaler(device, init_scale=1024.0)
     _train(ma, oa, batches, sa)
     _train(mb, ob, batches, sb)
-    _assert_states_close(oa, ob)
+    # CUDA: torch's fused step adds and multiplies in double, rounding once
+    # where the for-loop order ours follows rounds each float32 operation.
+    _assert_states_close(oa, ob, **_CUDA_TOL.get(device, {}))
 
     def inf_step(model, opt, scaler):
         x, y = batches[0]
