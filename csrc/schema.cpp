@@ -243,4 +243,18 @@ TORCH_LIBRARY(torchops, m) {
   m.def("_ms_deform_attn_backward(Tensor grad, Tensor value, Tensor spatial_shapes, "
         "Tensor level_start_index, Tensor sampling_locations, Tensor attention_weights) "
         "-> (Tensor, Tensor, Tensor)", pt2);
+  // --- optim: fused_sgd_ --------------------------------------------------------------------
+  // One SGD step over lists of parameters, in place, with torch._fused_sgd_'s
+  // arguments (momentum_buffer_list empty without momentum; is_first_step:
+  // the buffers are set to the gradient, not read) and fused_adam_'s
+  // grad_scale, found_inf and master_params rules.
+  m.def("fused_sgd_(Tensor(a!)[] params, Tensor(b!)[] grads, Tensor(c!)[] momentum_buffer_list, "
+        "*, float weight_decay, float momentum, float lr, float dampening, bool nesterov, "
+        "bool maximize, bool is_first_step, Tensor(d!)[]? master_params=None, "
+        "Tensor? grad_scale=None, Tensor? found_inf=None) -> ()", pt2);
+  m.def("fused_sgd_.tensor_lr(Tensor(a!)[] params, Tensor(b!)[] grads, "
+        "Tensor(c!)[] momentum_buffer_list, *, float weight_decay, float momentum, Tensor lr, "
+        "float dampening, bool nesterov, bool maximize, bool is_first_step, "
+        "Tensor(d!)[]? master_params=None, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()",
+        pt2);
 }

@@ -43,6 +43,9 @@ FAMILIES: dict[str, tuple[tuple[str, ...], str, bool]] = {
     # detection: multi-scale deformable attention
     "deform_attn": (("ms_deform_attn",), "test/test_deform_attn.py", False),
 }
+# optim: fused_sgd_ and its own test file.
+FAMILIES["optim"] = (FAMILIES["optim"][0] + ("fused_sgd_",),
+                     FAMILIES["optim"][1] + " test/test_sgd.py", False)
 
 # Test files generated from the op database (test ids carry the op's name),
 # and the seeded fuzzer (its ids too); a missing one is left out.

@@ -324,6 +324,8 @@ torchops::fused_adam_.tensor_lr(Tensor(a!)[] params, Tensor(b!)[] grads, Tensor(
 torchops::fused_add_rms_norm(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None) -> (Tensor, Tensor)  [pt2_compliant_tag]
 torchops::fused_add_rms_norm_(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps) -> ()  [pt2_compliant_tag]
 torchops::fused_linear_cross_entropy(Tensor input, Tensor weight, Tensor target, Tensor? bias=None, int ignore_index=-100, float label_smoothing=0., str reduction="mean", float lse_square_scale=0., float? softcap=None) -> Tensor  [pt2_compliant_tag]
+torchops::fused_sgd_(Tensor(a!)[] params, Tensor(b!)[] grads, Tensor(c!)[] momentum_buffer_list, *, float weight_decay, float momentum, float lr, float dampening, bool nesterov, bool maximize, bool is_first_step, Tensor(d!)[]? master_params=None, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()  [pt2_compliant_tag]
+torchops::fused_sgd_.tensor_lr(Tensor(a!)[] params, Tensor(b!)[] grads, Tensor(c!)[] momentum_buffer_list, *, float weight_decay, float momentum, Tensor lr, float dampening, bool nesterov, bool maximize, bool is_first_step, Tensor(d!)[]? master_params=None, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()  [pt2_compliant_tag]
 torchops::gelu_and_mul(Tensor x, str approximate="none") -> Tensor  [pt2_compliant_tag]
 torchops::layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1.0000000000000001e-05) -> Tensor  [pt2_compliant_tag]
 torchops::masked_conv2d(Tensor input, Tensor mask, Tensor weight, Tensor? bias=None, int[2] padding=0, int[2] stride=1, int[2] dilation=1, int groups=1) -> Tensor  [pt2_compliant_tag]

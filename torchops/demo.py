@@ -247,6 +247,9 @@ def _lines() -> list[Line]:
         Line("fused_adam_ (an AdamW step of 1M parameters)",
              lambda dev, dt: rand(dev, dt, (1 << 20,), (1 << 20,), (1 << 20,), (1 << 20,)),
              _adamw_step),
+        Line("fused_sgd_ (an SGD step with momentum, 1M parameters)",
+             lambda dev, dt: rand(dev, dt, (1 << 20,), (1 << 20,), (1 << 20,)),
+             _sgd_step),
         # losses: fused linear cross-entropy
         Line("fused_linear_cross_entropy (512 tokens, 256 -> 8000 classes)",
              lambda dev, dt: (torch.randn(512, 256, device=dev, dtype=dt),
@@ -273,6 +276,15 @@ def _adamw_step(p, g, m, v):
     torchops.fused_adam_([p], [g], [m], [v], [], [step], lr=1e-3, beta1=0.9, beta2=0.999,
                          eps=1e-8, weight_decay=0.01, amsgrad=False, maximize=False,
                          adamw=True)
+    return p
+
+
+def _sgd_step(p, g, buf):
+    """One Nesterov SGD step of fused_sgd_ on copies of a parameter and its
+    momentum buffer; returns the new parameter."""
+    p, buf = p.clone(), buf.clone()
+    torchops.fused_sgd_([p], [g], [buf], weight_decay=1e-4, momentum=0.9, lr=1e-2,
+                        dampening=0.0, nesterov=True, maximize=False, is_first_step=False)
     return p
 
 

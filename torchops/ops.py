@@ -2296,3 +2296,164 @@ def _ms_deform_attn_backward_fake(grad: Tensor, value: Tensor, spatial_shapes: T
                  f"{tuple(want)}, but got {gshape}")
     return (value.new_empty(value.shape), sampling_locations.new_empty(sampling_locations.shape),
             attention_weights.new_empty(attention_weights.shape))
+
+
+# --- optim: fused_sgd_ -----------------------------------------------------------------
+
+__all__ += ["fused_sgd_"]
+
+
+def fused_sgd_(params: list[Tensor], grads: list[Tensor], momentum_buffer_list: list[Tensor], *,
+               weight_decay: float, momentum: float, lr: float | Tensor, dampening: float,
+               nesterov: bool, maximize: bool, is_first_step: bool,
+               master_params: list[Tensor] | None = None, grad_scale: Tensor | None = None,
+               found_inf: Tensor | None = None) -> None:
+    """One SGD step over lists of parameters, in place, with
+    ``torch._fused_sgd_``'s arguments and ``torch.optim.SGD``'s order of
+    operations (the update torchops.optim.SGD calls once per device and
+    dtype).
+
+    ``params[i]`` is updated with ``grads[i]`` (plus ``weight_decay *
+    params[i]``, negated with ``maximize``) and, when ``momentum != 0``, its
+    buffer ``momentum_buffer_list[i]``: ``buf = momentum * buf + (1 -
+    dampening) * grad``, or ``buf = grad`` with ``is_first_step`` (the
+    buffers are then written, not read: ``torch.empty_like`` ones will do);
+    ``nesterov`` steps along ``grad + momentum * buf``.  Without momentum
+    ``momentum_buffer_list`` is empty.  ``lr`` is a float or a float32
+    one-element tensor on the parameters' device (read by the kernel:
+    changing it recompiles nothing).  ``grad_scale``/``found_inf`` (float32,
+    one element) follow ``torch._fused_sgd_``: grads are divided by
+    ``grad_scale`` and written back unscaled; ``found_inf == 1`` skips the
+    step (nothing is written).
+
+    Dtypes, devices, ``master_params`` and errors follow
+    ``torchops.fused_adam_``: every list in the parameters' dtype (float32,
+    float64, float16, bfloat16; half types computed in float32), or, with
+    float32 ``master_params`` for float16/bfloat16 parameters, float32
+    buffers and masters (updated, then rounded into ``params`` in the same
+    pass) and grads in the parameters' dtype or float32.  A mismatch, a
+    sparse gradient, or a parameter given twice raises a RuntimeError naming
+    the list and index.  CPU and CUDA (one launch over many tensors).  No
+    autograd.  Returns None.
+    """
+    kw = dict(weight_decay=weight_decay, momentum=momentum, dampening=dampening,
+              nesterov=nesterov, maximize=maximize, is_first_step=is_first_step,
+              master_params=master_params, grad_scale=grad_scale, found_inf=found_inf)
+    if isinstance(lr, Tensor):
+        torch.ops.torchops.fused_sgd_.tensor_lr(params, grads, momentum_buffer_list, lr=lr, **kw)
+    else:
+        torch.ops.torchops.fused_sgd_.default(params, grads, momentum_buffer_list, lr=float(lr),
+                                              **kw)
+
+
+def _check_optimizer_step(op: str, params, grads, states, master_params, scalars) -> None:
+    """The checks of csrc/common/multi_tensor.h over one optimizer step, in
+    its order, for the fakes: every list's length, then check_params, the
+    per-parameter ``states`` and masters (check_like) and the one-element
+    ``scalars``.  ``states``: (name, tensors, wanted count, why the count);
+    ``scalars``: (name, tensor or None)."""
+    import torch._prims_common as prims
+
+    # Contiguous (what parameters are) decides without inspecting symbolic strides.
+    dense_check = (getattr(prims, "is_non_overlapping_and_dense", None)
+                   or prims.is_non_overlapping_and_dense_or_false)
+
+    def dense(t) -> bool:
+        return t.is_contiguous() or dense_check(t)
+
+    def fail(msg: str):
+        raise RuntimeError(f"torchops.{op}: {msg}")
+
+    n = len(params)
+    lengths = [("grads", grads, n, "one per parameter"), *states]
+    if master_params is not None:
+        lengths.append(("master_params", master_params, n, "one per parameter"))
+    for name, lst, want, why in lengths:
+        if len(lst) != want:
+            fail(f"expected '{name}' to have {want} tensors ({why}), but got {len(lst)}")
+    if n == 0:
+        return
+    p0 = params[0]
+    pt = p0.dtype
+    if not p0.is_floating_point():
+        fail(f"expected 'params[0]' to be a floating-point tensor, but got {pt}")
+    master = master_params is not None
+    if master and pt not in (torch.float16, torch.bfloat16):
+        fail(f"with 'master_params', expected 'params' to be float16 or bfloat16, but got {pt}")
+    gt = grads[0].dtype
+    if not (gt == pt or (master and gt == torch.float32)):
+        fail(f"expected 'grads[0]' to have dtype {pt}{' or float32' if master else ''}, but got "
+             f"{gt}")
+    st = torch.float32 if master else pt
+
+    def like(p, ref, name, i, t, dtype):
+        where = f"{name}[{i}]"
+        if t.layout != torch.strided:
+            fail(f"'{where}' must be a dense (strided) tensor, but got layout {t.layout} "
+                 f"(sparse gradients are not supported)")
+        if t.device != p.device:
+            fail(f"'{where}' is on {t.device} but '{ref}' is on {p.device}")
+        if t.dtype != dtype:
+            fail(f"expected '{where}' to have dtype {dtype}, but got {t.dtype}")
+        if t.shape != p.shape:
+            fail(f"'{where}' has shape {list(t.shape)} but '{ref}' has shape {list(p.shape)}")
+        if not dense(t) or t.stride() != p.stride():
+            fail(f"'{where}' must be dense with the strides of '{ref}' ({list(p.stride())}), "
+                 f"but got strides {list(t.stride())}")
+
+    seen: set[int] = set()
+    for i, p in enumerate(params):
+        ref = f"params[{i}]"
+        if p.device != p0.device:
+            fail(f"'{ref}' is on {p.device} but 'params[0]' is on {p0.device}")
+        if p.dtype != pt:
+            fail(f"expected '{ref}' to have dtype {pt} (that of 'params[0]'), but got {p.dtype}")
+        if p.layout != torch.strided or not dense(p):
+            fail(f"'{ref}' must be a dense tensor")
+        if id(p) in seen:
+            fail(f"'{ref}' appears twice (or shares memory with another parameter)")
+        seen.add(id(p))
+        like(p, ref, "grads", i, grads[i], gt)
+    for i, p in enumerate(params):
+        ref = f"params[{i}]"
+        for name, lst, want, _ in states:
+            if want:
+                like(p, ref, name, i, lst[i], st)
+        if master:
+            like(p, ref, "master_params", i, master_params[i], torch.float32)
+    for name, t in scalars:
+        if t is None:
+            continue
+        if t.layout != torch.strided or t.numel() != 1 or t.dtype != torch.float32:
+            fail(f"expected '{name}' to be a float32 tensor of one element, but got {t.dtype} "
+                 f"of shape {list(t.shape)}")
+        if t.device != p0.device:
+            fail(f"'{name}' is on {t.device} but 'params[0]' is on {p0.device}")
+
+
+def _check_fused_sgd(params, grads, momentum_buffer_list, momentum, master_params, lr,
+                     grad_scale, found_inf) -> None:
+    """The kernels' checks (csrc/common/fused_sgd.h), for the fakes."""
+    has = momentum != 0
+    bufs = ("momentum_buffer_list", momentum_buffer_list, len(params) if has else 0,
+            "one per parameter" if has else "none without momentum")
+    _check_optimizer_step("fused_sgd_", params, grads, [bufs], master_params,
+                          [("lr", lr), ("grad_scale", grad_scale), ("found_inf", found_inf)])
+
+
+@torch.library.register_fake("torchops::fused_sgd_")
+def _fused_sgd_fake(params, grads, momentum_buffer_list, *, weight_decay, momentum, lr,
+                    dampening, nesterov, maximize, is_first_step, master_params=None,
+                    grad_scale=None, found_inf=None) -> None:
+    _check_fused_sgd(params, grads, momentum_buffer_list, momentum, master_params, None,
+                     grad_scale, found_inf)
+    return None
+
+
+@torch.library.register_fake("torchops::fused_sgd_.tensor_lr")
+def _fused_sgd_tensor_lr_fake(params, grads, momentum_buffer_list, *, weight_decay, momentum,
+                              lr, dampening, nesterov, maximize, is_first_step,
+                              master_params=None, grad_scale=None, found_inf=None) -> None:
+    _check_fused_sgd(params, grads, momentum_buffer_list, momentum, master_params, lr,
+                     grad_scale, found_inf)
+    return None

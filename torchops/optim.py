@@ -363,3 +363,131 @@ class HybridAdam(_FusedAdam, torch.optim.Adam):
             grad_scale = torch.tensor(float(div_scale), dtype=torch.float32)
         self._fused_step(grad_scale, getattr(self, "found_inf", None))
         return loss
+
+
+# --- optim: SGD ---------------------------------------------------------------------------
+
+__all__ += ["SGD"]
+
+
+class SGD(torch.optim.SGD):
+    """``torch.optim.SGD`` whose step is ``torchops.fused_sgd_``, called once
+    per (device, dtype) of the parameters that have gradients.
+
+    Arguments and defaults are torch.optim.SGD's (``foreach`` and ``fused``
+    are accepted and recorded in the param groups, but the step is always the
+    fused kernel), plus ``master_weights``: float32 master copies (state key
+    ``master_param``) and momentum buffers for float16 and bfloat16
+    parameters, each step updating the copy and writing it, rounded, into the
+    parameter.  The state is torch.optim.SGD's (``momentum_buffer`` when
+    ``momentum != 0``), so a state saved by one loads into the other and
+    continues the same run; loaded into a master-weight optimizer, buffers
+    become float32 and a missing master is made from the parameter.
+
+    ``torch.amp.GradScaler`` hands the step its scale and inf flag: the
+    gradients are unscaled inside the step, and a step with an inf or NaN
+    gradient leaves parameters and buffers unchanged.  A parameter's first
+    step with momentum starts its buffer from the gradient, as torch's does;
+    when GradScaler skips that step the buffer is not made (the step reads
+    the inf flag on the host then, once per parameter)."""
+
+    def __init__(self, params, lr: float | Tensor = 1e-3, momentum: float = 0,
+                 dampening: float = 0, weight_decay: float | Tensor = 0, nesterov: bool = False,
+                 *, maximize: bool = False, foreach: bool | None = None,
+                 differentiable: bool = False, fused: bool | None = None,
+                 master_weights: bool = False):
+        if differentiable:
+            raise ValueError("torchops.optim.SGD: differentiable=True is not supported")
+        super().__init__(params, lr, momentum, dampening, weight_decay, nesterov,
+                         maximize=maximize, foreach=foreach, differentiable=differentiable,
+                         fused=fused)
+        self.master_weights = master_weights
+        self._step_supports_amp_scaling = True
+
+    def _uses_master(self, p: Tensor) -> bool:
+        return self.master_weights and p.dtype in _LOW_PRECISION
+
+    def _param_state(self, p: Tensor) -> dict:
+        """p's state in this optimizer's layout: a master-weight parameter's
+        buffer float32 and its master present.  As in torch.optim.SGD, a
+        parameter without momentum or master gets no state entry."""
+        if not self._uses_master(p):
+            return self.state[p] if p in self.state else {}
+        state = self.state[p]
+        buf = state.get("momentum_buffer")
+        if buf is not None and buf.dtype != torch.float32:
+            state["momentum_buffer"] = buf.to(torch.float32)
+        m = state.get("master_param")
+        if m is None:
+            state["master_param"] = p.detach().to(torch.float32, copy=True)
+        elif m.dtype != torch.float32 or m.device != p.device:
+            state["master_param"] = m.to(device=p.device, dtype=torch.float32)
+        return state
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One optimization step (see torch.optim.SGD.step)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grad_scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
+        for group in self.param_groups:
+            momentum = float(group["momentum"])
+            # (device, param dtype, grad dtype, master, first step) -> the lists of one call
+            calls: dict[tuple, dict[str, list[Tensor]]] = defaultdict(lambda: defaultdict(list))
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self._param_state(p)
+                master = self._uses_master(p)
+                first = momentum != 0 and state.get("momentum_buffer") is None
+                lists = calls[(p.device, p.dtype, p.grad.dtype, master, first)]
+                lists["params"].append(p)
+                lists["grads"].append(p.grad)
+                if master:
+                    lists["master_params"].append(state["master_param"])
+            for (device, _, _, master, first), lists in calls.items():
+                lr = group["lr"]
+                if torch.is_tensor(lr):
+                    lr = lr.to(device=device, dtype=torch.float32)
+                scale = None if grad_scale is None else grad_scale.to(device, torch.float32)
+                inf = None if found_inf is None else found_inf.to(device, torch.float32)
+                if first and inf is not None and float(inf) == 1.0:
+                    continue  # a skipped first step makes no buffer
+                bufs = []
+                if momentum != 0:
+                    for p in lists["params"]:
+                        state = self.state[p]
+                        if first:
+                            state["momentum_buffer"] = torch.empty_like(
+                                p, dtype=torch.float32 if master else p.dtype,
+                                memory_format=torch.preserve_format)
+                        bufs.append(state["momentum_buffer"])
+                ops.fused_sgd_(
+                    lists["params"], lists["grads"], bufs,
+                    weight_decay=float(group["weight_decay"]), momentum=momentum, lr=lr,
+                    dampening=float(group["dampening"]), nesterov=bool(group["nesterov"]),
+                    maximize=bool(group["maximize"]), is_first_step=first,
+                    master_params=lists["master_params"] if master else None,
+                    grad_scale=scale, found_inf=inf)
+        return loss
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch.optim's, except that master-weight parameters keep float32
+        buffers and masters (torch.optim casts every state to its
+        parameter's dtype)."""
+        super().load_state_dict(state_dict)
+        if not self.master_weights:
+            return
+        saved = state_dict["state"]
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in zip(ids, params):
+            if i not in saved or not self._uses_master(p) or p not in self.state:
+                continue
+            for key, value in saved[i].items():
+                if torch.is_tensor(value) and value.is_floating_point():
+                    self.state[p][key] = value.to(device=p.device, dtype=torch.float32,
+                                                  copy=True)

@@ -778,3 +778,44 @@ def ms_deform_attn_grid_sample(value: Tensor, spatial_shapes: Tensor, level_star
     weights = attention_weights.transpose(1, 2).reshape(b * heads, 1, q, -1)
     out = (torch.stack(samples, dim=-2).flatten(-2) * weights).sum(-1)  # (B*heads, C, Q)
     return out.view(b, heads * c, q).transpose(1, 2).contiguous()
+
+
+# --- optim: fused_sgd_ ------------------------------------------------------------------
+
+__all__ += ["fused_sgd_"]
+
+
+def fused_sgd_(params, grads, momentum_buffer_list, *, weight_decay: float, momentum: float,
+               lr, dampening: float, nesterov: bool, maximize: bool, is_first_step: bool,
+               master_params=None, grad_scale=None, found_inf=None):
+    """The new values of (params, grads, momentum_buffer_list), each a list,
+    from torch.optim.SGD's for-loop update (no argument is written).  With
+    master_params, the last item is the new masters; params are the masters
+    rounded to their dtype."""
+    lr = float(lr)
+    out = ([p.clone() for p in params], [g.clone() for g in grads],
+           [b.clone() for b in momentum_buffer_list])
+    masters = None if master_params is None else [m.clone() for m in master_params]
+    if found_inf is not None and float(found_inf) == 1.0:
+        return out if masters is None else (*out, masters)
+    for i in range(len(params)):
+        p = masters[i] if masters is not None else out[0][i]
+        g = out[1][i].to(p.dtype)
+        if grad_scale is not None:
+            g = g / float(grad_scale)
+            out[1][i].copy_(g)
+        if maximize:
+            g = -g
+        if weight_decay != 0:
+            g = g.add(p, alpha=weight_decay)
+        if momentum != 0:
+            buf = out[2][i]
+            if is_first_step:
+                buf.copy_(g)
+            else:
+                buf.mul_(momentum).add_(g.to(buf.dtype), alpha=1 - dampening)
+            g = g.add(buf.to(g.dtype), alpha=momentum) if nesterov else buf.to(g.dtype)
+        p.add_(g, alpha=-lr)
+        if masters is not None:
+            out[0][i].copy_(p)
+    return out if masters is None else (*out, masters)

@@ -43,11 +43,6 @@ struct Scalars {
 static_assert(sizeof(Table) + sizeof(Scalars) <= 4000, "kernel arguments over 4 KiB");
 static_assert(kChunk % kVec == 0, "chunks keep the vector alignment");
 
-template <typename T>
-__device__ inline bool aligned(const void* p) {
-  return p == nullptr || reinterpret_cast<uintptr_t>(p) % (sizeof(T) * kVec) == 0;
-}
-
 // param_t: the parameters; grad_t: the gradients; state_t: moments and
 // masters (float32 with masters, param_t without).
 template <typename param_t, typename grad_t, typename state_t>
@@ -82,8 +77,9 @@ __global__ void __launch_bounds__(kThreads) fused_adam_kernel(Table t, Scalars s
     adam_update<acc_t>(pj, gj, mj, vj, x != nullptr ? &xj : nullptr, c);
   };
 
-  const bool vec = aligned<state_t>(p) && aligned<grad_t>(g) && aligned<state_t>(m) &&
-                   aligned<state_t>(v) && aligned<state_t>(x) && aligned<param_t>(low);
+  const bool vec = pack_aligned<state_t, kVec>(p) && pack_aligned<grad_t, kVec>(g) &&
+                   pack_aligned<state_t, kVec>(m) && pack_aligned<state_t, kVec>(v) &&
+                   pack_aligned<state_t, kVec>(x) && pack_aligned<param_t, kVec>(low);
   int64_t done = 0;
   if (vec) {
     using SP = Pack<state_t, kVec>;

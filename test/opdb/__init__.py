@@ -168,3 +168,9 @@ from .deform_attn import DEFORM_ATTN_OPS, MS_DEFORM_ATTN, msda_inputs  # noqa: E
 
 OP_DB += DEFORM_ATTN_OPS
 __all__ += ["DEFORM_ATTN_OPS", "MS_DEFORM_ATTN", "msda_inputs"]
+
+
+# --- optim: fused_sgd_ ---
+from .optim import FUSED_SGD_  # noqa: E402
+
+__all__ += ["FUSED_SGD_"]

@@ -93,3 +93,89 @@ FUSED_ADAM_ = OpInfo(
 )
 
 OPTIM_OPS = [FUSED_ADAM_]
+
+
+# --- optim: fused_sgd_ (one SGD step over lists of tensors, in place) ---
+
+_SGD_HYPER = dict(weight_decay=0.1, momentum=0.9, lr=1e-2, dampening=0.1, nesterov=False,
+                  maximize=False, is_first_step=False)
+
+
+def _sgd_lists(sizes, device, dtype, momentum=True, master=False):
+    sdtype = torch.float32 if master else dtype
+    params = [make(s, device, dtype) for s in sizes]
+    grads = [make(s, device, dtype) for s in sizes]
+    bufs = [make(s, device, sdtype) for s in sizes] if momentum else []
+    return params, grads, bufs
+
+
+def _sgd_samples(device, dtype, requires_grad=False):
+    sizes = [(3, 5), (0,), (1,), (17,)]
+    yield Sample(_sgd_lists(sizes, device, dtype), dict(_SGD_HYPER), "momentum-dampening")
+    yield Sample(_sgd_lists(sizes[:2], device, dtype),
+                 dict(_SGD_HYPER, dampening=0.0, nesterov=True, maximize=True,
+                      is_first_step=True), "nesterov-first-step")
+    yield Sample(_sgd_lists(sizes[2:], device, dtype, momentum=False),
+                 dict(_SGD_HYPER, momentum=0.0), "no-momentum")
+    yield Sample(_sgd_lists([(4, 4)], device, dtype),
+                 dict(_SGD_HYPER, grad_scale=torch.tensor(2.0, device=device),
+                      found_inf=torch.zeros((), device=device)), "scaled")
+    if dtype in (torch.float16, torch.bfloat16):
+        p = _sgd_lists([(6,), (2, 3)], device, dtype, master=True)
+        yield Sample(p, dict(_SGD_HYPER, master_params=[t.float() for t in p[0]]), "masters")
+
+
+def _sgd_errors(device):
+    op = r"torchops\.fused_sgd_: "
+
+    def call(sizes=((3,), (2,)), momentum=0.9, **over):
+        lists = list(_sgd_lists(sizes, device, torch.float32, momentum=momentum != 0))
+        names = ("params", "grads", "momentum_buffer_list")
+        for k, v in over.items():
+            if k in names:
+                lists[names.index(k)] = v
+        kw = {k: v for k, v in over.items() if k not in names}
+        return Sample(tuple(lists), dict(_SGD_HYPER, momentum=momentum, **kw))
+
+    f = lambda *s, dt=torch.float32: make(s, device, dt)  # noqa: E731
+    yield ErrorInput(call(grads=[f(3)]), op + r"expected 'grads' to have 2 tensors")
+    yield ErrorInput(call(momentum_buffer_list=[f(3)]),
+                     op + r"expected 'momentum_buffer_list' to have 2 tensors")
+    yield ErrorInput(call(momentum=0.0, momentum_buffer_list=[f(3), f(2)]),
+                     op + r"expected 'momentum_buffer_list' to have 0 tensors \(none without "
+                     r"momentum\)")
+    yield ErrorInput(call(momentum_buffer_list=[f(3), f(2, dt=torch.float64)]),
+                     op + r"expected 'momentum_buffer_list\[1\]' to have dtype")
+    yield ErrorInput(call(momentum_buffer_list=[f(3), f(3)]),
+                     op + r"'momentum_buffer_list\[1\]' has shape")
+    yield ErrorInput(call(grads=[f(3), f(2, 2)[:, 0]]), op + r"'grads\[1\]' must be dense")
+    p = f(3)
+    yield ErrorInput(call(sizes=((3,), (3,)), params=[p, p]), op + r"'params\[1\]' appears twice")
+    yield ErrorInput(call(params=[f(3), f(2, dt=torch.float64)]),
+                     op + r"expected 'params\[1\]' to have dtype")
+    yield ErrorInput(call(master_params=[f(3)]), op + r"expected 'master_params' to have 2")
+    yield ErrorInput(call(master_params=[f(3), f(2)]),
+                     op + r"with 'master_params', expected 'params' to be float16 or bfloat16")
+    yield ErrorInput(call(grad_scale=f(2)), op + r"expected 'grad_scale' to be a float32 tensor")
+    yield ErrorInput(call(grads=[f(3), torch.zeros(2, device=device).to_sparse()]),
+                     op + r"'grads\[1\]'.*sparse", kernel_only="fake tensors of sparse "
+                     "layouts are not what the fake's check sees")
+    if device != "cpu":
+        yield ErrorInput(call(momentum_buffer_list=[f(3), make((2,), "cpu", torch.float32)]),
+                         op + r"'momentum_buffer_list\[1\]' is on")
+
+
+FUSED_SGD_ = OpInfo(
+    name="fused_sgd_",
+    sample_inputs=_sgd_samples,
+    error_inputs=_sgd_errors,
+    differentiable=False,
+    skips=[Skip(t, _LISTS.replace("test_optim.py", "test_sgd.py"))
+           for t in ("correctness", "wrapper", "cpu_vs_cuda", "autocast", "compile",
+                     "cuda_graph", "export", "property", "sample_variety", "fake_error_inputs")],
+    no_benchmark={"fused_sgd_": "the bench's cases call an op with positional tensors of one "
+                  "dtype; a multi-tensor optimizer step needs lists moved to the device, "
+                  "keyword arguments and float32 buffers beside bfloat16 parameters"},
+)
+
+OPTIM_OPS.append(FUSED_SGD_)

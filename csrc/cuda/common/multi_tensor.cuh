@@ -57,6 +57,14 @@ __device__ inline BlockChunk block_chunk(const MultiTensorTable<kSlots>& t, int6
   return BlockChunk{ti, begin, rest < chunk ? rest : chunk};
 }
 
+// Whether a chunk's array (null: an absent one) can move kVec elements at
+// a time: chunks are multiples of kVec elements, so a tensor aligned for its
+// pack is aligned in every chunk.
+template <typename T, int kVec>
+__device__ inline bool pack_aligned(const void* p) {
+  return p == nullptr || reinterpret_cast<uintptr_t>(p) % (sizeof(T) * kVec) == 0;
+}
+
 // Fills tables with the n tensors of an op's lists and calls
 // launch(table, blocks) whenever one is full, and once at the end.
 // pointers(i, ptr) writes tensor i's kSlots pointers into ptr and returns
