@@ -87,9 +87,6 @@ FUSED_ADAM_ = OpInfo(
     skips=[Skip(t, _LISTS) for t in ("correctness", "wrapper", "cpu_vs_cuda", "autocast",
                                      "compile", "cuda_graph", "export", "property",
                                      "sample_variety", "fake_error_inputs")],
-    no_benchmark={"fused_adam_": "the bench's cases call an op with positional tensors of one "
-                  "dtype; a multi-tensor optimizer step needs lists moved to the device, "
-                  "keyword arguments and float32 states beside bfloat16 parameters"},
 )
 
 OPTIM_OPS = [FUSED_ADAM_]
@@ -173,9 +170,6 @@ FUSED_SGD_ = OpInfo(
     skips=[Skip(t, _LISTS.replace("test_optim.py", "test_sgd.py"))
            for t in ("correctness", "wrapper", "cpu_vs_cuda", "autocast", "compile",
                      "cuda_graph", "export", "property", "sample_variety", "fake_error_inputs")],
-    no_benchmark={"fused_sgd_": "the bench's cases call an op with positional tensors of one "
-                  "dtype; a multi-tensor optimizer step needs lists moved to the device, "
-                  "keyword arguments and float32 buffers beside bfloat16 parameters"},
 )
 
 OPTIM_OPS.append(FUSED_SGD_)

@@ -826,6 +826,30 @@ CASES += [
                           "fused equivalent: the target is >= 85% of the copy roofline."),
 ]
 
+def _sgd_bytes(args) -> float:
+    """Bytes an SGD step with momentum moves: gradient read, buffer and
+    parameter (the float32 master with masters) read and written, the bf16
+    parameter written with masters."""
+    params, grads, bufs = args[:3]
+    masters = args.kwargs.get("master_params")
+    return (2 * _nbytes(*bufs, *(masters or params)) + _nbytes(*grads)
+            + (_nbytes(*params) if masters else 0))
+
+
+SGD = dict(op="fused_sgd_", inputs=inputs.sgd_args, reference=references.fused_sgd_,
+           reference_name="torch.optim.SGD's for-loop update", eager=False, compile=False,
+           in_place=True, bytes=_sgd_bytes)
+SGD_NOTE = ("One SGD step with momentum 0.9 (lr 1e-3, buffers present) over a Llama-style "
+            "model's parameters, in place; the same buffers every call. GB/s over the bytes "
+            "moved (20 a float32 parameter). The check compares parameters and buffers after "
+            "one step on fresh copies.")
+CASES += [
+    Case(name="fused_sgd_ momentum", **SGD, peers=_peers.torch_optim("fused_sgd_"),
+         sizes=_model_sizes(), note=SGD_NOTE + " Target: CUDA >= 1.0x fused."),
+    Case(name="fused_sgd_ momentum bf16 master", **SGD, sizes=_model_sizes(bf16, master=True),
+         note=SGD_NOTE + " bf16 parameters and gradients, float32 masters and buffers."),
+]
+
 # Gradient clipping's pieces: declared ahead of their ops (skipped, with the
 # reason, while torch.ops.torchops has no such op); a reference in
 # torchops.references, once there, checks them too.

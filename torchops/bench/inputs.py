@@ -346,6 +346,25 @@ def adam_args(p: P) -> Call:
     return Call((params, grads, exp_avgs, exp_avg_sqs, [], steps), kwargs, keep)
 
 
+def sgd_args(p: P) -> Call:
+    """torch.ops.torchops.fused_sgd_'s arguments for one SGD step with momentum
+    0.9 (lr 1e-3, no weight decay, dampening or nesterov; the buffers exist:
+    not the first step) over the parameters of :func:`llama_shapes`, values
+    as :func:`adam_args`'s (buffers of about 0.1).  With ``p["master"]`` the
+    parameters and gradients take the size's dtype and ``master_params`` and
+    the buffers are float32."""
+    shapes = llama_shapes(p)
+    z = _pool(shapes)
+    params, grads, bufs = (_pool_slices(pool, shapes) for pool in (0.02 * z, z, 0.1 * z))
+    kwargs = dict(weight_decay=0.0, momentum=0.9, lr=1e-3, dampening=0.0, nesterov=False,
+                  maximize=False, is_first_step=False)
+    keep: tuple = ()
+    if p.get("master"):
+        kwargs["master_params"] = list(params)
+        keep = (2, "master_params")
+    return Call((params, grads, bufs), kwargs, keep)
+
+
 def tensor_list_args(p: P) -> tuple:
     """A gradient list of :func:`llama_shapes` (unit normal, pool slices as in
     :func:`adam_args`), then ``p["extra"]``: the op's other positional

@@ -347,6 +347,33 @@ def _torch_optim_adam(foreach: bool):
     return call
 
 
+def _torch_fused_sgd():
+    """``torch._fused_sgd_``: the kernel of ``torch.optim.SGD(fused=True)``,
+    with the op's arguments."""
+    def call(params, grads, momentum_buffer_list, *, master_params=None, grad_scale=None,
+             found_inf=None, **hyper):
+        _no_masters("torch's fused SGD", master_params)
+        torch._fused_sgd_(params, grads, momentum_buffer_list, grad_scale=grad_scale,
+                          found_inf=found_inf, **hyper)
+    return call
+
+
+def _torch_optim_sgd(foreach: bool):
+    """``torch.optim.sgd.sgd`` (the step of ``SGD(foreach=...)``) on the same
+    buffers."""
+    from torch.optim import sgd
+
+    def call(params, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening,
+             nesterov, maximize, is_first_step, master_params=None, grad_scale=None,
+             found_inf=None):
+        _no_masters("torch.optim's SGD", master_params)
+        bufs = [None] * len(params) if is_first_step else list(momentum_buffer_list)
+        sgd.sgd(params, grads, bufs, foreach=foreach, grad_scale=grad_scale,
+                found_inf=found_inf, weight_decay=weight_decay, momentum=momentum, lr=lr,
+                dampening=dampening, nesterov=nesterov, maximize=maximize)
+    return call
+
+
 def _torch_total_norm():
     from torch.nn.utils import get_total_norm
 
@@ -371,6 +398,13 @@ _TORCH_OPTIM: dict[tuple[str, str], tuple[str, str, Callable[[], Callable], tupl
     ("fused_adam_", "for-loop"): ("for-loop", "torch.optim.adamw.adamw(foreach=False) (the "
                                   "for-loop step of AdamW(foreach=False))",
                                   lambda: _torch_optim_adam(False), ("cpu",)),
+    ("fused_sgd_", "fused"): ("fused", "torch._fused_sgd_ (the kernel of "
+                              "torch.optim.SGD(fused=True))", _torch_fused_sgd, None),
+    ("fused_sgd_", "foreach"): ("foreach", "torch.optim.sgd.sgd(foreach=True) (the step of "
+                                "SGD(foreach=True))", lambda: _torch_optim_sgd(True), None),
+    ("fused_sgd_", "for-loop"): ("for-loop", "torch.optim.sgd.sgd(foreach=False) (the for-loop "
+                                 "step of SGD(foreach=False))", lambda: _torch_optim_sgd(False),
+                                 ("cpu",)),
     ("multi_tensor_l2norm", "foreach"): ("get_total_norm", "torch.nn.utils.get_total_norm("
                                          "foreach=True)", _torch_total_norm, None),
     ("multi_tensor_scale_", "foreach"): ("_foreach_mul_", "torch._foreach_mul_",
