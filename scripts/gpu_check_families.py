@@ -40,6 +40,9 @@ FAMILIES: dict[str, tuple[tuple[str, ...], str, bool]] = {
     # rotary
     "rotary": (("rotary_embedding", "rotary_embedding_"), "test/test_rotary.py", False),
     "optim": (("fused_adam_",), "test/test_optim.py", False),
+    # detection: rotated boxes and soft-NMS
+    "rotated": (("box_iou_rotated", "nms_rotated", "batched_nms_rotated", "soft_nms"),
+                "test/test_rotated.py", False),
 }
 
 # Test files generated from the op database (test ids carry the op's name),

@@ -31,3 +31,5 @@
 #include "dispatch/rotary_embedding_dispatch.cpp"
 // losses: fused linear cross-entropy
 #include "dispatch/fused_linear_cross_entropy_dispatch.cpp"
+// detection: rotated boxes and soft-NMS
+#include "dispatch/rotated_nms_dispatch.cpp"

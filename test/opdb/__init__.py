@@ -162,3 +162,11 @@ from .optim import FUSED_ADAM_, OPTIM_OPS  # noqa: E402
 
 OP_DB += OPTIM_OPS
 __all__ += ["OPTIM_OPS", "FUSED_ADAM_"]
+
+# --- rotated boxes and soft-NMS ---
+from .rotated import (BATCHED_NMS_ROTATED, BOX_IOU_ROTATED, NMS_ROTATED, ROTATED_OPS,  # noqa: E402
+                      SOFT_NMS, make_rotated_boxes)
+
+OP_DB += ROTATED_OPS
+__all__ += ["ROTATED_OPS", "BOX_IOU_ROTATED", "NMS_ROTATED", "BATCHED_NMS_ROTATED", "SOFT_NMS",
+            "make_rotated_boxes"]
