@@ -747,6 +747,16 @@ def _torchvision_if_present(op: str) -> Peer:
     return Peer(f"torchvision.ops.{op}", load, devices=("cpu",) if op == "nms_rotated" else None)
 
 
+def _offset_batched_nms_rotated(boxes, scores, idxs, iou_threshold):
+    """detectron2's batched_nms_rotated: each category's centres shifted past
+    every other's, then one nms_rotated (in float64, where the shift costs no
+    precision)."""
+    b = boxes.double()
+    span = 2 * (b[:, :2].abs().max() + torch.hypot(b[:, 2], b[:, 3]).max()) + 1
+    shifted = torch.cat([b[:, :2] + (idxs.double() * span)[:, None], b[:, 2:]], 1)
+    return torch.ops.torchops.nms_rotated(shifted, scores.double(), iou_threshold)
+
+
 CASES += [
     Case(name="nms_rotated", op="nms_rotated", inputs=inputs.nms_rotated_args, sizes={
         "cuda": [_boxes(1000, "sparse", quick=True), _boxes(5000, "sparse"),
@@ -760,7 +770,10 @@ CASES += [
          inputs=inputs.batched_nms_rotated_args, sizes={
              "cuda": [_boxes(5000, "dense", quick=True, classes=80)],
              "cpu": [_boxes(5000, "dense", quick=True, classes=80)]},
-         note="80 classes. No eager reference (see nms)."),
+         peer=Peer("category offsets + torchops.nms_rotated",
+                   lambda: _offset_batched_nms_rotated, label="offsets"),
+         note="80 classes. No eager reference (see nms); the peer is detectron2's formulation "
+              "over torchops.nms_rotated."),
     Case(name="box_iou_rotated", op="box_iou_rotated", inputs=inputs.rotated_box_pairs, sizes={
         "cuda": [Size("1000 x 1000", {"n": 1000, "m": 1000}, quick=True)],
         "cpu": [Size("300 x 300", {"n": 300, "m": 300}, quick=True, threads=SCALING)]},
