@@ -722,9 +722,9 @@ def box_iou_rotated(boxes1: Tensor, boxes2: Tensor) -> Tensor:
     be: the intersection polygon's vertices are the corners of each box
     inside the other plus the crossings of their edges; sorted by angle about
     their mean, they give the area by the shoelace formula.  Coordinates are
-    taken relative to the first box's centre.  Only pairs whose circumscribed
-    circles meet are computed (the others cannot overlap).  Boxes with a
-    width or height that is not positive have IoU 0."""
+    taken relative to the first box's centre.  Eagerly, only pairs whose
+    circumscribed circles meet are computed (the others cannot overlap).
+    Boxes with a width or height that is not positive have IoU 0."""
     def ok(b):
         return (b[:, 2] > 0) & (b[:, 3] > 0)
 
@@ -733,6 +733,12 @@ def box_iou_rotated(boxes1: Tensor, boxes2: Tensor) -> Tensor:
     dist2 = ((boxes1[:, None, :2] - boxes2[None, :, :2]) ** 2).sum(-1)
     near = ((dist2 <= (radius1[:, None] + radius2[None, :]) ** 2)
             & ok(boxes1)[:, None] & ok(boxes2)[None, :])
+    if torch.compiler.is_compiling():
+        # No data-dependent shapes in a compiled graph: every pair, masked.
+        n, m = near.shape
+        iou = _rotated_pair_iou(boxes1[:, None].expand(n, m, 5).reshape(-1, 5),
+                                boxes2[None].expand(n, m, 5).reshape(-1, 5)).view(n, m)
+        return torch.where(near, iou, torch.zeros_like(iou))
     i, j = near.nonzero(as_tuple=True)
     out = boxes1.new_zeros(boxes1.shape[0], boxes2.shape[0])
     out[i, j] = _rotated_pair_iou(boxes1[i], boxes2[j])
