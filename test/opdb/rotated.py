@@ -176,7 +176,8 @@ def _soft_nms_samples(device, dtype, requires_grad=False):
     # Empty boxes have IoU 0 (never NaN).
     e = make_boxes(20, device, dtype, cells=4)
     e[::3, 2] = e[::3, 0]
-    yield Sample((e, make_scores(20, device, dtype), 0.3, 0.5, 1e-3, "gaussian"), name="empty_boxes")
+    yield Sample((e, make_scores(20, device, dtype), 0.3, 0.5, 1e-3, "gaussian"),
+                 name="empty_boxes")
 
 
 def _soft_nms_errors(device):
@@ -189,7 +190,8 @@ def _soft_nms_errors(device):
     yield ErrorInput(Sample((b(5, 4), b(5, 1), *ok)), rf"{name}.*'scores'.*\(N,\)")
     yield ErrorInput(Sample((b(5, 4, dt=torch.int64), b(5, dt=torch.int64), *ok)),
                      rf"{name}.*'boxes'.*floating")
-    yield ErrorInput(Sample((b(5, 4), b(5, dt=torch.float64), *ok)), rf"{name}.*'scores'.*same dtype")
+    yield ErrorInput(Sample((b(5, 4), b(5, dt=torch.float64), *ok)),
+                     rf"{name}.*'scores'.*same dtype")
     yield ErrorInput(Sample((b(5, 4), b(5), float("nan"), 0.5, 1e-3, "linear")),
                      rf"{name}.*'iou_threshold'")
     yield ErrorInput(Sample((b(5, 4), b(5), 0.3, -0.5, 1e-3, "gaussian")), rf"{name}.*'sigma'")
