@@ -66,6 +66,11 @@ C10_HOST_DEVICE inline T soft_nms_iou(const Box<T>& a, const Box<T>& b) {
 template <typename T>
 C10_HOST_DEVICE inline T soft_nms_weight(T iou, bool gaussian, T threshold,
                                          T sigma) {
+  // Most pairs of a scene do not overlap; both decays are then exactly 1
+  // (exp(-0) = 1; 1 - 0 = 1 where 0 > threshold), so skip the exp.
+  if (!(iou > T(0))) {
+    return T(1);
+  }
   if (gaussian) {
     return std::exp(-(iou * iou) / sigma);
   }
