@@ -28,9 +28,14 @@ inline void check_nms_rotated(const char* op, const at::Tensor& boxes,
 // Does box `a` (higher score) suppress box `b`?  rotated_iou is symmetric
 // up to rounding; the higher-scored box goes first on every device, so both
 // evaluate the same expression.
+// Boxes whose circles do not meet have IoU 0, which no threshold >= 0 is
+// below: that test comes first, inline, as in nms_suppresses.
 C10_HOST_DEVICE inline bool rotated_suppresses(const RotatedBox& a,
                                                const RotatedBox& b,
                                                double threshold) {
+  if (threshold >= 0.0 && !rotated_circles_meet(a, b)) {
+    return false;
+  }
   return rotated_iou(a, b) > threshold;
 }
 

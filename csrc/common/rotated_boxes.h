@@ -101,17 +101,23 @@ C10_HOST_DEVICE inline int clip_to_half_plane(const Point2* in, int n,
   return m;
 }
 
+// Whether the boxes' circumscribed circles meet.  When they do not, the
+// boxes do not overlap: the common case in a sparse scene, decided without
+// clipping.
+C10_HOST_DEVICE inline bool rotated_circles_meet(const RotatedBox& a,
+                                                 const RotatedBox& b) {
+  const double dx = b.x - a.x, dy = b.y - a.y;
+  const double reach = a.r + b.r;
+  return !(dx * dx + dy * dy > reach * reach);
+}
+
 // Intersection-over-union of two rotated boxes, in double.
 C10_HOST_DEVICE inline double rotated_iou(const RotatedBox& a,
                                           const RotatedBox& b) {
   if (!(a.hw > 0.0 && a.hh > 0.0 && b.hw > 0.0 && b.hh > 0.0)) {
     return 0.0;
   }
-  const double dx = b.x - a.x, dy = b.y - a.y;
-  const double reach = a.r + b.r;
-  // Disjoint circumscribed circles: no overlap, the common case in a
-  // sparse scene, decided without clipping.
-  if (dx * dx + dy * dy > reach * reach) {
+  if (!rotated_circles_meet(a, b)) {
     return 0.0;
   }
   Point2 buf0[kMaxClipVertices];

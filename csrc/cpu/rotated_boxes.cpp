@@ -85,6 +85,9 @@ int64_t greedy_nms_rotated(const std::vector<RotatedBox>& boxes,
   std::vector<uint8_t> dead(n, 0);
   std::vector<int64_t> kept;  // this round's kept positions
   kept.reserve(kBlock);
+  std::vector<double> kx(kBlock), ky(kBlock), kr(kBlock);
+  // IoU 0 (disjoint circles) suppresses only below a negative threshold.
+  const bool prefilter = threshold >= 0.0;
   auto suppresses = [&](int64_t p, int64_t q) {
     return (!batched || cls[p] == cls[q]) &&
            rotated_suppresses(boxes[p], boxes[q], threshold);
@@ -109,12 +112,29 @@ int64_t greedy_nms_rotated(const std::vector<RotatedBox>& boxes,
       continue;
     }
     const int64_t nk = static_cast<int64_t>(kept.size());
+    // The kept boxes' circles as arrays: the circle test, which rejects
+    // most pairs, runs over unit-stride data without touching the boxes.
+    for (int64_t k = 0; k < nk; ++k) {
+      const RotatedBox& bk = boxes[kept[k]];
+      kx[k] = bk.x;
+      ky[k] = bk.y;
+      kr[k] = bk.r;
+    }
     const int64_t grain = std::max<int64_t>(16, kTaskPairs / nk);
     at::parallel_for(block_end, n, grain, [&](int64_t b, int64_t e) {
       for (int64_t q = b; q < e; ++q) {
-        for (int64_t k = 0; k < nk && !dead[q]; ++k) {
+        if (dead[q]) {
+          continue;
+        }
+        const double qx = boxes[q].x, qy = boxes[q].y, qr = boxes[q].r;
+        for (int64_t k = 0; k < nk; ++k) {
+          const double dx = kx[k] - qx, dy = ky[k] - qy, reach = kr[k] + qr;
+          if (prefilter && dx * dx + dy * dy > reach * reach) {
+            continue;  // rotated_suppresses would say no
+          }
           if (suppresses(kept[k], q)) {
             dead[q] = 1;
+            break;
           }
         }
       }
