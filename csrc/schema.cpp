@@ -257,4 +257,15 @@ TORCH_LIBRARY(torchops, m) {
         "float dampening, bool nesterov, bool maximize, bool is_first_step, "
         "Tensor(d!)[]? master_params=None, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()",
         pt2);
+  // --- detection: rotated boxes and soft-NMS ------------------------------------------------
+  // Rotated boxes are (x_ctr, y_ctr, width, height, angle in degrees,
+  // counter-clockwise).  The NMS variants return int64 indices by decreasing
+  // score (data-dependent length, as nms); soft_nms returns the kept indices
+  // in selection order and their decayed scores.
+  m.def("box_iou_rotated(Tensor boxes1, Tensor boxes2) -> Tensor", pt2);
+  m.def("nms_rotated(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor", pt2);
+  m.def("batched_nms_rotated(Tensor boxes, Tensor scores, Tensor idxs, "
+        "float iou_threshold) -> Tensor", pt2);
+  m.def("soft_nms(Tensor boxes, Tensor scores, float iou_threshold=0.3, float sigma=0.5, "
+        "float min_score=0.001, str method=\"gaussian\") -> (Tensor, Tensor)", pt2);
 }

@@ -42,6 +42,9 @@ FAMILIES: dict[str, tuple[tuple[str, ...], str, bool]] = {
     "optim": (("fused_adam_",), "test/test_optim.py test/test_optim_distributed.py", False),
     # detection: multi-scale deformable attention
     "deform_attn": (("ms_deform_attn",), "test/test_deform_attn.py", False),
+    # detection: rotated boxes and soft-NMS
+    "rotated": (("box_iou_rotated", "nms_rotated", "batched_nms_rotated", "soft_nms"),
+                "test/test_rotated.py", False),
 }
 # optim: fused_sgd_ and its own test file.
 FAMILIES["optim"] = (FAMILIES["optim"][0] + ("fused_sgd_",),

@@ -314,7 +314,9 @@ torchops::_scaled_upper_triang_masked_softmax_backward(Tensor grad, Tensor outpu
 torchops::_sigmoid_focal_loss_backward(Tensor grad, Tensor inputs, Tensor targets, float alpha, float gamma, str reduction) -> Tensor  [pt2_compliant_tag]
 torchops::_silu_and_mul_backward(Tensor grad, Tensor x) -> Tensor  [pt2_compliant_tag]
 torchops::batched_nms(Tensor boxes, Tensor scores, Tensor idxs, float iou_threshold) -> Tensor  [pt2_compliant_tag]
+torchops::batched_nms_rotated(Tensor boxes, Tensor scores, Tensor idxs, float iou_threshold) -> Tensor  [pt2_compliant_tag]
 torchops::box_iou(Tensor boxes1, Tensor boxes2) -> Tensor  [pt2_compliant_tag]
+torchops::box_iou_rotated(Tensor boxes1, Tensor boxes2) -> Tensor  [pt2_compliant_tag]
 torchops::carafe(Tensor features, Tensor masks, int kernel_size, int group_size, int scale_factor) -> Tensor  [pt2_compliant_tag]
 torchops::d_sigmoid(Tensor z) -> Tensor  [pt2_compliant_tag]
 torchops::deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, SymInt stride_h, SymInt stride_w, SymInt pad_h, SymInt pad_w, SymInt dilation_h, SymInt dilation_w, SymInt groups, SymInt offset_groups, bool use_mask) -> Tensor  [pt2_compliant_tag]
@@ -332,6 +334,7 @@ torchops::masked_conv2d(Tensor input, Tensor mask, Tensor weight, Tensor? bias=N
 torchops::matmul(Tensor a, Tensor b) -> Tensor  [pt2_compliant_tag]
 torchops::ms_deform_attn(Tensor value, Tensor spatial_shapes, Tensor level_start_index, Tensor sampling_locations, Tensor attention_weights) -> Tensor  [pt2_compliant_tag]
 torchops::nms(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor  [pt2_compliant_tag]
+torchops::nms_rotated(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor  [pt2_compliant_tag]
 torchops::rms_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None) -> Tensor  [pt2_compliant_tag]
 torchops::roi_align(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width, int sampling_ratio, bool aligned) -> Tensor  [pt2_compliant_tag]
 torchops::roi_pool(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width) -> (Tensor, Tensor)  [pt2_compliant_tag]
@@ -341,6 +344,7 @@ torchops::scaled_masked_softmax(Tensor input, Tensor mask, float scale) -> Tenso
 torchops::scaled_upper_triang_masked_softmax(Tensor input, float scale) -> Tensor  [pt2_compliant_tag]
 torchops::sigmoid_focal_loss(Tensor inputs, Tensor targets, float alpha=0.25, float gamma=2., str reduction="none") -> Tensor  [pt2_compliant_tag]
 torchops::silu_and_mul(Tensor x) -> Tensor  [pt2_compliant_tag]
+torchops::soft_nms(Tensor boxes, Tensor scores, float iou_threshold=0.29999999999999999, float sigma=0.5, float min_score=0.001, str method="gaussian") -> (Tensor, Tensor)  [pt2_compliant_tag]
 """)
 
 

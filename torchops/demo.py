@@ -139,6 +139,14 @@ def _rois(k: int, n_images: int, side: int, device: str, dtype: torch.dtype) -> 
     return torch.cat([batch, xy, xy + wh], 1).to(device, dtype)
 
 
+def _rotated_boxes(n: int, device: str, dtype: torch.dtype) -> torch.Tensor:
+    """(n, 5) rotated boxes (x_ctr, y_ctr, w, h, angle in degrees)."""
+    b = _boxes(n, device, torch.float32)
+    angle = torch.rand(n, 1) * 180 - 90
+    return torch.cat([(b[:, :2] + b[:, 2:]) / 2, b[:, 2:] - b[:, :2], angle.to(device)],
+                     1).to(dtype)
+
+
 def _lines() -> list[Line]:
     tv = _has_torchvision()
     if tv:
@@ -261,6 +269,21 @@ def _lines() -> list[Line]:
         # detection: multi-scale deformable attention
         Line("ms_deform_attn (2 images, 4 levels 40x60..5x8, 8 heads x 32, 300 queries)",
              lambda dev, dt: _msda_args(dev, dt, 300), torchops.ms_deform_attn),
+        # detection: rotated boxes and soft-NMS
+        Line("box_iou_rotated (300 x 200)",
+             lambda dev, dt: (_rotated_boxes(300, dev, dt), _rotated_boxes(200, dev, dt)),
+             torchops.box_iou_rotated),
+        Line("nms_rotated (300 boxes, IoU 0.5)",
+             lambda dev, dt: (_rotated_boxes(300, dev, dt), torch.rand(300, device=dev, dtype=dt),
+                              0.5),
+             torchops.nms_rotated),
+        Line("batched_nms_rotated (300 boxes, 5 classes)",
+             lambda dev, dt: (_rotated_boxes(300, dev, dt), torch.rand(300, device=dev, dtype=dt),
+                              torch.randint(0, 5, (300,), device=dev), 0.5),
+             torchops.batched_nms_rotated),
+        Line("soft_nms (300 boxes, gaussian)",
+             lambda dev, dt: (_boxes(300, dev, dt), torch.rand(300, device=dev, dtype=dt)),
+             torchops.soft_nms),
     ]
 
 

@@ -187,8 +187,8 @@ def _check_boxes(op: str, name: str, t: Tensor) -> None:
 
 
 def _check_nms_args(op: str, boxes: Tensor, scores: Tensor, idxs: Tensor | None,
-                    iou_threshold: float) -> None:
-    _check_boxes(op, "boxes", boxes)
+                    iou_threshold: float, check_rows=_check_boxes) -> None:
+    check_rows(op, "boxes", boxes)
     _check_floating(op, "scores", scores)
     if idxs is None:
         _check_same_device(op, boxes=boxes, scores=scores)
@@ -2457,3 +2457,149 @@ def _fused_sgd_tensor_lr_fake(params, grads, momentum_buffer_list, *, weight_dec
     _check_fused_sgd(params, grads, momentum_buffer_list, momentum, master_params, lr,
                      grad_scale, found_inf)
     return None
+
+
+# --- detection: rotated boxes and soft-NMS ----------------------------------------------
+
+__all__ += ["box_iou_rotated", "nms_rotated", "batched_nms_rotated", "soft_nms"]
+
+
+def _check_rotated_boxes(op: str, name: str, t: Tensor) -> None:
+    _check_floating(op, name, t)
+    shape = tuple(t.shape)
+    torch._check(
+        t.dim() == 2 and t.shape[1] == 5,
+        lambda: f"torchops.{op}: expected '{name}' to have shape (N, 5), but got shape {shape}")
+
+
+def box_iou_rotated(boxes1: Tensor, boxes2: Tensor) -> Tensor:
+    """Pairwise IoU of rotated boxes ``boxes1`` ``(N, 5)`` and ``boxes2``
+    ``(M, 5)``: an ``(N, M)`` tensor.
+
+    A box is ``(x_ctr, y_ctr, width, height, angle)`` with the angle in
+    degrees, counter-clockwise in image coordinates (y down) -- detectron2's
+    convention (IoU does not depend on the direction, so clockwise boxes give
+    the same values).  The intersection is the exact convex polygon (the
+    first box clipped by the second's edges), computed in float64 for every
+    dtype with coordinates centred on the first box, so large coordinates
+    lose no precision.  Boxes whose width or height is not positive have
+    IoU 0 with every box (never NaN).
+
+    float32, float64, float16, bfloat16 on CPU and CUDA; the result has the
+    inputs' dtype and is a new contiguous tensor.  Not differentiable.
+    """
+    return torch.ops.torchops.box_iou_rotated.default(boxes1, boxes2)
+
+
+@torch.library.register_fake("torchops::box_iou_rotated")
+def _box_iou_rotated_fake(boxes1: Tensor, boxes2: Tensor) -> Tensor:
+    op = "box_iou_rotated"
+    _check_same_device(op, boxes1=boxes1, boxes2=boxes2)
+    _check_rotated_boxes(op, "boxes1", boxes1)
+    _check_rotated_boxes(op, "boxes2", boxes2)
+    _check_same_dtype(op, boxes1=boxes1, boxes2=boxes2)
+    shape = (boxes1.shape[0], boxes2.shape[0])
+    _check_output_size(op, shape, boxes1.dtype)
+    return boxes1.new_empty(shape)
+
+
+def nms_rotated(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
+    """Non-maximum suppression of rotated boxes ``(N, 5)``
+    (``x_ctr, y_ctr, width, height, angle``; angle in degrees,
+    counter-clockwise, detectron2's convention) with :func:`box_iou_rotated`'s
+    IoU.
+
+    Same rules as :func:`nms`: boxes are visited by decreasing ``scores``
+    (equal scores in input order) and a box is kept unless a kept box
+    overlaps it with IoU ``> iou_threshold``.  Returns the kept boxes' int64
+    indices in that order.  IoUs are computed and compared with the
+    threshold in float64, whatever the dtype (float32, float64, float16,
+    bfloat16; CPU and CUDA).  Zero-area boxes overlap nothing.  Under
+    ``torch.autocast`` the inputs are upcast to float32, as for :func:`nms`.
+    Not differentiable; the output length depends on the data (compile and
+    export as for :func:`nms`).
+    """
+    return torch.ops.torchops.nms_rotated.default(boxes, scores, iou_threshold)
+
+
+@torch.library.register_fake("torchops::nms_rotated")
+def _nms_rotated_fake(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
+    _check_nms_args("nms_rotated", boxes, scores, None, iou_threshold, _check_rotated_boxes)
+    return _kept_indices_fake(boxes)
+
+
+def batched_nms_rotated(boxes: Tensor, scores: Tensor, idxs: Tensor,
+                        iou_threshold: float) -> Tensor:
+    """:func:`nms_rotated` within each category, in one call.
+
+    ``idxs`` ``(N,)`` int64 holds each box's category; boxes of different
+    categories never suppress each other.  The categories are compared in
+    the kernel (as :func:`batched_nms` does) rather than by detectron2's
+    shift of each category's boxes, which would cost float32 boxes their
+    precision; any category values work.  Returns the kept indices by
+    decreasing score (equal scores: input order).  Dtypes, devices and
+    compile as for :func:`nms_rotated`.
+    """
+    return torch.ops.torchops.batched_nms_rotated.default(boxes, scores, idxs, iou_threshold)
+
+
+@torch.library.register_fake("torchops::batched_nms_rotated")
+def _batched_nms_rotated_fake(boxes: Tensor, scores: Tensor, idxs: Tensor,
+                              iou_threshold: float) -> Tensor:
+    _check_nms_args("batched_nms_rotated", boxes, scores, idxs, iou_threshold,
+                    _check_rotated_boxes)
+    return _kept_indices_fake(boxes)
+
+
+_SOFT_NMS_METHODS = ("linear", "gaussian")
+
+
+def soft_nms(boxes: Tensor, scores: Tensor, iou_threshold: float = 0.3, sigma: float = 0.5,
+             min_score: float = 1e-3, method: str = "gaussian") -> tuple[Tensor, Tensor]:
+    """Soft-NMS (Bodla et al. 2017; mmcv's ``soft_nms`` semantics) of boxes
+    ``(N, 4)`` (``x1, y1, x2, y2``) with ``scores`` ``(N,)``.
+
+    Repeatedly selects the remaining box of highest score (equal scores: the
+    lower index first) and multiplies every other remaining box's score by
+    ``1 - iou`` where ``iou > iou_threshold`` (``method="linear"``) or by
+    ``exp(-iou**2 / sigma)`` (``"gaussian"``, the default; ``iou_threshold``
+    unused).  Boxes whose score is below ``min_score`` -- initially or after a
+    decay -- are dropped (mmcv keeps its first box even then).  Returns
+    ``(keep, new_scores)``: the int64 indices in selection order and each
+    one's score when it was selected, in the scores' dtype.
+
+    float32, float64, float16, bfloat16 on CPU and CUDA (IoUs and scores in
+    float32 for the half types); boxes that do not overlap, empty ones
+    included, have IoU 0.  ``sigma`` must be positive.  Under
+    ``torch.autocast`` the inputs are upcast to float32 and the scores
+    returned in the boxes' dtype.  Not differentiable; the output length
+    depends on the data (compile and export as for :func:`nms`).  Raises
+    RuntimeError for a ``method`` other than ``"linear"``/``"gaussian"``.
+    """
+    return torch.ops.torchops.soft_nms.default(boxes, scores, iou_threshold, sigma, min_score,
+                                               method)
+
+
+@torch.library.register_fake("torchops::soft_nms")
+def _soft_nms_fake(boxes: Tensor, scores: Tensor, iou_threshold: float = 0.3, sigma: float = 0.5,
+                   min_score: float = 1e-3, method: str = "gaussian") -> tuple[Tensor, Tensor]:
+    op = "soft_nms"
+    _check_same_device(op, boxes=boxes, scores=scores)
+    _check_boxes(op, "boxes", boxes)
+    _check_floating(op, "scores", scores)
+    _check_same_dtype(op, boxes=boxes, scores=scores)
+    n = boxes.shape[0]
+    torch._check(scores.dim() == 1 and scores.shape[0] == n,
+                 lambda: f"torchops.{op}: expected 'scores' to have shape (N,) with N = {n}")
+    torch._check(iou_threshold == iou_threshold,
+                 lambda: f"torchops.{op}: expected 'iou_threshold' to be a number, but got nan")
+    torch._check(0 < sigma < math.inf,
+                 lambda: f"torchops.{op}: expected 'sigma' to be positive and finite, but got "
+                 f"{sigma}")
+    torch._check(min_score == min_score,
+                 lambda: f"torchops.{op}: expected 'min_score' to be a number, but got nan")
+    torch._check(method in _SOFT_NMS_METHODS,
+                 lambda: f'torchops.{op}: expected \'method\' to be "linear" or "gaussian", '
+                 f'but got "{method}"')
+    keep = _kept_indices_fake(boxes)
+    return keep, scores.new_empty(keep.shape)

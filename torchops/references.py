@@ -54,10 +54,10 @@ def box_iou(boxes1: Tensor, boxes2: Tensor) -> Tensor:
 
 
 def _greedy_nms(boxes: Tensor, scores: Tensor, iou_threshold: float,
-                idxs: Tensor | None) -> Tensor:
+                idxs: Tensor | None, pairwise_iou=None) -> Tensor:
     boxes, scores = boxes.detach().double(), scores.detach().double()
     order = torch.sort(scores, descending=True, stable=True).indices.tolist()
-    iou = box_iou(boxes, boxes)
+    iou = (pairwise_iou or box_iou)(boxes, boxes)
     if idxs is not None:
         iou = torch.where(idxs[:, None] == idxs[None, :], iou, torch.zeros_like(iou))
     suppressed = [False] * len(order)
@@ -819,3 +819,144 @@ def fused_sgd_(params, grads, momentum_buffer_list, *, weight_decay: float, mome
         if masters is not None:
             out[0][i].copy_(p)
     return out if masters is None else (*out, masters)
+
+
+# --- detection: rotated boxes and soft-NMS ---------------------------------------------------
+__all__ += ["box_iou_rotated", "nms_rotated", "batched_nms_rotated", "soft_nms"]
+
+
+def _rotated_frame(b: Tensor):
+    """Centres ``(..., 2)``, half extents ``(...,)`` x2 and unit axes ``(..., 2)`` x2 of
+    rotated boxes ``(..., 5)``: corners are ``ctr +- hw u +- hh v`` with
+    ``u = (cos a, -sin a)``, ``v = (sin a, cos a)`` (angle in degrees,
+    counter-clockwise in image coordinates: detectron2's convention)."""
+    a = torch.deg2rad(b[..., 4])
+    c, s = torch.cos(a), torch.sin(a)
+    return b[..., :2], b[..., 2] / 2, b[..., 3] / 2, torch.stack([c, -s], -1), torch.stack([s, c], -1)
+
+
+def box_iou_rotated(boxes1: Tensor, boxes2: Tensor) -> Tensor:
+    """The ``(N, M)`` IoUs of rotated boxes ``(x_ctr, y_ctr, w, h, angle)``.
+
+    A different construction from the kernels' clipping, as an oracle should
+    be: the intersection polygon's vertices are the corners of each box
+    inside the other plus the crossings of their edges; sorted by angle about
+    their mean, they give the area by the shoelace formula.  Coordinates are
+    taken relative to the first box's centre.  Eagerly, only pairs whose
+    circumscribed circles meet are computed (the others cannot overlap).
+    Boxes with a width or height that is not positive have IoU 0."""
+    def ok(b):
+        return (b[:, 2] > 0) & (b[:, 3] > 0)
+
+    radius1 = torch.hypot(boxes1[:, 2], boxes1[:, 3]) / 2
+    radius2 = torch.hypot(boxes2[:, 2], boxes2[:, 3]) / 2
+    dist2 = ((boxes1[:, None, :2] - boxes2[None, :, :2]) ** 2).sum(-1)
+    near = ((dist2 <= (radius1[:, None] + radius2[None, :]) ** 2)
+            & ok(boxes1)[:, None] & ok(boxes2)[None, :])
+    if torch.compiler.is_compiling():
+        # No data-dependent shapes in a compiled graph: every pair, masked.
+        n, m = near.shape
+        iou = _rotated_pair_iou(boxes1[:, None].expand(n, m, 5).reshape(-1, 5),
+                                boxes2[None].expand(n, m, 5).reshape(-1, 5)).view(n, m)
+        return torch.where(near, iou, torch.zeros_like(iou))
+    i, j = near.nonzero(as_tuple=True)
+    out = boxes1.new_zeros(boxes1.shape[0], boxes2.shape[0])
+    out[i, j] = _rotated_pair_iou(boxes1[i], boxes2[j])
+    return out
+
+
+def _rotated_pair_iou(b1: Tensor, b2: Tensor) -> Tensor:
+    """IoU of rows ``b1[k]`` and ``b2[k]`` (``(K, 5)`` each, non-empty boxes)."""
+    origin = b1[..., :2]
+    c1, hw1, hh1, u1, v1 = _rotated_frame(b1)
+    c2, hw2, hh2, u2, v2 = _rotated_frame(b2)
+    c1, c2 = c1 - origin, c2 - origin
+    signs = torch.tensor([[-1.0, -1.0], [1.0, -1.0], [1.0, 1.0], [-1.0, 1.0]],
+                         dtype=b1.dtype, device=b1.device)  # counter-clockwise
+
+    def corners(c, hw, hh, u, v):  # (K, 4, 2)
+        return (c[..., None, :] + signs[:, :1] * (hw[..., None, None] * u[..., None, :])
+                + signs[:, 1:] * (hh[..., None, None] * v[..., None, :]))
+
+    def inside(pts, c, hw, hh, u, v):  # pts (K, k, 2) in the box (c, hw, hh, u, v)?
+        d = pts - c[..., None, :]
+        slack = 1 + 1e-9
+        return (((d * u[..., None, :]).sum(-1).abs() <= hw[..., None] * slack)
+                & ((d * v[..., None, :]).sum(-1).abs() <= hh[..., None] * slack))
+
+    p = corners(c1, hw1, hh1, u1, v1)
+    q = corners(c2, hw2, hh2, u2, v2)
+    cross = lambda a, b: a[..., 0] * b[..., 1] - a[..., 1] * b[..., 0]  # noqa: E731
+    # Edge k of p against edge l of q: a0 + t r = b0 + s e, t and s in [0, 1].
+    a0, r = p[..., :, None, :], (p.roll(-1, -2) - p)[..., :, None, :]
+    b0, e = q[..., None, :, :], (q.roll(-1, -2) - q)[..., None, :, :]
+    den = cross(r, e)
+    safe = torch.where(den == 0, torch.ones_like(den), den)
+    t = cross(b0 - a0, e) / safe
+    s = cross(b0 - a0, r) / safe
+    eps = 1e-9
+    hit = (den != 0) & (t >= -eps) & (t <= 1 + eps) & (s >= -eps) & (s <= 1 + eps)
+    crossings = (a0 + t[..., None] * r).flatten(-3, -2)  # (K, 16, 2)
+    pts = torch.cat([p, q, crossings], -2)
+    valid = torch.cat([inside(p, c2, hw2, hh2, u2, v2), inside(q, c1, hw1, hh1, u1, v1),
+                       hit.flatten(-2)], -1)
+    count = valid.sum(-1, keepdim=True).clamp(min=1)
+    centre = (pts * valid[..., None]).sum(-2) / count
+    angle = torch.atan2(pts[..., 1] - centre[..., None, 1], pts[..., 0] - centre[..., None, 0])
+    angle = torch.where(valid, angle, torch.full_like(angle, math.inf))
+    order = angle.argsort(-1)
+    pts = pts.gather(-2, order[..., None].expand_as(pts))
+    valid = valid.gather(-1, order)
+    # Unused slots repeat the first vertex: their edges add nothing.
+    pts = torch.where(valid[..., None], pts, pts[..., :1, :])
+    area = cross(pts, pts.roll(-1, -2)).sum(-1) / 2
+    area1, area2 = 4 * hw1 * hh1, 4 * hw2 * hh2
+    inter = torch.minimum(area.clamp(min=0), torch.minimum(area1, area2))
+    return inter / (area1 + area2 - inter)
+
+
+def nms_rotated(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
+    """:func:`nms` with :func:`box_iou_rotated`'s IoU (float64)."""
+    return _greedy_nms(boxes, scores, iou_threshold, None, box_iou_rotated)
+
+
+def batched_nms_rotated(boxes: Tensor, scores: Tensor, idxs: Tensor,
+                        iou_threshold: float) -> Tensor:
+    """:func:`batched_nms` with :func:`box_iou_rotated`'s IoU (float64)."""
+    return _greedy_nms(boxes, scores, iou_threshold, idxs, box_iou_rotated)
+
+
+def soft_nms(boxes: Tensor, scores: Tensor, iou_threshold: float = 0.3, sigma: float = 0.5,
+             min_score: float = 1e-3, method: str = "gaussian") -> tuple[Tensor, Tensor]:
+    """Soft-NMS (mmcv's semantics; boxes below ``min_score`` are dropped, the
+    first selection included), vectorised over the boxes: N steps of tensor
+    ops with no host sync until the end.  Each step selects the live box of
+    highest score (the lowest index among equal ones), then decays the
+    others' scores by ``1 - iou`` where ``iou > iou_threshold`` (linear) or
+    ``exp(-iou^2 / sigma)`` (gaussian); IoU 0 where boxes do not overlap.
+    Returns (indices in selection order, their scores when selected)."""
+    if method not in ("linear", "gaussian"):
+        raise ValueError(f"soft_nms: unknown method {method!r}")
+    n = boxes.shape[0]
+    s = scores.detach().clone()
+    live = s >= min_score
+    positions = torch.arange(n, device=boxes.device)
+    keep = torch.zeros(n, dtype=torch.int64, device=boxes.device)
+    kept_scores = torch.zeros_like(s)
+    selected = torch.zeros(n, dtype=torch.bool, device=boxes.device)
+    for step in range(n):
+        best = torch.where(live, s, torch.full_like(s, -math.inf)).max()
+        first = (live & (s == best)).to(torch.int32)
+        pick = first.argmax()  # the first maximal element
+        keep[step] = pick
+        kept_scores[step] = s[pick]
+        selected[step] = first.any()
+        live = live & (positions != pick)
+        iou = box_iou(boxes[pick][None], boxes)[0].nan_to_num(0.0)
+        if method == "linear":
+            w = torch.where(iou > iou_threshold, 1 - iou, torch.ones_like(iou))
+        else:
+            w = torch.exp(-(iou * iou) / sigma)
+        s = torch.where(live, s * w, s)
+        live = live & (s >= min_score)
+    return keep[selected], kept_scores[selected]

@@ -24,17 +24,19 @@
 
 namespace torchops {
 
-// Checks of nms (idxs == nullptr) and batched_nms (op names the caller).
+// Checks of nms (idxs == nullptr) and batched_nms (op names the caller);
+// the rotated variants pass their own check of the boxes' shape.
 inline void check_nms(
     const char* op, const at::Tensor& boxes, const at::Tensor& scores,
-    const at::Tensor* idxs, double iou_threshold, c10::DeviceType device) {
+    const at::Tensor* idxs, double iou_threshold, c10::DeviceType device,
+    void (*check_box_rows)(const char*, Arg) = check_boxes) {
   if (idxs != nullptr) {
     check_devices(op, device,
                   {{boxes, "boxes"}, {scores, "scores"}, {*idxs, "idxs"}});
   } else {
     check_devices(op, device, {{boxes, "boxes"}, {scores, "scores"}});
   }
-  check_boxes(op, {boxes, "boxes"});
+  check_box_rows(op, {boxes, "boxes"});
   check_floating(op, {scores, "scores"});
   check_same_dtype(op, {boxes, "boxes"}, {scores, "scores"});
   check_per_box(op, {scores, "scores"}, {boxes, "boxes"});

@@ -33,3 +33,5 @@
 #include "dispatch/fused_linear_cross_entropy_dispatch.cpp"
 // detection: multi-scale deformable attention
 #include "dispatch/ms_deform_attn_dispatch.cpp"
+// detection: rotated boxes and soft-NMS
+#include "dispatch/rotated_nms_dispatch.cpp"

@@ -174,3 +174,12 @@ __all__ += ["DEFORM_ATTN_OPS", "MS_DEFORM_ATTN", "msda_inputs"]
 from .optim import FUSED_SGD_  # noqa: E402
 
 __all__ += ["FUSED_SGD_"]
+
+
+# --- rotated boxes and soft-NMS ---
+from .rotated import (BATCHED_NMS_ROTATED, BOX_IOU_ROTATED, NMS_ROTATED, ROTATED_OPS,  # noqa: E402
+                      SOFT_NMS, make_rotated_boxes)
+
+OP_DB += ROTATED_OPS
+__all__ += ["ROTATED_OPS", "BOX_IOU_ROTATED", "NMS_ROTATED", "BATCHED_NMS_ROTATED", "SOFT_NMS",
+            "make_rotated_boxes"]

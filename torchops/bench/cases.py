@@ -919,3 +919,59 @@ CASES += [
          bytes=lambda a: _msda_bytes(a, True),
          note=MSDA_NOTE + " Under torch.use_deterministic_algorithms(True)."),
 ]
+
+
+# --- detection: rotated boxes and soft-NMS ---------------------------------------------------
+def _torchvision_if_present(op: str) -> Peer:
+    """torchvision's op where the installed version has it (rotated ops are recent)."""
+    def load():
+        import torchvision.ops
+
+        fn = getattr(torchvision.ops, op, None)
+        if fn is None:
+            raise ImportError(f"torchvision.ops has no {op}")
+        return fn
+    return Peer(f"torchvision.ops.{op}", load, devices=("cpu",) if op == "nms_rotated" else None)
+
+
+def _offset_batched_nms_rotated(boxes, scores, idxs, iou_threshold):
+    """detectron2's batched_nms_rotated: each category's centres shifted past
+    every other's, then one nms_rotated (in float64, where the shift costs no
+    precision)."""
+    b = boxes.double()
+    span = 2 * (b[:, :2].abs().max() + torch.hypot(b[:, 2], b[:, 3]).max()) + 1
+    shifted = torch.cat([b[:, :2] + (idxs.double() * span)[:, None], b[:, 2:]], 1)
+    return torch.ops.torchops.nms_rotated(shifted, scores.double(), iou_threshold)
+
+
+CASES += [
+    Case(name="nms_rotated", op="nms_rotated", inputs=inputs.nms_rotated_args, sizes={
+        "cuda": [_boxes(1000, "sparse", quick=True), _boxes(5000, "sparse"),
+                 _boxes(5000, "dense")],
+        "cpu": [_boxes(1000, "dense", quick=True), _boxes(5000, "dense", threads=SCALING),
+                _boxes(5000, "sparse", threads=SCALING)]},
+         peer=_torchvision_if_present("nms_rotated"),
+         note="Angles uniform in [-90, 90) degrees. No eager reference (see nms). Target: "
+              "CUDA 5000 boxes <= 1 ms; CPU >= torchvision's nms_rotated where installed."),
+    Case(name="batched_nms_rotated", op="batched_nms_rotated",
+         inputs=inputs.batched_nms_rotated_args, sizes={
+             "cuda": [_boxes(5000, "dense", quick=True, classes=80)],
+             "cpu": [_boxes(5000, "dense", quick=True, classes=80)]},
+         peer=Peer("category offsets + torchops.nms_rotated",
+                   lambda: _offset_batched_nms_rotated, label="offsets"),
+         note="80 classes. No eager reference (see nms); the peer is detectron2's formulation "
+              "over torchops.nms_rotated."),
+    Case(name="box_iou_rotated", op="box_iou_rotated", inputs=inputs.rotated_box_pairs, sizes={
+        "cuda": [Size("1000 x 1000", {"n": 1000, "m": 1000}, quick=True)],
+        "cpu": [Size("300 x 300", {"n": 300, "m": 300}, quick=True, threads=SCALING)]},
+         reference=references.box_iou_rotated, reference_name="vertex-sort formula",
+         bytes=lambda a: _nbytes(*a) + a[0].shape[0] * a[1].shape[0] * a[0].element_size()),
+    Case(name="soft_nms", op="soft_nms", inputs=inputs.soft_nms_args, compile=False, sizes={
+        "cuda": [_boxes(1000, "dense", quick=True), _boxes(5000, "dense"),
+                 _boxes(5000, "sparse")],
+        "cpu": [_boxes(1000, "dense", quick=True), _boxes(5000, "dense", threads=SCALING),
+                _boxes(5000, "sparse")]},
+         reference=references.soft_nms, reference_name="vectorised PyTorch (N steps, no sync)",
+         note="Gaussian, sigma 0.5, min_score 1e-3. The reference is not compiled: its loop "
+              "of N steps would unroll."),
+]

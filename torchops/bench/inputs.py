@@ -402,3 +402,36 @@ def ms_deform_attn_args(p: P) -> tuple:
     attn = torch.softmax(torch.randn(b, q, heads, n_levels * points), -1)
     attn = attn.view(b, q, heads, n_levels, points)
     return torch.randn(b, spatial, heads, c), sizes, starts, loc.contiguous(), attn
+
+
+# --- detection: rotated boxes and soft-NMS ---
+def random_rotated_boxes(n: int, regime: str = "sparse") -> torch.Tensor:
+    """``(n, 5)`` rotated boxes ``(x_ctr, y_ctr, w, h, angle)``: random_boxes'
+    centres and sizes (same regimes), angles uniform in [-90, 90) degrees."""
+    b = random_boxes(n, regime)
+    return torch.cat([(b[:, :2] + b[:, 2:]) / 2, b[:, 2:] - b[:, :2],
+                      torch.rand(n, 1) * 180 - 90], dim=1)
+
+
+def _distinct_scores(n: int) -> torch.Tensor:
+    return (torch.randperm(n) + torch.rand(n)) / max(n, 1)
+
+
+def nms_rotated_args(p: P) -> tuple:
+    n = p["n"]
+    return random_rotated_boxes(n, p.get("regime", "sparse")), _distinct_scores(n), float(p.get("iou", 0.5))
+
+
+def batched_nms_rotated_args(p: P) -> tuple:
+    boxes, scores, iou = nms_rotated_args(p)
+    return boxes, scores, torch.randint(0, p.get("classes", 80), (p["n"],)), iou
+
+
+def rotated_box_pairs(p: P) -> tuple:
+    return random_rotated_boxes(p["n"], "dense"), random_rotated_boxes(p["m"], "dense")
+
+
+def soft_nms_args(p: P) -> tuple:
+    n = p["n"]
+    return (random_boxes(n, p.get("regime", "dense")), _distinct_scores(n), 0.3, 0.5, 1e-3,
+            p.get("method", "gaussian"))
