@@ -39,7 +39,8 @@ FAMILIES: dict[str, tuple[tuple[str, ...], str, bool]] = {
     "activations": (("silu_and_mul", "gelu_and_mul"), "test/test_activations.py", False),
     # rotary
     "rotary": (("rotary_embedding", "rotary_embedding_"), "test/test_rotary.py", False),
-    "optim": (("fused_adam_",), "test/test_optim.py", False),
+    "optim": (("fused_adam_", "multi_tensor_l2norm", "multi_tensor_scale_"),
+              "test/test_optim.py test/test_clip_grad.py", False),
 }
 
 # Test files generated from the op database (test ids carry the op's name),

@@ -20,7 +20,8 @@ OPS = ("matmul", "d_sigmoid", "nms", "batched_nms", "box_iou", "roi_align", "roi
        "deform_roi_pool", "sigmoid_focal_loss", "deform_conv2d", "masked_conv2d", "carafe",
        "rms_norm", "fused_add_rms_norm", "fused_add_rms_norm_", "layer_norm", "rotary_embedding",
        "rotary_embedding_", "silu_and_mul", "gelu_and_mul", "scaled_masked_softmax",
-       "scaled_upper_triang_masked_softmax", "fused_linear_cross_entropy", "fused_adam_")
+       "scaled_upper_triang_masked_softmax", "fused_linear_cross_entropy", "fused_adam_",
+       "multi_tensor_l2norm", "multi_tensor_scale_")
 
 
 def test_demo_shows_every_op_and_module_without_warnings(capsys, monkeypatch):

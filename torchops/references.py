@@ -699,3 +699,30 @@ def fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_ste
         if masters is not None:
             out[0][i].copy_(p)
     return out if masters is None else (*out, masters)
+
+
+# --- optim: multi_tensor_l2norm, multi_tensor_scale_ ----------------------------------------
+
+__all__ += ["multi_tensor_l2norm", "multi_tensor_scale_"]
+
+
+def multi_tensor_l2norm(tensors, per_tensor: bool = False):
+    """(total, per-tensor norms or an empty (0,)) as torch.linalg.vector_norm
+    gives them, in float32 (float64 for float64 tensors)."""
+    if len(tensors) == 0:
+        return torch.zeros(()), torch.zeros((0,))
+    dtype = torch.float64 if tensors[0].dtype == torch.float64 else torch.float32
+    norms = torch.stack([torch.linalg.vector_norm(t, dtype=dtype) for t in tensors])
+    total = torch.linalg.vector_norm(norms)
+    return total, norms if per_tensor else norms.new_empty((0,))
+
+
+def multi_tensor_scale_(tensors, scale):
+    """The new values of the tensors (a list; none is written): each times
+    scale in float32 (float64 for float64 tensors), rounded to its dtype."""
+    out = []
+    for t in tensors:
+        acc = torch.float64 if t.dtype == torch.float64 else torch.float32
+        s = scale.to(t.device, acc) if isinstance(scale, Tensor) else float(scale)
+        out.append((t.to(acc) * s).to(t.dtype))
+    return out

@@ -162,3 +162,8 @@ from .optim import FUSED_ADAM_, OPTIM_OPS  # noqa: E402
 
 OP_DB += OPTIM_OPS
 __all__ += ["OPTIM_OPS", "FUSED_ADAM_"]
+
+# --- optim: multi_tensor_l2norm, multi_tensor_scale_ ---
+from .optim import MULTI_TENSOR_L2NORM, MULTI_TENSOR_SCALE_  # noqa: E402
+
+__all__ += ["MULTI_TENSOR_L2NORM", "MULTI_TENSOR_SCALE_"]
