@@ -718,11 +718,12 @@ def multi_tensor_l2norm(tensors, per_tensor: bool = False):
 
 
 def multi_tensor_scale_(tensors, scale):
-    """The new values of the tensors (a list; none is written): each times
-    scale in float32 (float64 for float64 tensors), rounded to its dtype."""
+    """(the new values of the tensors,): a 1-tuple of the list the op
+    writes (none is written here), each tensor times scale in float32
+    (float64 for float64 tensors), rounded to its dtype."""
     out = []
     for t in tensors:
         acc = torch.float64 if t.dtype == torch.float64 else torch.float32
         s = scale.to(t.device, acc) if isinstance(scale, Tensor) else float(scale)
         out.append((t.to(acc) * s).to(t.dtype))
-    return out
+    return (out,)

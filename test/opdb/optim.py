@@ -117,7 +117,7 @@ def _list_errors(device, call, op):
                      op + r"expected 'tensors\[1\]' to have dtype")
     yield ErrorInput(call([f(3), f(4, 2)[:, 0]]), op + r"'tensors\[1\]' must be dense")
     yield ErrorInput(call([torch.zeros(3, device=device, dtype=torch.int64)]),
-                     op + r"'tensors\[0\]' to be a floating-point tensor")
+                     op + r"expected 'tensors\[0\]' to be a floating-point tensor")
     yield ErrorInput(call([f(3), torch.zeros(2, device=device).to_sparse()]),
                      op + r"'tensors\[1\]' must be a dense \(strided\)",
                      kernel_only="fake tensors of sparse layouts are not what the fake's check "
