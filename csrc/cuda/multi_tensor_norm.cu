@@ -33,6 +33,7 @@ namespace {
 constexpr int64_t kChunk = 1 << 16;
 constexpr int kThreads = 512;
 constexpr int kVec = 4;
+constexpr int kUnroll = 4;
 // Tensors per launch of the per-tensor reduction (its table stays well under
 // the 4 KiB of kernel arguments).
 constexpr int kSegments = 128;
@@ -54,28 +55,52 @@ __global__ void __launch_bounds__(kThreads)
   const BlockChunk bc = block_chunk(t, kChunk);
   const scalar_t* x = static_cast<const scalar_t*>(t.ptr[0][bc.tensor]) + bc.begin;
   const int64_t len = bc.len;
-  acc_t s = 0;
+  // kUnroll independent loads in flight per thread, each into its own sum.
+  acc_t s[kUnroll] = {};
   int64_t done = 0;
   if (aligned<scalar_t>(x)) {
     using P = Pack<scalar_t, kVec>;
+    const P* xp = reinterpret_cast<const P*>(x);
     const int64_t packs = len / kVec;
-    for (int64_t k = threadIdx.x; k < packs; k += blockDim.x) {
-      const P p = reinterpret_cast<const P*>(x)[k];
+    const int64_t stride = blockDim.x;
+    int64_t k = threadIdx.x;
+    for (; k + (kUnroll - 1) * stride < packs; k += kUnroll * stride) {
+      P p[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        p[u] = xp[k + u * stride];
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          const acc_t v = static_cast<acc_t>(p[u].v[e]);
+          s[u] += v * v;
+        }
+      }
+    }
+    for (; k < packs; k += stride) {
+      const P p = xp[k];
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         const acc_t v = static_cast<acc_t>(p.v[e]);
-        s += v * v;
+        s[0] += v * v;
       }
     }
     done = packs * kVec;
   }
   for (int64_t j = done + threadIdx.x; j < len; j += blockDim.x) {
     const acc_t v = static_cast<acc_t>(x[j]);
-    s += v * v;
+    s[0] += v * v;
   }
-  s = block_sum(s);
+  acc_t sum = s[0];
+#pragma unroll
+  for (int u = 1; u < kUnroll; ++u) {
+    sum += s[u];
+  }
+  sum = block_sum(sum);
   if (threadIdx.x == 0) {
-    partial[base + blockIdx.x] = s;
+    partial[base + blockIdx.x] = sum;
   }
 }
 
@@ -205,14 +230,34 @@ __global__ void __launch_bounds__(kThreads) scale_kernel(Table t, ScaleArg arg) 
   int64_t done = 0;
   if (aligned<scalar_t>(x)) {
     using P = Pack<scalar_t, kVec>;
+    P* xp = reinterpret_cast<P*>(x);
     const int64_t packs = len / kVec;
-    for (int64_t k = threadIdx.x; k < packs; k += blockDim.x) {
-      P p = reinterpret_cast<const P*>(x)[k];
+    const int64_t stride = blockDim.x;
+    int64_t k = threadIdx.x;
+    // kUnroll loads in flight before the stores (the compiler cannot move a
+    // later load above an earlier store to the same array by itself).
+    for (; k + (kUnroll - 1) * stride < packs; k += kUnroll * stride) {
+      P p[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        p[u] = xp[k + u * stride];
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          p[u].v[e] = static_cast<scalar_t>(static_cast<acc_t>(p[u].v[e]) * s);
+        }
+        xp[k + u * stride] = p[u];
+      }
+    }
+    for (; k < packs; k += stride) {
+      P p = xp[k];
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         p.v[e] = static_cast<scalar_t>(static_cast<acc_t>(p.v[e]) * s);
       }
-      reinterpret_cast<P*>(x)[k] = p;
+      xp[k] = p;
     }
     done = packs * kVec;
   }
