@@ -347,7 +347,8 @@ def test_errors_name_the_op_and_index(fake):
     for op, args, match in _error_cases():
         if fake:
             with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-                conv = lambda a: mode.from_tensor(a) if isinstance(a, torch.Tensor) else a  # noqa: E731
+                def conv(a):
+                    return mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
                 args = tuple([conv(t) for t in a] if isinstance(a, list) else conv(a)
                              for a in args)
                 with pytest.raises(RuntimeError, match=r"torchops\." + match):

@@ -131,8 +131,8 @@ std::tuple<at::Tensor, at::Tensor> l2norm_run(at::TensorList tensors, bool per_t
     for (int64_t k = lo; k < hi; ++k) {
       const mt::Item& item = items[k];
       // Read only: the view's buffer is filled, never written back.
-      mt::View<scalar_t, acc_t> x{const_cast<scalar_t*>(tensors[item.tensor].const_data_ptr<scalar_t>()),
-                                  buf};
+      const scalar_t* data = tensors[item.tensor].const_data_ptr<scalar_t>();
+      mt::View<scalar_t, acc_t> x{const_cast<scalar_t*>(data), buf};
       acc_t s = 0;
       for (int64_t off = item.begin; off < item.end; off += kBlock) {
         const int64_t len = std::min(kBlock, item.end - off);
