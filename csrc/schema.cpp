@@ -268,4 +268,13 @@ TORCH_LIBRARY(torchops, m) {
         "float iou_threshold) -> Tensor", pt2);
   m.def("soft_nms(Tensor boxes, Tensor scores, float iou_threshold=0.3, float sigma=0.5, "
         "float min_score=0.001, str method=\"gaussian\") -> (Tensor, Tensor)", pt2);
+  // --- optim: multi_tensor_l2norm, multi_tensor_scale_ --------------------------------------
+  // The 2-norm of a list of tensors of one dtype on one device, as if they
+  // were one vector: (total, per-tensor norms, (n,) with per_tensor, else
+  // (0,)), float32 (float64 for float64 tensors).  No autograd.
+  m.def("multi_tensor_l2norm(Tensor[] tensors, bool per_tensor=False) -> (Tensor, Tensor)", pt2);
+  // Every tensor of the list times scale, in place (a float, or a float32 or
+  // float64 one-element tensor read by the kernel: no host synchronisation).
+  m.def("multi_tensor_scale_(Tensor(a!)[] tensors, float scale) -> ()", pt2);
+  m.def("multi_tensor_scale_.tensor(Tensor(a!)[] tensors, Tensor scale) -> ()", pt2);
 }

@@ -39,7 +39,8 @@ FAMILIES: dict[str, tuple[tuple[str, ...], str, bool]] = {
     "activations": (("silu_and_mul", "gelu_and_mul"), "test/test_activations.py", False),
     # rotary
     "rotary": (("rotary_embedding", "rotary_embedding_"), "test/test_rotary.py", False),
-    "optim": (("fused_adam_",), "test/test_optim.py test/test_optim_distributed.py", False),
+    "optim": (("fused_adam_", "multi_tensor_l2norm", "multi_tensor_scale_"),
+              "test/test_optim.py test/test_optim_distributed.py test/test_clip_grad.py", False),
     # detection: multi-scale deformable attention
     "deform_attn": (("ms_deform_attn",), "test/test_deform_attn.py", False),
     # detection: rotated boxes and soft-NMS

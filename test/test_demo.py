@@ -22,7 +22,7 @@ OPS = ("matmul", "d_sigmoid", "nms", "batched_nms", "box_iou", "roi_align", "roi
        "rotary_embedding_", "silu_and_mul", "gelu_and_mul", "scaled_masked_softmax",
        "scaled_upper_triang_masked_softmax", "fused_linear_cross_entropy", "fused_adam_",
        "ms_deform_attn", "fused_sgd_", "box_iou_rotated", "nms_rotated", "batched_nms_rotated",
-       "soft_nms")
+       "soft_nms", "multi_tensor_l2norm", "multi_tensor_scale_")
 
 
 def test_demo_shows_every_op_and_module_without_warnings(capsys, monkeypatch):

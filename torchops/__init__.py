@@ -53,3 +53,7 @@ else:
     from torchops.ops import *  # noqa: F401,F403  (every public op)
 
     __all__ = [*ops.__all__, *modules.__all__, "__version__"]
+    # optim: torch.nn.utils.clip_grad_norm_ on multi_tensor_l2norm/_scale_
+    from torchops.clip_grad import clip_grad_norm_  # noqa: E402
+
+    __all__ += ["clip_grad_norm_"]

@@ -258,6 +258,15 @@ def _lines() -> list[Line]:
         Line("fused_sgd_ (an SGD step with momentum, 1M parameters)",
              lambda dev, dt: rand(dev, dt, (1 << 20,), (1 << 20,), (1 << 20,)),
              _sgd_step),
+        # optim: multi_tensor_l2norm, multi_tensor_scale_
+        Line("multi_tensor_l2norm (20 tensors of 64k)",
+             lambda dev, dt: rand(dev, dt, *([(1 << 16,)] * 20)),
+             lambda *ts: torchops.multi_tensor_l2norm(list(ts))[0],
+             peer=lambda *ts: torch.nn.utils.get_total_norm(ts),
+             peer_name="get_total_norm"),
+        Line("multi_tensor_scale_ (20 tensors of 64k, in place)",
+             lambda dev, dt: rand(dev, dt, *([(1 << 16,)] * 20)),
+             lambda *ts: _scaled_copies(ts, 0.5)),
         # losses: fused linear cross-entropy
         Line("fused_linear_cross_entropy (512 tokens, 256 -> 8000 classes)",
              lambda dev, dt: (torch.randn(512, 256, device=dev, dtype=dt),
@@ -309,6 +318,11 @@ def _sgd_step(p, g, buf):
     torchops.fused_sgd_([p], [g], [buf], weight_decay=1e-4, momentum=0.9, lr=1e-2,
                         dampening=0.0, nesterov=True, maximize=False, is_first_step=False)
     return p
+def _scaled_copies(tensors: tuple, scale: float):
+    """multi_tensor_scale_ on copies of the tensors; returns the first."""
+    copies = [t.clone() for t in tensors]
+    torchops.multi_tensor_scale_(copies, scale)
+    return copies[0]
 
 
 def _written(op: Callable, *args):

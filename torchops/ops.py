@@ -2603,3 +2603,136 @@ def _soft_nms_fake(boxes: Tensor, scores: Tensor, iou_threshold: float = 0.3, si
                  f'but got "{method}"')
     keep = _kept_indices_fake(boxes)
     return keep, scores.new_empty(keep.shape)
+
+
+# --- optim: multi_tensor_l2norm, multi_tensor_scale_ -----------------------------------
+
+__all__ += ["multi_tensor_l2norm", "multi_tensor_scale_"]
+
+
+def multi_tensor_l2norm(tensors: list[Tensor], per_tensor: bool = False) -> tuple[Tensor, Tensor]:
+    """The 2-norm of a list of tensors, as if they were one vector
+    (``torch.nn.utils.get_total_norm(tensors)``), in one pass over them.
+
+    Returns ``(total, norms)``: ``total`` a 0-dim tensor, ``norms`` the
+    norm of each tensor (shape ``(len(tensors),)``) with ``per_tensor``,
+    else an empty ``(0,)`` tensor.  Both are float32 (float64 for float64
+    tensors), on the tensors' device; squares are summed in that type
+    (float16/bfloat16 read as float32), as torch's float32 norms do, so a
+    float32 total overflows to inf past about 1.8e19; an inf element gives
+    an inf total, a NaN a NaN.  An empty list gives ``(tensor(0.), empty)``
+    (float32, CPU).
+
+    The tensors share one floating dtype and one device (CPU or CUDA; group
+    mixed lists by (device, dtype), as ``torchops.clip_grad_norm_`` does),
+    and each is dense: contiguous or a permutation of it (a sliced or
+    expanded tensor raises; ``.contiguous()`` it).  Deterministic on both
+    devices: fixed chunks whose partial sums are added in a fixed order,
+    whatever the thread count (no atomics).  CUDA: one launch per ~115
+    tensors / 256 chunks of 65536 elements, then one small reduction; no
+    host synchronisation.  No autograd.  A mismatch raises a RuntimeError
+    naming the list index.
+    """
+    tensors = list(tensors)
+    if not tensors:
+        return torch.zeros(()), torch.zeros((0,))
+    return torch.ops.torchops.multi_tensor_l2norm.default(tensors, per_tensor)
+
+
+def multi_tensor_scale_(tensors: list[Tensor], scale: float | Tensor) -> None:
+    """Multiplies every tensor of the list by ``scale``, in place, in one
+    pass (``torch._foreach_mul_(tensors, scale)``).
+
+    ``scale`` is a float, or a float32 or float64 tensor of one element on
+    the tensors' device, which the kernel reads (a clip coefficient computed
+    on the GPU needs no host synchronisation).  Each element is multiplied
+    in float32 (float64 for float64 tensors) and rounded to its dtype.  The
+    tensors share one floating dtype and one device (CPU or CUDA), are
+    dense (contiguous or a permutation of it) and distinct (no tensor twice,
+    no two sharing memory).  inf and NaN propagate as in ``torch.mul``.
+    No autograd.  A mismatch raises a RuntimeError naming the list index.
+    Returns None.
+    """
+    tensors = list(tensors)
+    if isinstance(scale, Tensor):
+        torch.ops.torchops.multi_tensor_scale_.tensor(tensors, scale)
+    elif tensors:
+        torch.ops.torchops.multi_tensor_scale_.default(tensors, float(scale))
+
+
+def _check_tensor_list(op: str, tensors, distinct: bool) -> None:
+    """The kernels' check_tensor_list (csrc/common/multi_tensor_norm.h), for
+    the fakes."""
+    import torch._prims_common as prims
+
+    dense_check = (getattr(prims, "is_non_overlapping_and_dense", None)
+                   or prims.is_non_overlapping_and_dense_or_false)
+
+    def fail(msg: str):
+        raise RuntimeError(f"torchops.{op}: {msg}")
+
+    t0 = tensors[0]
+    if not t0.is_floating_point():
+        fail(f"expected 'tensors[0]' to be a floating-point tensor, but got {t0.dtype}")
+    seen: set[int] = set()
+    for i, t in enumerate(tensors):
+        name = f"tensors[{i}]"
+        if t.layout != torch.strided:
+            fail(f"'{name}' must be a dense (strided) tensor, but got layout {t.layout}")
+        if t.device != t0.device:
+            fail(f"'{name}' is on {t.device} but 'tensors[0]' is on {t0.device} "
+                 f"(one device per call)")
+        if t.dtype != t0.dtype:
+            fail(f"expected '{name}' to have dtype {t0.dtype} (that of 'tensors[0]'; one dtype "
+                 f"per call), but got {t.dtype}")
+        if not (t.is_contiguous() or dense_check(t)):
+            fail(f"'{name}' must be dense (contiguous or a permutation of contiguous), but got "
+                 f"shape {list(t.shape)} and strides {list(t.stride())}")
+        if distinct:
+            if id(t) in seen:
+                fail(f"'{name}' appears twice (or shares memory with another tensor of the "
+                     f"list)")
+            seen.add(id(t))
+
+
+def _norm_acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@torch.library.register_fake("torchops::multi_tensor_l2norm")
+def _multi_tensor_l2norm_fake(tensors, per_tensor=False):
+    op = "multi_tensor_l2norm"
+    if len(tensors) == 0:
+        raise RuntimeError(f"torchops.{op}: 'tensors' is empty (the wrapper "
+                           f"torchops.{op} returns 0 for an empty list)")
+    _check_tensor_list(op, tensors, distinct=False)
+    t0 = tensors[0]
+    dtype = _norm_acc_dtype(t0.dtype)
+    return (t0.new_empty((), dtype=dtype),
+            t0.new_empty((len(tensors) if per_tensor else 0,), dtype=dtype))
+
+
+def _check_scale_tensor(tensors, scale: Tensor) -> None:
+    op = "multi_tensor_scale_"
+    if (scale.layout != torch.strided or scale.numel() != 1
+            or scale.dtype not in (torch.float32, torch.float64)):
+        raise RuntimeError(f"torchops.{op}: expected 'scale' to be a float32 or float64 tensor "
+                           f"of one element, but got {scale.dtype} of shape {list(scale.shape)}")
+    if tensors and scale.device != tensors[0].device:
+        raise RuntimeError(f"torchops.{op}: 'scale' is on {scale.device} but 'tensors[0]' is on "
+                           f"{tensors[0].device}")
+
+
+@torch.library.register_fake("torchops::multi_tensor_scale_")
+def _multi_tensor_scale_fake(tensors, scale) -> None:
+    if len(tensors) > 0:
+        _check_tensor_list("multi_tensor_scale_", tensors, distinct=True)
+    return None
+
+
+@torch.library.register_fake("torchops::multi_tensor_scale_.tensor")
+def _multi_tensor_scale_tensor_fake(tensors, scale) -> None:
+    if len(tensors) > 0:
+        _check_tensor_list("multi_tensor_scale_", tensors, distinct=True)
+        _check_scale_tensor(tensors, scale)
+    return None

@@ -960,3 +960,31 @@ def soft_nms(boxes: Tensor, scores: Tensor, iou_threshold: float = 0.3, sigma: f
         s = torch.where(live, s * w, s)
         live = live & (s >= min_score)
     return keep[selected], kept_scores[selected]
+
+
+# --- optim: multi_tensor_l2norm, multi_tensor_scale_ ----------------------------------------
+
+__all__ += ["multi_tensor_l2norm", "multi_tensor_scale_"]
+
+
+def multi_tensor_l2norm(tensors, per_tensor: bool = False):
+    """(total, per-tensor norms or an empty (0,)) as torch.linalg.vector_norm
+    gives them, in float32 (float64 for float64 tensors)."""
+    if len(tensors) == 0:
+        return torch.zeros(()), torch.zeros((0,))
+    dtype = torch.float64 if tensors[0].dtype == torch.float64 else torch.float32
+    norms = torch.stack([torch.linalg.vector_norm(t, dtype=dtype) for t in tensors])
+    total = torch.linalg.vector_norm(norms)
+    return total, norms if per_tensor else norms.new_empty((0,))
+
+
+def multi_tensor_scale_(tensors, scale):
+    """(the new values of the tensors,): a 1-tuple of the list the op
+    writes (none is written here), each tensor times scale in float32
+    (float64 for float64 tensors), rounded to its dtype."""
+    out = []
+    for t in tensors:
+        acc = torch.float64 if t.dtype == torch.float64 else torch.float32
+        s = scale.to(t.device, acc) if isinstance(scale, Tensor) else float(scale)
+        out.append((t.to(acc) * s).to(t.dtype))
+    return (out,)

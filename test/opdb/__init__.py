@@ -183,3 +183,9 @@ from .rotated import (BATCHED_NMS_ROTATED, BOX_IOU_ROTATED, NMS_ROTATED, ROTATED
 OP_DB += ROTATED_OPS
 __all__ += ["ROTATED_OPS", "BOX_IOU_ROTATED", "NMS_ROTATED", "BATCHED_NMS_ROTATED", "SOFT_NMS",
             "make_rotated_boxes"]
+
+
+# --- optim: multi_tensor_l2norm, multi_tensor_scale_ ---
+from .optim import MULTI_TENSOR_L2NORM, MULTI_TENSOR_SCALE_  # noqa: E402
+
+__all__ += ["MULTI_TENSOR_L2NORM", "MULTI_TENSOR_SCALE_"]

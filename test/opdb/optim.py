@@ -173,3 +173,86 @@ FUSED_SGD_ = OpInfo(
 )
 
 OPTIM_OPS.append(FUSED_SGD_)
+
+
+# --- multi_tensor_l2norm, multi_tensor_scale_ ---
+
+def _norm_list(device, dtype):
+    # Odd sizes, an empty tensor, a size-1 dim, a transposed (dense) tensor.
+    return [make((3, 5), device, dtype), make((0,), device, dtype), make((1, 7), device, dtype),
+            make((4, 6), device, dtype).t(), make((17,), device, dtype)]
+
+
+def _l2norm_samples(device, dtype, requires_grad=False):
+    yield Sample((_norm_list(device, dtype), True), name="per-tensor")
+    yield Sample((_norm_list(device, dtype)[:2], False), name="total")
+    for n in (3, 10, 33):
+        yield Sample(([make((n,), device, dtype), make((n, 2), device, dtype)], True),
+                     name=f"size-{n}")
+
+
+def _list_errors(device, call, op):
+    f = lambda *s, dt=torch.float32: make(s, device, dt)  # noqa: E731
+    yield ErrorInput(call([f(3), f(2, dt=torch.float64)]),
+                     op + r"expected 'tensors\[1\]' to have dtype")
+    yield ErrorInput(call([f(3), f(4, 2)[:, 0]]), op + r"'tensors\[1\]' must be dense")
+    yield ErrorInput(call([torch.zeros(3, device=device, dtype=torch.int64)]),
+                     op + r"expected 'tensors\[0\]' to be a floating-point tensor")
+    yield ErrorInput(call([f(3), torch.zeros(2, device=device).to_sparse()]),
+                     op + r"'tensors\[1\]' must be a dense \(strided\)",
+                     kernel_only="fake tensors of sparse layouts are not what the fake's check "
+                     "sees")
+    if device != "cpu":
+        yield ErrorInput(call([f(3), make((2,), "cpu", torch.float32)]),
+                         op + r"'tensors\[1\]' is on")
+
+
+def _l2norm_errors(device):
+    op = r"torchops\.multi_tensor_l2norm: "
+    yield from _list_errors(device, lambda ts: Sample((ts, False)), op)
+
+
+def _scale_samples(device, dtype, requires_grad=False):
+    yield Sample((_norm_list(device, dtype), 0.25), name="float")
+    for n in (3, 10, 33):
+        yield Sample(([make((n,), device, dtype), make((n, 2), device, dtype)], -1.5),
+                     name=f"size-{n}")
+
+
+def _scale_errors(device):
+    op = r"torchops\.multi_tensor_scale_: "
+    yield from _list_errors(device, lambda ts: Sample((ts, 2.0)), op)
+    p = make((3,), device, torch.float32)
+    yield ErrorInput(Sample(([p, p], 2.0)), op + r"'tensors\[1\]' appears twice")
+    yield ErrorInput(Sample(([make((3,), device, torch.float32)],
+                             torch.ones(2, device=device))),
+                     op + r"expected 'scale' to be a float32 or float64 tensor of one element",
+                     via_wrapper=True)
+    yield ErrorInput(Sample(([make((3,), device, torch.float32)],
+                             torch.ones((), device=device, dtype=torch.float16))),
+                     op + r"expected 'scale' to be a float32 or float64",
+                     via_wrapper=True)
+
+
+_NORM_SKIPS = [Skip(t, _LISTS.replace("test_optim.py", "test_clip_grad.py"))
+               for t in ("correctness", "wrapper", "cpu_vs_cuda", "autocast", "compile",
+                         "cuda_graph", "export", "property", "sample_variety",
+                         "fake_error_inputs")]
+
+MULTI_TENSOR_L2NORM = OpInfo(
+    name="multi_tensor_l2norm",
+    sample_inputs=_l2norm_samples,
+    error_inputs=_l2norm_errors,
+    differentiable=False,
+    skips=_NORM_SKIPS,
+)
+
+MULTI_TENSOR_SCALE_ = OpInfo(
+    name="multi_tensor_scale_",
+    sample_inputs=_scale_samples,
+    error_inputs=_scale_errors,
+    differentiable=False,
+    skips=_NORM_SKIPS,
+)
+
+OPTIM_OPS += [MULTI_TENSOR_L2NORM, MULTI_TENSOR_SCALE_]
