@@ -47,7 +47,7 @@
 #
 # GPU_CHECK_OPS=<families> (a comma list of the op database's families:
 # basic, boxes, roi, losses, deform, masked_conv, upsample, norms, softmax,
-# activations, rotary, optim; `python
+# activations, rotary, optim, deform_attn, rotated; `python
 # scripts/gpu_check_families.py --list` maps them to ops and test files):
 # one family's check in one command on a fresh machine, build included.  It
 # runs wheels, env, build-aot, then tests (the gates, and the family's
