@@ -39,17 +39,15 @@ FAMILIES: dict[str, tuple[tuple[str, ...], str, bool]] = {
     "activations": (("silu_and_mul", "gelu_and_mul"), "test/test_activations.py", False),
     # rotary
     "rotary": (("rotary_embedding", "rotary_embedding_"), "test/test_rotary.py", False),
-    "optim": (("fused_adam_", "multi_tensor_l2norm", "multi_tensor_scale_"),
-              "test/test_optim.py test/test_optim_distributed.py test/test_clip_grad.py", False),
+    "optim": (("fused_adam_", "fused_sgd_", "multi_tensor_l2norm", "multi_tensor_scale_"),
+              "test/test_optim.py test/test_sgd.py test/test_optim_distributed.py "
+              "test/test_clip_grad.py", False),
     # detection: multi-scale deformable attention
     "deform_attn": (("ms_deform_attn",), "test/test_deform_attn.py", False),
     # detection: rotated boxes and soft-NMS
     "rotated": (("box_iou_rotated", "nms_rotated", "batched_nms_rotated", "soft_nms"),
                 "test/test_rotated.py", False),
 }
-# optim: fused_sgd_ and its own test file.
-FAMILIES["optim"] = (FAMILIES["optim"][0] + ("fused_sgd_",),
-                     FAMILIES["optim"][1] + " test/test_sgd.py", False)
 
 # Test files generated from the op database (test ids carry the op's name),
 # and the seeded fuzzer (its ids too); a missing one is left out.

@@ -43,7 +43,8 @@ def _tensors(device, dtype, sizes, offset=0, seed=0):
 
 def _check_norm(tensors, per_tensor=True):
     dtype = tensors[0].dtype
-    want_total, want_per = references.multi_tensor_l2norm([t.double() for t in tensors], True)
+    want_total, want_per = (w.cpu() for w in references.multi_tensor_l2norm(
+        [t.double() for t in tensors], True))
     total, per = torchops.multi_tensor_l2norm(tensors, per_tensor=per_tensor)
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     assert total.dtype == acc and total.shape == () and total.device == tensors[0].device
@@ -190,6 +191,8 @@ def test_cuda_many_tensors_and_chunks():
     torchops.multi_tensor_scale_(ts, torch.tensor(0.5, device="cuda"))
     for a, b in zip(ts, want):
         assert torch.equal(a, b)
+    # The split tensor mid-table, then more tensors than its old slot.
+    _check_norm(_tensors("cuda", torch.float32, [5] * 10 + [300 * 65536 + 17] + [7] * 20))
 
 
 @pytest.mark.cuda
@@ -212,7 +215,7 @@ def test_cuda_under_graph_capture():
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out[0].double().cpu(),
-                               references.multi_tensor_l2norm([t.double() for t in ts])[0],
+                               references.multi_tensor_l2norm([t.double() for t in ts])[0].cpu(),
                                rtol=2e-6, atol=0)
 
 

@@ -20,8 +20,10 @@ LEVELS = [(6, 9), (3, 5), (2, 3)]
 
 
 def _grads(out, inputs, seed=0):
+    # Drawn in float64 whatever out's dtype: float32 and float64 draws from
+    # one seed are different sequences.
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed),
-                    dtype=out.dtype).to(out.device)
+                    dtype=torch.float64).to(out.device, out.dtype)
     return torch.autograd.grad(out, inputs, g)
 
 
@@ -129,9 +131,12 @@ def test_cuda_deterministic_backward_is_reproducible_and_equals_the_atomic_one(d
     inputs = (args[0], args[3], args[4])
     out = torchops.ms_deform_attn(*args)
     atomic = _grads(out, inputs)
-    with torch.use_deterministic_algorithms(True):
+    torch.use_deterministic_algorithms(True)
+    try:
         first = _grads(torchops.ms_deform_attn(*args), inputs)
         second = _grads(torchops.ms_deform_attn(*args), inputs)
+    finally:
+        torch.use_deterministic_algorithms(False)
     for a, b in zip(first, second):
         assert torch.equal(a, b)
     tol = {torch.float16: 2e-2, torch.bfloat16: 1e-1}.get(dtype, 1e-4)
@@ -154,5 +159,14 @@ def test_cuda_encoder_shape_matches_the_grid_sample_formulation():
     torch.testing.assert_close(out.double(), want, atol=1e-4, rtol=1e-4)
     got_g = _grads(out, inputs)
     want_g = _grads(want, (ref_args[0], ref_args[3], ref_args[4]))
-    for a, b in zip(got_g, want_g):
+    # The location gradient jumps where a sample crosses a pixel row or
+    # column; samples whose pixel coordinate lies within float32 rounding of
+    # one may fall on either side in float32 and float64: left out there.
+    size = torch.tensor(levels, dtype=torch.float64, device="cuda").flip(-1)  # (L, 2): W, H
+    pix = ref_args[3].detach() * size[:, None, :] - 0.5  # (B, Q, heads, L, P, 2)
+    smooth = ((pix - pix.round()).abs() > 1e-4).all(-1, keepdim=True).expand_as(pix)
+    assert smooth.float().mean() > 0.99
+    for i, (a, b) in enumerate(zip(got_g, want_g)):
+        if i == 1:
+            a, b = a[smooth], b[smooth]
         torch.testing.assert_close(a.double(), b, atol=2e-3, rtol=1e-3)

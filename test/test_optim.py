@@ -274,6 +274,10 @@ def test_cuda_many_tensors_and_chunks():
     sizes = [(i * 7919) % 5000 + 1 for i in range(40)] + [300 * 65536 + 17, 3, 65536]
     _check_op_against_reference("cuda", torch.float32, sizes, scaled=True)
     _check_op_against_reference("cuda", torch.bfloat16, sizes, master=True)
+    # The split tensor mid-table, then more tensors than its old slot: the
+    # later ones take the table's slots again while its last chunks run.
+    sizes = [5] * 10 + [300 * 65536 + 17] + [7] * 20
+    _check_op_against_reference("cuda", torch.float32, sizes)
 
 
 @pytest.mark.cuda

@@ -295,6 +295,8 @@ def test_cuda_many_tensors_and_chunks():
     _check_op_against_reference("cuda", torch.float32, sizes, scaled=True)
     _check_op_against_reference("cuda", torch.bfloat16, sizes, master=True, nesterov=True,
                                 dampening=0.0)
+    # The split tensor mid-table, then more tensors than its old slot.
+    _check_op_against_reference("cuda", torch.float32, [5] * 10 + [300 * 65536 + 17] + [7] * 20)
 
 
 @pytest.mark.cuda

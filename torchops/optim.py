@@ -38,6 +38,8 @@ which dynamo runs eagerly as it does for torch.optim's optimizers, and an
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import math
 import sys
 

@@ -86,7 +86,7 @@ void multi_tensor_apply(const char* op, size_t n, int64_t chunk, Pointers&& poin
     TORCH_CHECK(chunks <= std::numeric_limits<int>::max() &&
                     i <= static_cast<size_t>(std::numeric_limits<int>::max()),
                 "torchops.", op, ": tensor ", i, " of the lists is too large");
-    const int slot = tensors++;
+    int slot = tensors++;
     for (int k = 0; k < kSlots; ++k) {
       t.ptr[k][slot] = ptr[k];
     }
@@ -110,6 +110,7 @@ void multi_tensor_apply(const char* op, size_t n, int64_t chunk, Pointers&& poin
           t.numel[0] = t.numel[slot];
           t.index[0] = t.index[slot];
           tensors = 1;
+          slot = 0;  // its remaining blocks name slot 0, which later tensors leave alone
         }
       }
     }
