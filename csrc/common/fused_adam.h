@@ -88,25 +88,6 @@ C10_HOST_DEVICE inline AdamCoeffs<acc_t> adam_coeffs(const AdamHyper& h, double 
   return c;
 }
 
-// fma and sqrt in acc_t itself (a plain ::sqrt of a float may be the double one).
-template <typename acc_t>
-C10_HOST_DEVICE inline acc_t adam_fma(acc_t a, acc_t b, acc_t c) {
-  if constexpr (std::is_same_v<acc_t, float>) {
-    return fmaf(a, b, c);
-  } else {
-    return fma(a, b, c);
-  }
-}
-
-template <typename acc_t>
-C10_HOST_DEVICE inline acc_t adam_sqrt(acc_t x) {
-  if constexpr (std::is_same_v<acc_t, float>) {
-    return sqrtf(x);
-  } else {
-    return sqrt(x);
-  }
-}
-
 // One element's update (scalar form; the CPU's vector loop spells the same
 // steps in at::vec).  `g` returns the unscaled gradient; `vmax` is null
 // without amsgrad.  NaNs propagate as in torch.maximum.
@@ -120,7 +101,7 @@ C10_HOST_DEVICE inline void adam_update(acc_t& p, acc_t& g, acc_t& m, acc_t& v, 
   d = d + p * c.l2;
   p = p * c.decay;
   const acc_t diff = d - m;
-  m = c.from_end ? adam_fma(c.lerp_w, diff, d) : adam_fma(c.lerp_w, diff, m);
+  m = multi_tensor::step_fma(c.lerp_w, diff, c.from_end ? d : m);
   v = v * c.beta2 + c.one_minus_beta2 * d * d;
   acc_t s = v;
   if (vmax != nullptr) {
@@ -128,7 +109,7 @@ C10_HOST_DEVICE inline void adam_update(acc_t& p, acc_t& g, acc_t& m, acc_t& v, 
     s = (old != old || old > v) ? old : v;
     *vmax = s;
   }
-  const acc_t denom = adam_sqrt(s) / c.bc2_sqrt + c.eps;
+  const acc_t denom = multi_tensor::step_sqrt(s) / c.bc2_sqrt + c.eps;
   p = p + c.neg_step_size * m / denom;
 }
 

@@ -74,15 +74,6 @@ C10_HOST_DEVICE inline SgdCoeffs<acc_t> sgd_coeffs(const SgdHyper& h, double lr,
   return c;
 }
 
-template <typename acc_t>
-C10_HOST_DEVICE inline acc_t sgd_fma(acc_t a, acc_t b, acc_t c) {
-  if constexpr (std::is_same_v<acc_t, float>) {
-    return fmaf(a, b, c);
-  } else {
-    return fma(a, b, c);
-  }
-}
-
 // One element's update (scalar form; the CPU's vector loop spells the same
 // steps in at::vec).  `g` returns the unscaled gradient; `buf` is null
 // without momentum.
@@ -93,14 +84,15 @@ C10_HOST_DEVICE inline void sgd_update(acc_t& p, acc_t& g, acc_t* buf, const Sgd
   }
   acc_t d = c.maximize ? -g : g;
   if (c.decayed) {
-    d = sgd_fma(p, c.weight_decay, d);
+    d = multi_tensor::step_fma(p, c.weight_decay, d);
   }
   if (buf != nullptr) {
-    const acc_t b = c.first ? d : sgd_fma(d, c.one_minus_dampening, *buf * c.momentum);
+    const acc_t b =
+        c.first ? d : multi_tensor::step_fma(d, c.one_minus_dampening, *buf * c.momentum);
     *buf = b;
-    d = c.nesterov ? sgd_fma(b, c.momentum, d) : b;
+    d = c.nesterov ? multi_tensor::step_fma(b, c.momentum, d) : b;
   }
-  p = sgd_fma(d, c.neg_lr, p);
+  p = multi_tensor::step_fma(d, c.neg_lr, p);
 }
 
 // Every argument of one call: equal list lengths (momentum_buffer_list

@@ -7,14 +7,38 @@
 
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
+#include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
+#include <math.h>
 
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <unordered_set>
 
 namespace torchops::multi_tensor {
+
+// fma and sqrt in acc_t itself, for the optimizers' per-element updates (a
+// plain ::sqrt of a float may be the double one; an fma rounds once, as
+// torch's addcmul / add(alpha=) do on the CPU).
+template <typename acc_t>
+C10_HOST_DEVICE inline acc_t step_fma(acc_t a, acc_t b, acc_t c) {
+  if constexpr (std::is_same_v<acc_t, float>) {
+    return fmaf(a, b, c);
+  } else {
+    return fma(a, b, c);
+  }
+}
+
+template <typename acc_t>
+C10_HOST_DEVICE inline acc_t step_sqrt(acc_t x) {
+  if constexpr (std::is_same_v<acc_t, float>) {
+    return sqrtf(x);
+  } else {
+    return sqrt(x);
+  }
+}
 
 inline std::string at_index(const char* list, size_t i) {
   return std::string(list) + "[" + std::to_string(i) + "]";

@@ -903,7 +903,7 @@ MSDA = dict(op="ms_deform_attn", inputs=inputs.ms_deform_attn_args,
             sizes={"cuda": MSDA_CUDA, "cpu": MSDA_CPU})
 MSDA_NOTE = ("Deformable DETR: 8 heads, 32 channels, 4 points; encoder levels 100x150, 50x75, "
              "25x38, 13x19 (19947 positions; the encoder has a query per position, the decoder "
-             "300); points about 2 pixels around each reference point. Targets (H200): encoder "
+             "300); points about 2 pixels around each reference point. Targets (CUDA): encoder "
              "forward and fwd+bwd >= 5x compiled, decoder fwd+bwd >= 3x; CPU >= 5x eager.")
 CASES += [
     Case(name="ms_deform_attn", **MSDA, bytes=_msda_bytes, note=MSDA_NOTE),
