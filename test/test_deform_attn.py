@@ -167,6 +167,12 @@ def test_cuda_encoder_shape_matches_the_grid_sample_formulation():
     smooth = ((pix - pix.round()).abs() > 1e-4).all(-1, keepdim=True).expand_as(pix)
     assert smooth.float().mean() > 0.99
     for i, (a, b) in enumerate(zip(got_g, want_g)):
+        atol = 2e-3
         if i == 1:
+            # A location's gradient is the level's width times a sum of
+            # value differences that mostly cancel: float32 rounds it
+            # relative to the gradients' scale (up to about 8500 here), not
+            # to its own size (the same formula in float64 matches to 1e-12).
             a, b = a[smooth], b[smooth]
-        torch.testing.assert_close(a.double(), b, atol=2e-3, rtol=1e-3)
+            atol = 1e-5 * b.abs().max().item()
+        torch.testing.assert_close(a.double(), b, atol=atol, rtol=1e-3)
