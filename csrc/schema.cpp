@@ -31,6 +31,12 @@ TORCH_LIBRARY(torchops, m) {
       "batched_nms(Tensor boxes, Tensor scores, Tensor idxs, "
       "float iou_threshold) -> Tensor",
       pt2);
+  // nms_padded: nms (batched_nms with idxs) with static output shapes, for
+  // CUDA graphs: (keep (N,) int64, -1 past the kept rows; number kept, 0-dim).
+  m.def(
+      "nms_padded(Tensor boxes, Tensor scores, float iou_threshold, "
+      "Tensor? idxs=None) -> (Tensor, Tensor)",
+      pt2);
   m.def("box_iou(Tensor boxes1, Tensor boxes2) -> Tensor", pt2);
   m.def(
       "_box_iou_backward(Tensor grad, Tensor boxes1, Tensor boxes2) -> "

@@ -377,6 +377,47 @@ def test_cuda_agrees_with_cpu(dtype):
         torch.testing.assert_close(a.cpu().double(), w.double(), atol=tol * scale, rtol=tol)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_nms_padded_is_nms_then_minus_one(device, dtype):
+    for n, cells in ((0, 4), (1, 4), (300, 20), (2048, 60), (2049, 60)):
+        boxes = make_boxes(n, device, dtype, cells=cells, max_size=12)
+        scores = make_scores(n, device, dtype)
+        idxs = torch.randint(0, 3, (n,), device=device)
+        for extra, want in (((), torchops.nms(boxes, scores, 0.5)),
+                            ((idxs,), torchops.batched_nms(boxes, scores, idxs, 0.5))):
+            keep, num = torchops.nms_padded(boxes, scores, 0.5, *extra)
+            assert keep.shape == (n,) and keep.dtype == torch.int64
+            assert num.shape == () and num.dtype == torch.int64 and num.device == boxes.device
+            k = int(num)
+            assert keep[:k].tolist() == want.tolist()
+            assert (keep[k:] == -1).all()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n", [64, 1000, 2048, 2049])
+def test_cuda_single_launch_limit_agrees_with_cpu(n):
+    # Up to 2048 boxes one launch sorts the scores in shared memory, above
+    # that ATen's sort does: either way the order is the CPU's stable sort,
+    # with ties, NaN (above everything), -0 = +0 and inf.
+    gen = torch.Generator().manual_seed(n)
+    boxes = make_boxes(n, "cpu", torch.float32, cells=30, max_size=12)
+    scores = torch.randint(0, 7, (n,), generator=gen).float() / 6
+    scores[::97] = float("nan")
+    scores[5::31] = -0.0
+    scores[7::37] = 0.0
+    scores[11::89] = float("inf")
+    idxs = torch.randint(0, 3, (n,), generator=gen)
+    for thr in (0.3, 0.6):
+        assert torchops.nms(boxes.cuda(), scores.cuda(), thr).tolist() == \
+            torchops.nms(boxes, scores, thr).tolist()
+        assert torchops.batched_nms(boxes.cuda(), scores.cuda(), idxs.cuda(), thr).tolist() == \
+            torchops.batched_nms(boxes, scores, idxs, thr).tolist()
+        for got, want in zip(torchops.nms_padded(boxes.cuda(), scores.cuda(), thr, idxs.cuda()),
+                             torchops.nms_padded(boxes, scores, thr, idxs)):
+            assert torch.equal(got.cpu(), want)
+
+
 @pytest.mark.cuda
 def test_cuda_nms_many_boxes_global_memory_path():
     # 400k boxes: the resolution keeps its `removed` words in global memory

@@ -16,7 +16,7 @@ import torchops
 from torchops import demo
 
 ROOT = Path(__file__).resolve().parents[1]
-OPS = ("matmul", "d_sigmoid", "nms", "batched_nms", "box_iou", "roi_align", "roi_pool",
+OPS = ("matmul", "d_sigmoid", "nms", "batched_nms", "nms_padded", "box_iou", "roi_align", "roi_pool",
        "deform_roi_pool", "sigmoid_focal_loss", "deform_conv2d", "masked_conv2d", "carafe",
        "rms_norm", "fused_add_rms_norm", "fused_add_rms_norm_", "layer_norm", "rotary_embedding",
        "rotary_embedding_", "silu_and_mul", "gelu_and_mul", "scaled_masked_softmax",

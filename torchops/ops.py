@@ -175,7 +175,7 @@ def _d_sigmoid_backward_fake(grad: Tensor, z: Tensor) -> Tensor:
 
 # --- detection: boxes -------------------------------------------------------------------
 
-__all__ += ["nms", "batched_nms", "box_iou"]
+__all__ += ["nms", "batched_nms", "nms_padded", "box_iou"]
 
 
 def _check_boxes(op: str, name: str, t: Tensor) -> None:
@@ -262,6 +262,31 @@ def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: floa
 def _batched_nms_fake(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float) -> Tensor:
     _check_nms_args("batched_nms", boxes, scores, idxs, iou_threshold)
     return _kept_indices_fake(boxes)
+
+
+def nms_padded(boxes: Tensor, scores: Tensor, iou_threshold: float,
+               idxs: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """:func:`nms` (or, with ``idxs``, :func:`batched_nms`) with outputs
+    whose shapes do not depend on the data, for CUDA graphs and static
+    shapes under torch.compile and export.
+
+    Returns ``(keep, num_kept)``: ``keep`` ``(N,)`` int64 holds the kept
+    indices by decreasing score (the result of :func:`nms`) in its first
+    ``num_kept`` entries and -1 after them; ``num_kept`` is a 0-dim int64
+    tensor on the boxes' device.  On CUDA nothing is read back to the host,
+    so a call can be captured in a CUDA graph; up to 2048 boxes it is a
+    single kernel launch.  ``keep[:num_kept]`` (which reads the count) gives
+    :func:`nms`'s result.  Dtypes, devices and autocast as for :func:`nms`.
+    """
+    return torch.ops.torchops.nms_padded.default(boxes, scores, iou_threshold, idxs)
+
+
+@torch.library.register_fake("torchops::nms_padded")
+def _nms_padded_fake(boxes: Tensor, scores: Tensor, iou_threshold: float,
+                     idxs: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    _check_nms_args("nms_padded", boxes, scores, idxs, iou_threshold)
+    return (boxes.new_empty((boxes.shape[0],), dtype=torch.int64),
+            boxes.new_empty((), dtype=torch.int64))
 
 
 def box_iou(boxes1: Tensor, boxes2: Tensor) -> Tensor:

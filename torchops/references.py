@@ -87,6 +87,16 @@ def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: floa
     return _greedy_nms(boxes, scores, iou_threshold, idxs)
 
 
+def nms_padded(boxes: Tensor, scores: Tensor, iou_threshold: float,
+               idxs: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """:func:`nms` (:func:`batched_nms` with ``idxs``) as (the kept indices
+    followed by -1 up to N, their number as a 0-dim tensor)."""
+    kept = _greedy_nms(boxes, scores, iou_threshold, idxs)
+    keep = torch.full((boxes.shape[0],), -1, dtype=torch.int64, device=boxes.device)
+    keep[:kept.shape[0]] = kept
+    return keep, torch.tensor(kept.shape[0], dtype=torch.int64, device=boxes.device)
+
+
 def _bilinear_axis(c: Tensor, size: int):
     """One axis of RoIAlign's bilinear sampling at coordinates ``c``, with
     torchvision's edge rules: a sample outside ``[-1, size]`` is invalid

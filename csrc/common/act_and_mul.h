@@ -23,6 +23,8 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "common/checks.h"
 
@@ -43,19 +45,36 @@ struct ScalarMath {
   C10_HOST_DEVICE C10_ALWAYS_INLINE static T tanh(const T& x) { return std::tanh(x); }
 };
 
+// 1 / x through the policy's `recip` where it has one (the CUDA kernels' fast
+// policy for half types), else a division.
+template <typename M, typename T, typename = void>
+struct HasRecip : std::false_type {};
+template <typename M, typename T>
+struct HasRecip<M, T, std::void_t<decltype(M::recip(std::declval<const T&>()))>>
+    : std::true_type {};
+
+template <typename M, typename T>
+C10_HOST_DEVICE C10_ALWAYS_INLINE T recip(const T& x) {
+  if constexpr (HasRecip<M, T>::value) {
+    return M::recip(x);
+  } else {
+    return T(1) / x;
+  }
+}
+
 // silu(x) = x s with s = sigmoid(x);  silu'(x) = s (1 + x (1 - s)).
 // exp(-x) overflows to inf for very negative x, where s is then 0: no nan.
 struct Silu {
   template <typename M, typename T>
   C10_HOST_DEVICE C10_ALWAYS_INLINE static T value(const T& x) {
-    // A reciprocal, then a product: on CUDA a float division is a
-    // subroutine whose registers and instructions cost a streaming kernel a
-    // quarter of its bandwidth; the reciprocal is one correctly rounded op.
-    return x * (T(1) / (T(1) + M::exp(T(0) - x)));
+    // A reciprocal, then a product: the policy may have a cheaper
+    // reciprocal than a division (on CUDA a float division is a subroutine
+    // whose registers cost a streaming kernel bandwidth).
+    return x * recip<M>(T(1) + M::exp(T(0) - x));
   }
   template <typename M, typename T>
   C10_HOST_DEVICE C10_ALWAYS_INLINE static void value_and_slope(const T& x, T& v, T& dv) {
-    const T s = T(1) / (T(1) + M::exp(T(0) - x));
+    const T s = recip<M>(T(1) + M::exp(T(0) - x));
     v = x * s;
     dv = s * (T(1) + x * (T(1) - s));
   }

@@ -18,7 +18,12 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <ATen/ops/full.h>
+#include <ATen/ops/scalar_tensor.h>
+
 #include <cmath>
+#include <optional>
+#include <tuple>
 
 #include "common/boxes.h"
 
@@ -89,6 +94,20 @@ template <NmsImpl Impl>
 at::Tensor batched_nms_entry(const at::Tensor& boxes, const at::Tensor& scores,
                              const at::Tensor& idxs, double iou_threshold) {
   return Impl("batched_nms", boxes, scores, &idxs, iou_threshold);
+}
+
+// nms_padded from a device's nms: the kept rows, then -1 up to N, and their
+// number as a 0-dim tensor.  For devices whose nms result is on the host
+// already; CUDA writes the padded form directly, without a host sync.
+template <NmsImpl Impl>
+std::tuple<at::Tensor, at::Tensor> nms_padded_entry(
+    const at::Tensor& boxes, const at::Tensor& scores, double iou_threshold,
+    const std::optional<at::Tensor>& idxs) {
+  const at::Tensor kept = Impl("nms_padded", boxes, scores,
+                               idxs.has_value() ? &*idxs : nullptr, iou_threshold);
+  at::Tensor keep = at::full({boxes.size(0)}, -1, kept.options());
+  keep.narrow(0, 0, kept.size(0)).copy_(kept);
+  return {keep, at::scalar_tensor(kept.size(0), kept.options())};
 }
 
 }  // namespace torchops

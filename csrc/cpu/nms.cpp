@@ -264,6 +264,7 @@ at::Tensor nms_impl(const char* op, const at::Tensor& boxes_in,
 TORCH_LIBRARY_IMPL(torchops, CPU, m) {
   m.impl("nms", &nms_entry<nms_impl>);
   m.impl("batched_nms", &batched_nms_entry<nms_impl>);
+  m.impl("nms_padded", &nms_padded_entry<nms_impl>);
 }
 
 }  // namespace torchops::cpu

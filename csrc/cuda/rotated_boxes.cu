@@ -116,7 +116,10 @@ at::Tensor nms_rotated_impl(const char* op, const at::Tensor& boxes,
   at::Tensor mask = new_nms_mask(nb, long_opts);
   launch_nms_mask(box_ptr(sorted), static_cast<const int64_t*>(cls_p), n, nb,
                   RotatedTest{iou_threshold}, mask);
-  return resolve_nms_mask(mask, n, nb, order_p, long_opts);
+  at::Tensor keep = at::empty({n}, long_opts);
+  at::Tensor num_keep = at::empty({}, long_opts);
+  resolve_nms_mask(mask, n, nb, order_p, keep, num_keep, /*pad=*/false);
+  return kept_prefix(keep, num_keep);
 }
 
 }  // namespace

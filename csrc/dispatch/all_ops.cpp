@@ -20,6 +20,7 @@
 #include "dispatch/masked_conv2d_dispatch.cpp"
 #include "dispatch/matmul_dispatch.cpp"
 #include "dispatch/nms_dispatch.cpp"
+#include "dispatch/nms_padded_dispatch.cpp"
 #include "dispatch/roi_align_dispatch.cpp"
 #include "dispatch/roi_pool_dispatch.cpp"
 #include "dispatch/sigmoid_focal_loss_dispatch.cpp"

@@ -1,4 +1,4 @@
-"""Entries of the box ops: nms, batched_nms, box_iou; and the box sample makers
+"""Entries of the box ops: nms, batched_nms, nms_padded, box_iou; and the box sample makers
 that op-specific tests share (make_boxes, make_scores)."""
 
 from __future__ import annotations
@@ -127,6 +127,29 @@ BATCHED_NMS = OpInfo(name="batched_nms", sample_inputs=_batched_nms_samples,
                      error_inputs=_batched_nms_errors, **_NMS_TRAITS)
 
 
+def _nms_padded_samples(device, dtype, requires_grad=False):
+    # nms's samples, then batched_nms's with idxs as the last argument.
+    yield from _nms_samples(device, dtype, requires_grad)
+    for s in _batched_nms_samples(device, dtype, requires_grad):
+        boxes, scores, idxs, thr = s.args
+        yield Sample((boxes, scores, thr, idxs), name=f"idxs_{s.name}")
+
+
+def _nms_padded_errors(device):
+    yield from _nms_errors_common("nms_padded", device, lambda n: (0.5,))
+    b, s = torch.zeros(5, 4, device=device), torch.zeros(5, device=device)
+    yield ErrorInput(Sample((b, s, 0.5, torch.zeros(5, dtype=torch.int32, device=device))),
+                     r"torchops\.nms_padded.*'idxs'.*int64")
+    yield ErrorInput(Sample((b, s, 0.5, torch.zeros(4, dtype=torch.int64, device=device))),
+                     r"torchops\.nms_padded.*'idxs'.*N = 5")
+
+
+# Static output shapes: the generic CUDA-graph test captures it.
+NMS_PADDED = OpInfo(name="nms_padded", sample_inputs=_nms_padded_samples,
+                    error_inputs=_nms_padded_errors,
+                    **{**_NMS_TRAITS, "data_dependent_output": False})
+
+
 def _box_iou_samples(device, dtype, requires_grad=False):
     rg = requires_grad
     # Two grids a half step apart (see the section comment); coordinates < 8
@@ -176,4 +199,4 @@ BOX_IOU = OpInfo(
 )
 
 
-BOX_OPS: list[OpInfo] = [NMS, BATCHED_NMS, BOX_IOU]
+BOX_OPS: list[OpInfo] = [NMS, BATCHED_NMS, NMS_PADDED, BOX_IOU]

@@ -153,9 +153,16 @@ BATCHED_NMS_ROTATED = OpInfo(name="batched_nms_rotated", sample_inputs=_batched_
 
 
 def _soft_nms_samples(device, dtype, requires_grad=False):
-    # Axis-aligned boxes on nms's grid (exact in every dtype).
+    # Axis-aligned boxes on nms's grid (exact in every dtype), and distinct
+    # scores (distinct in bfloat16 too): with equal starting scores, two
+    # boxes' decayed scores can be equal as real numbers and still round
+    # apart differently in float32 (the half types' op math) and in the
+    # float64 reference, which would then select them in another order.
+    def distinct(n):
+        return ((torch.randperm(n, device=device) + 1).double() / (n + 1)).to(dtype)
+
     def case(n, **kw):
-        return make_boxes(n, device, dtype, **kw), make_scores(n, device, dtype)
+        return make_boxes(n, device, dtype, **kw), distinct(n)
 
     for i, n in enumerate((0, 1, 2, 7, 64, 65, 150)):
         b, s = case(n, cells=8)
@@ -171,12 +178,12 @@ def _soft_nms_samples(device, dtype, requires_grad=False):
     yield Sample((one, torch.full((9,), 0.5, device=device, dtype=dtype), 0.3, 0.5, 1e-3,
                   "gaussian"), name="identical")
     b, s = case(70, cells=8, transposed=True)
-    s2 = make_scores(140, device, dtype)[::2]
+    s2 = distinct(140)[::2]
     yield Sample((b, s2, 0.3, 0.5, 1e-3, "linear"), name="strided")
     # Empty boxes have IoU 0 (never NaN).
     e = make_boxes(20, device, dtype, cells=4)
     e[::3, 2] = e[::3, 0]
-    yield Sample((e, make_scores(20, device, dtype), 0.3, 0.5, 1e-3, "gaussian"),
+    yield Sample((e, distinct(20), 0.3, 0.5, 1e-3, "gaussian"),
                  name="empty_boxes")
 
 

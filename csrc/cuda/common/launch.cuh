@@ -64,6 +64,35 @@ int resident_blocks(Kernel kernel, int threads, size_t shared_bytes = 0) {
   return blocks;
 }
 
+// The most dynamic shared memory a launch of `kernel` may ask for on the
+// current device (its opt-in limit less its static shared memory), after
+// opting the kernel in to it.  Kept per kernel and device, as
+// resident_blocks keeps its answers.
+template <typename Kernel>
+size_t dynamic_shared_limit(Kernel kernel) {
+  using Key = std::tuple<const void*, int>;
+  static std::mutex mutex;
+  static std::map<Key, size_t> known;
+  const int device = static_cast<int>(c10::cuda::current_device());
+  const Key key{reinterpret_cast<const void*>(kernel), device};
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto it = known.find(key);
+  if (it != known.end()) {
+    return it->second;
+  }
+  int optin = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  cudaFuncAttributes attrs{};
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernel));
+  const size_t limit = optin > static_cast<int>(attrs.sharedSizeBytes)
+                           ? static_cast<size_t>(optin) - attrs.sharedSizeBytes
+                           : 0;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(limit)));
+  known.emplace(key, limit);
+  return limit;
+}
+
 inline bool fits_int32(int64_t n) {
   return n <= std::numeric_limits<int32_t>::max();
 }

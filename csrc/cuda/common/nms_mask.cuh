@@ -29,13 +29,26 @@
 // Work: N^2 / 2 suppression tests (step 2, fully parallel), then nb
 // sequential steps whose memory traffic is sum over kept boxes of the words
 // to their right.  The only host synchronisation reads the number of kept
-// boxes, to size the result.
+// boxes, to size the result (nms_padded reads none).
+//
+// Small inputs take one launch instead of a sort, a gather and steps 2
+// and 3, because there latency is everything: nms_small_kernel, for up to
+// kSmallMax boxes whose mask fits in shared memory (nms_small_fits).  Every
+// block sorts all N scores itself (a block radix sort costs less than a
+// second launch), computes its share of the tiles from the boxes in that
+// order, and the block that arrives last (an arrival counter, zeroed by a
+// 4-byte memset before the launch) copies the mask into shared memory and
+// resolves it with one warp, without a barrier per step.  No host work
+// depends on the data, so the launch can be captured in a CUDA graph.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <cub/block/block_radix_sort.cuh>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "common/boxes.h"
 #include "cuda/common/launch.cuh"
@@ -67,6 +80,50 @@ __host__ __device__ inline int64_t tile_index(int64_t rb, int64_t cb,
   return tiles_before(rb, nb) + (cb - rb);
 }
 
+// Tile t of the triangle: its row block rb and column block cb.
+__device__ inline void tile_blocks(int64_t t, int64_t nb, int64_t& rb,
+                                   int64_t& cb) {
+  // Invert t = tiles_before(rb) + (cb - rb): the root of the quadratic,
+  // then exact integer corrections for its rounding.
+  const double b = 2.0 * static_cast<double>(nb) + 1.0;
+  rb = static_cast<int64_t>((b - sqrt(b * b - 8.0 * static_cast<double>(t))) / 2.0);
+  rb = rb < 0 ? 0 : (rb > nb - 1 ? nb - 1 : rb);
+  while (rb > 0 && tiles_before(rb, nb) > t) {
+    --rb;
+  }
+  while (rb + 1 < nb && tiles_before(rb + 1, nb) <= t) {
+    ++rb;
+  }
+  cb = rb + (t - tiles_before(rb, nb));
+}
+
+// The bits of columns [j0, j1) of word r of a tile: row box `me` against
+// the tile's column boxes.
+template <bool Batched, typename BoxT, typename Test>
+__device__ inline u64 tile_word(const BoxT& me, int64_t my_cls,
+                                const BoxT* col_boxes, const int64_t* col_cls,
+                                int r, int j0, int j1, bool diagonal,
+                                const Test& test) {
+  u64 bits = 0;
+  if (diagonal) {
+    // Which earlier boxes of the block suppress this one.  The earlier
+    // (higher-scored) box goes first: the IoU is evaluated in the same
+    // order as for every other pair.
+    for (int j = j0; j < j1 && j < r; ++j) {
+      if ((!Batched || col_cls[j] == my_cls) && test(col_boxes[j], me)) {
+        bits |= u64(1) << j;
+      }
+    }
+  } else {
+    for (int j = j0; j < j1; ++j) {
+      if ((!Batched || col_cls[j] == my_cls) && test(me, col_boxes[j])) {
+        bits |= u64(1) << j;
+      }
+    }
+  }
+  return bits;
+}
+
 // Step 2 for any box type: `test(a, b)` says whether box a (higher score)
 // suppresses box b.
 template <typename BoxT, bool Batched, typename Test>
@@ -76,20 +133,9 @@ __global__ void __launch_bounds__(kBits) nms_mask_kernel(
   __shared__ BoxT col_boxes[kBits];
   __shared__ int64_t col_cls[kBits];
 
-  // Invert t = tiles_before(rb) + (cb - rb): the root of the quadratic,
-  // then exact integer corrections for its rounding.
   const int64_t t = blockIdx.x;
-  const double b = 2.0 * static_cast<double>(nb) + 1.0;
-  int64_t rb = static_cast<int64_t>((b - sqrt(b * b - 8.0 * t)) / 2.0);
-  rb = rb < 0 ? 0 : (rb > nb - 1 ? nb - 1 : rb);
-  while (rb > 0 && tiles_before(rb, nb) > t) {
-    --rb;
-  }
-  while (rb + 1 < nb && tiles_before(rb + 1, nb) <= t) {
-    ++rb;
-  }
-  const int64_t cb = rb + (t - tiles_before(rb, nb));
-
+  int64_t rb, cb;
+  tile_blocks(t, nb, rb, cb);
   const int r = threadIdx.x;
   const int64_t row0 = rb * kBits;
   const int64_t col0 = cb * kBits;
@@ -105,26 +151,8 @@ __global__ void __launch_bounds__(kBits) nms_mask_kernel(
 
   u64 bits = 0;
   if (r < rows) {
-    const BoxT me = boxes[row0 + r];
-    const int64_t my_cls = Batched ? cls[row0 + r] : 0;
-    if (cb == rb) {
-      // Which earlier boxes of the block suppress this one.  The earlier
-      // (higher-scored) box goes first: the IoU is evaluated in the same
-      // order as for every other pair.
-      for (int j = 0; j < r; ++j) {
-        if ((!Batched || col_cls[j] == my_cls) &&
-            test(col_boxes[j], me)) {
-          bits |= u64(1) << j;
-        }
-      }
-    } else {
-      for (int j = 0; j < cols; ++j) {
-        if ((!Batched || col_cls[j] == my_cls) &&
-            test(me, col_boxes[j])) {
-          bits |= u64(1) << j;
-        }
-      }
-    }
+    bits = tile_word<Batched>(boxes[row0 + r], Batched ? cls[row0 + r] : 0,
+                              col_boxes, col_cls, r, 0, cols, cb == rb, test);
   }
   // Rows past N get 0, so the resolution can read whole tiles.
   mask[t * kBits + r] = bits;
@@ -142,10 +170,11 @@ __device__ inline u64 ballot64(bool lo, bool hi) {
          (static_cast<u64>(__ballot_sync(kFullMask, hi)) << 32);
 }
 
-// Warps 1..31 at step s: OR the rows `rows[0..k)` of row block `rb` (block
+// Warps 1..kWarps-1 at step s: OR the rows `rows[0..k)` of row block `rb` (block
 // s-1, kept boxes) into removed[cb] for cb in [first, nb).  g lanes share a
 // word (g = k rounded up to a power of two, at most 32; two rows per lane
 // when k > 32), so a warp covers 32 / g words per pass.
+template <int kWarps>
 __device__ void or_kept_rows(const u64* __restrict__ mask, int64_t rb,
                              int64_t first, int64_t nb, int k,
                              const unsigned char* rows, u64* removed,
@@ -157,7 +186,7 @@ __device__ void or_kept_rows(const u64* __restrict__ mask, int64_t rb,
   const int per_warp = 32 / g;
   const int sub = lane & (g - 1);
   const int64_t group = static_cast<int64_t>(worker) * per_warp + lane / g;
-  const int64_t groups = static_cast<int64_t>(kResolveWarps - 1) * per_warp;
+  const int64_t groups = static_cast<int64_t>(kWarps - 1) * per_warp;
   const int r0 = sub < k ? rows[sub] : -1;
   const int r1 = sub + 32 < k ? rows[sub + 32] : -1;
   // Word r of tile (rb, cb) is mask[row_base + cb * kBits + r].
@@ -190,15 +219,19 @@ __device__ void or_kept_rows(const u64* __restrict__ mask, int64_t rb,
   }
 }
 
-__global__ void __launch_bounds__(kResolveThreads) nms_resolve_kernel(
-    const u64* __restrict__ mask, int64_t n, int64_t nb,
-    const int64_t* __restrict__ order, int64_t* __restrict__ keep,
-    int64_t* __restrict__ num_keep, u64* removed_global) {
-  extern __shared__ u64 removed_shared[];
+// Step 3 by one block of kWarps warps (see the top of the file): the kept
+// rows order[p] of the kept positions p go to keep[0, count), by decreasing
+// score; *num_keep = count; with `pad`, keep[count, n) = -1.  `removed`
+// holds nb words.  `order` is the sorted positions' rows (int64_t in global
+// memory, or uint16_t in the single-launch kernel's shared memory).
+template <int kWarps, typename OrderT>
+__device__ void resolve_nms(const u64* __restrict__ mask, int64_t n, int64_t nb,
+                            const OrderT* order, int64_t* keep,
+                            int64_t* num_keep, u64* removed, bool pad) {
   __shared__ u64 kept_mask[2];               // by step parity
   __shared__ unsigned char kept_rows[2][kBits];
+  __shared__ int64_t kept_count;
 
-  u64* removed = removed_global != nullptr ? removed_global : removed_shared;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   for (int64_t w = threadIdx.x; w < nb; w += blockDim.x) {
@@ -233,7 +266,7 @@ __global__ void __launch_bounds__(kResolveThreads) nms_resolve_kernel(
         next_link_lo = l[lane];
         next_link_hi = l[lane + 32];
       }
-      // Block s's word: earlier blocks were folded in by warps 1..31 at
+      // Block s's word: earlier blocks were folded in by the other warps at
       // previous steps; block s-1's kept rows are folded in here.
       const u64 prev_kept = kept_mask[prev];
       u64 v = (((prev_kept >> lane) & 1) ? link_lo : 0) |
@@ -260,12 +293,12 @@ __global__ void __launch_bounds__(kResolveThreads) nms_resolve_kernel(
       // Kept indices go straight to the output, in score order.
       if ((kept >> lane) & 1) {
         const int slot = __popcll(kept & ((u64(1) << lane) - 1));
-        keep[count + slot] = order[s * kBits + lane];
+        keep[count + slot] = static_cast<int64_t>(order[s * kBits + lane]);
         kept_rows[cur][slot] = static_cast<unsigned char>(lane);
       }
       if ((kept >> (lane + 32)) & 1) {
         const int slot = __popcll(kept & ((u64(1) << (lane + 32)) - 1));
-        keep[count + slot] = order[s * kBits + lane + 32];
+        keep[count + slot] = static_cast<int64_t>(order[s * kBits + lane + 32]);
         kept_rows[cur][slot] = static_cast<unsigned char>(lane + 32);
       }
       count += __popcll(kept);
@@ -279,14 +312,250 @@ __global__ void __launch_bounds__(kResolveThreads) nms_resolve_kernel(
     } else if (s > 0) {
       const int k = __popcll(kept_mask[prev]);
       if (k > 0) {
-        or_kept_rows(mask, s - 1, s + 1, nb, k, kept_rows[prev], removed,
-                     warp - 1, lane);
+        or_kept_rows<kWarps>(mask, s - 1, s + 1, nb, k,
+                                        kept_rows[prev], removed, warp - 1,
+                                        lane);
       }
     }
     __syncthreads();
   }
   if (threadIdx.x == 0) {
     *num_keep = count;
+    kept_count = count;
+  }
+  if (pad) {
+    __syncthreads();
+    for (int64_t i = kept_count + threadIdx.x; i < n; i += blockDim.x) {
+      keep[i] = -1;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kResolveThreads) nms_resolve_kernel(
+    const u64* __restrict__ mask, int64_t n, int64_t nb,
+    const int64_t* __restrict__ order, int64_t* __restrict__ keep,
+    int64_t* __restrict__ num_keep, u64* removed_global, bool pad) {
+  extern __shared__ u64 removed_shared[];
+  resolve_nms<kResolveWarps>(
+      mask, n, nb, order, keep, num_keep,
+      removed_global != nullptr ? removed_global : removed_shared, pad);
+}
+
+// --- the single launch for small inputs ------------------------------------
+
+constexpr int kSmallThreads = 256;
+constexpr int kSmallItems = 8;  // sort keys per thread
+constexpr int kSmallMax = kSmallThreads * kSmallItems;
+constexpr int kQuarter = kBits / (kSmallThreads / kBits);  // columns per thread
+
+// Sort keys: unsigned integers in the order of at::sort(descending)'s
+// comparison of T -- NaN above everything (torch.sort's rule), -0 = +0 --
+// with 0 left for the sort's padding, below every real key.
+__device__ __forceinline__ uint32_t score_key(float x) {
+  if (x != x) {
+    return 0xffffffffu;
+  }
+  const uint32_t u = __float_as_uint(x == 0.0f ? 0.0f : x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ uint64_t score_key(double x) {
+  if (x != x) {
+    return ~uint64_t(0);
+  }
+  const auto u = static_cast<uint64_t>(__double_as_longlong(x == 0.0 ? 0.0 : x));
+  return (u >> 63) ? ~u : (u | (uint64_t(1) << 63));
+}
+
+// The mask of the single launch, in the order its resolution reads it:
+// row block rb's strip holds, for each of its 64 rows, the words of column
+// blocks rb .. nb-1 side by side.  So when lane c reads column block c's
+// word of one row, the warp reads consecutive words.
+__device__ __forceinline__ int64_t strip_word(int64_t rb, int64_t cb, int r,
+                                              int64_t nb) {
+  return kBits * tiles_before(rb, nb) + r * (nb - rb) + (cb - rb);
+}
+
+// Step 3 by one warp, the mask in shared memory (strip layout, nb <= 32
+// blocks).  Lane c keeps block c's `removed` word in a register; at step s
+// it ORs in block s's kept rows' words for block c: the kept rows are
+// listed in shared memory first, so the loads are independent, eight in
+// flight.  No barrier between steps.
+template <typename OrderT>
+__device__ void resolve_strips(const u64* mask, int n, int nb,
+                               const OrderT* order, int64_t* keep,
+                               int64_t* num_keep) {
+  __shared__ unsigned char kept_rows[kBits];
+  const int lane = threadIdx.x % 32;
+  u64 removed = 0;
+  int64_t count = 0;
+  for (int s = 0; s < nb; ++s) {
+    const int width = nb - s;
+    const u64* strip = mask + kBits * tiles_before(s, nb);
+    const u64 diag_lo = strip[lane * width];
+    const u64 diag_hi = strip[(lane + 32) * width];
+    const u64 rem = __shfl_sync(kFullMask, removed, s);
+    const int rows = min_of(kBits, n - s * kBits);
+    const u64 valid = rows == kBits ? ~u64(0) : ((u64(1) << rows) - 1);
+    u64 cand = ~rem & valid;
+    // Greedy within the block, as resolve_nms's.
+    u64 kept = 0;
+    while (cand != 0) {
+      const bool in_lo = (cand >> lane) & 1;
+      const bool in_hi = (cand >> (lane + 32)) & 1;
+      const u64 free = ballot64(in_lo && (diag_lo & cand) == 0,
+                                in_hi && (diag_hi & cand) == 0);
+      const u64 dropped = ballot64(in_lo && (diag_lo & free) != 0,
+                                   in_hi && (diag_hi & free) != 0);
+      kept |= free;
+      cand &= ~(free | dropped);
+    }
+    if ((kept >> lane) & 1) {
+      const int slot = __popcll(kept & ((u64(1) << lane) - 1));
+      keep[count + slot] = static_cast<int64_t>(order[s * kBits + lane]);
+      kept_rows[slot] = static_cast<unsigned char>(lane);
+    }
+    if ((kept >> (lane + 32)) & 1) {
+      const int slot = __popcll(kept & ((u64(1) << (lane + 32)) - 1));
+      keep[count + slot] = static_cast<int64_t>(order[s * kBits + lane + 32]);
+      kept_rows[slot] = static_cast<unsigned char>(lane + 32);
+    }
+    const int k = __popcll(kept);
+    count += k;
+    __syncwarp();
+    const bool later = lane > s && lane < nb;
+    u64 acc = 0;
+    constexpr int kInFlight = 8;
+    for (int u0 = 0; u0 < k; u0 += kInFlight) {
+      u64 w[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        w[u] = later && u0 + u < k ? strip[kept_rows[u0 + u] * width + (lane - s)] : 0;
+      }
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        acc |= w[u];
+      }
+    }
+    removed |= acc;
+    __syncwarp();  // the list is rewritten at the next step
+  }
+  if (lane == 0) {
+    *num_keep = count;
+  }
+}
+
+// Source: the op's inputs, read in place.  `score(i)` in T (exact for every
+// dtype: the half types widen to float), `box(i)` as the gather of the
+// multi-launch path converts it, `category(i)` for the batched ops.
+template <typename T, typename BoxT, bool Batched, typename Source,
+          typename Test>
+__global__ void __launch_bounds__(kSmallThreads) nms_small_kernel(
+    Source src, int n, int nb, Test test, u64* mask, unsigned int* arrivals,
+    int64_t* keep, int64_t* num_keep, bool pad) {
+  using Key = decltype(score_key(T(0)));
+  using Sort = cub::BlockRadixSort<Key, kSmallThreads, kSmallItems, uint16_t>;
+  __shared__ union {
+    typename Sort::TempStorage sort;
+    struct {
+      BoxT boxes[kBits];
+      int64_t cls[kBits];
+      u64 words[kBits];
+    } tile;
+  } scratch;
+  __shared__ uint16_t order[kSmallMax];
+  __shared__ bool last;
+
+  // 1. Every block sorts the n scores: a stable radix sort of their keys,
+  //    descending, each thread holding consecutive rows (the blocked
+  //    arrangement), so equal keys keep the rows' order.
+  {
+    Key keys[kSmallItems];
+    uint16_t rows[kSmallItems];
+#pragma unroll
+    for (int u = 0; u < kSmallItems; ++u) {
+      const int i = threadIdx.x * kSmallItems + u;
+      keys[u] = i < n ? score_key(src.score(i)) : Key(0);
+      rows[u] = static_cast<uint16_t>(i);
+    }
+    Sort(scratch.sort).SortDescending(keys, rows);
+#pragma unroll
+    for (int u = 0; u < kSmallItems; ++u) {
+      order[threadIdx.x * kSmallItems + u] = rows[u];
+    }
+  }
+  __syncthreads();
+
+  // 2. This block's tiles, one at a time: thread (q, r) tests row r of the
+  //    tile against its q-th quarter of the columns; the quarters meet in
+  //    a shared word.  Words go to the strip layout.
+  const int r = threadIdx.x % kBits;
+  const int q = threadIdx.x / kBits;
+  const int64_t tiles = static_cast<int64_t>(nb) * (nb + 1) / 2;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    int64_t rb, cb;
+    tile_blocks(t, nb, rb, cb);
+    const int rows = min_of<int>(kBits, n - static_cast<int>(rb) * kBits);
+    const int cols = min_of<int>(kBits, n - static_cast<int>(cb) * kBits);
+    if (threadIdx.x < cols) {
+      const int row = order[cb * kBits + threadIdx.x];
+      scratch.tile.boxes[threadIdx.x] = src.box(row);
+      if (Batched) {
+        scratch.tile.cls[threadIdx.x] = src.category(row);
+      }
+    }
+    if (threadIdx.x < kBits) {
+      scratch.tile.words[threadIdx.x] = 0;
+    }
+    __syncthreads();
+    if (r < rows) {
+      const int row = order[rb * kBits + r];
+      const int j0 = q * kQuarter;
+      const u64 bits = tile_word<Batched>(
+          src.box(row), Batched ? src.category(row) : 0, scratch.tile.boxes,
+          scratch.tile.cls, r, j0, min_of(cols, j0 + kQuarter), cb == rb, test);
+      if (bits != 0) {
+        atomicOr(&scratch.tile.words[r], bits);
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < kBits) {
+      mask[strip_word(rb, cb, threadIdx.x, nb)] = scratch.tile.words[threadIdx.x];
+    }
+    __syncthreads();
+  }
+
+  // 3. The last block to arrive resolves, from shared memory.  Each
+  //    thread's mask writes are made visible device-wide before its block
+  //    counts itself in; the words are read back from L2 (ld.global.cg),
+  //    never through L1, which may hold older data.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) {
+    return;
+  }
+  __threadfence();
+  extern __shared__ uint4 staged[];  // tiles * 64 words: an even count
+  const uint4* from = reinterpret_cast<const uint4*>(mask);
+  const int chunks = static_cast<int>(tiles) * (kBits / 2);
+#pragma unroll 8
+  for (int i = threadIdx.x; i < chunks; i += kSmallThreads) {
+    staged[i] = __ldcg(from + i);
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    resolve_strips(reinterpret_cast<const u64*>(staged), n, nb, order, keep,
+                   num_keep);
+  }
+  if (pad) {
+    __syncthreads();
+    const int64_t kept = *num_keep;
+    for (int64_t i = kept + threadIdx.x; i < n; i += blockDim.x) {
+      keep[i] = -1;
+    }
   }
 }
 
@@ -320,17 +589,16 @@ void launch_nms_mask(const BoxT* boxes, const int64_t* cls, int64_t n,
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Step 3: the kept rows (order[p] of the kept positions p), by decreasing
-// score.
-inline at::Tensor resolve_nms_mask(const at::Tensor& mask, int64_t n,
-                                   int64_t nb, const int64_t* order_p,
-                                   const at::TensorOptions& long_opts) {
-  at::Tensor keep = at::empty({n}, long_opts);
-  at::Tensor num_keep = at::empty({1}, long_opts);
+// Step 3 into keep (n rows) and num_keep (one int64): the kept rows
+// (order[p] of the kept positions p), by decreasing score; with `pad`, the
+// rest of keep is -1.
+inline void resolve_nms_mask(const at::Tensor& mask, int64_t n, int64_t nb,
+                             const int64_t* order_p, at::Tensor& keep,
+                             at::Tensor& num_keep, bool pad) {
   at::Tensor removed;
   size_t shared_bytes = static_cast<size_t>(nb) * sizeof(u64);
   if (nb > kMaxSharedWords) {
-    removed = at::empty({nb}, long_opts);
+    removed = at::empty({nb}, keep.options());
     shared_bytes = 0;
   }
   nms_resolve_kernel<<<1, kResolveThreads, shared_bytes, current_stream()>>>(
@@ -339,11 +607,53 @@ inline at::Tensor resolve_nms_mask(const at::Tensor& mask, int64_t n,
       num_keep.mutable_data_ptr<int64_t>(),
       removed.defined()
           ? reinterpret_cast<u64*>(removed.mutable_data_ptr<int64_t>())
-          : nullptr);
+          : nullptr,
+      pad);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  // The only host synchronisation: the result's length.
-  const int64_t kept = num_keep.item<int64_t>();
-  return keep.narrow(0, 0, kept);
+}
+
+// nms's result: the first *num_keep rows of keep.  The one host
+// synchronisation of the NMS ops.
+inline at::Tensor kept_prefix(const at::Tensor& keep, const at::Tensor& num_keep) {
+  return keep.narrow(0, 0, num_keep.item<int64_t>());
+}
+
+// The single launch's kernel serves n boxes when there are at most
+// kSmallMax and their mask fits the device's shared memory.
+template <typename T, typename BoxT, bool Batched, typename Source, typename Test>
+bool nms_small_fits(int64_t n) {
+  if (n > kSmallMax) {
+    return false;
+  }
+  const int64_t nb = ceil_div(n, kBits);
+  const size_t mask_bytes = static_cast<size_t>(nb * (nb + 1) / 2) * kBits * sizeof(u64);
+  return mask_bytes <= dynamic_shared_limit(&nms_small_kernel<T, BoxT, Batched, Source, Test>);
+}
+
+// Steps 1-3 in one launch for 0 < n boxes that nms_small_fits (see the top
+// of the file), into keep and num_keep as resolve_nms_mask writes them.
+template <typename T, typename BoxT, bool Batched, typename Source, typename Test>
+void launch_nms_small(const Source& src, int64_t n, Test test, at::Tensor& keep,
+                      at::Tensor& num_keep, bool pad) {
+  const int64_t nb = ceil_div(n, kBits);
+  const int64_t tiles = nb * (nb + 1) / 2;
+  // The mask, then one word for the arrival counter.
+  at::Tensor scratch = at::empty({tiles * kBits + 1}, keep.options());
+  u64* mask_p = reinterpret_cast<u64*>(scratch.mutable_data_ptr<int64_t>());
+  auto* arrivals = reinterpret_cast<unsigned int*>(mask_p + tiles * kBits);
+  const cudaStream_t stream = current_stream();
+  C10_CUDA_CHECK(cudaMemsetAsync(arrivals, 0, sizeof(unsigned int), stream));
+  // Blocks take tiles in turn; no more blocks than fit on the device at
+  // once, since a second wave would sort the scores again.
+  const size_t mask_bytes = static_cast<size_t>(tiles) * kBits * sizeof(u64);
+  auto* kernel = &nms_small_kernel<T, BoxT, Batched, Source, Test>;
+  const int64_t resident =
+      int64_t(sm_count(keep)) * resident_blocks(kernel, kSmallThreads, mask_bytes);
+  const auto blocks = static_cast<unsigned int>(std::min<int64_t>(tiles, resident));
+  kernel<<<blocks, kSmallThreads, mask_bytes, stream>>>(
+          src, static_cast<int>(n), static_cast<int>(nb), test, mask_p, arrivals,
+          keep.mutable_data_ptr<int64_t>(), num_keep.mutable_data_ptr<int64_t>(), pad);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace
