@@ -211,6 +211,41 @@ inline A reduce_add(const Vectorized<A>& v) {
       [](const Vectorized<A>& x, const Vectorized<A>& y) { return x + y; }, v);
 }
 
+// msda_taps's corners of one sample, appended without branching on the
+// data (a sample's corners fall inside or outside the level at random, which
+// a branch predicts badly): value's offset (first + position * pixel) and
+// weight (scale times the bilinear weight) of each corner inside, written at
+// offs[n], wts[n] and on; returns the new count.  The slots up to n + 4 must
+// exist.
+template <typename A>
+inline int64_t append_corners(const MsdaLevel& lv, A loc_x, A loc_y, A scale, int64_t first,
+                              int64_t pixel, int64_t* offs, A* wts, int64_t n) {
+  const A h_im = loc_y * static_cast<A>(lv.height) - A(0.5);
+  const A w_im = loc_x * static_cast<A>(lv.width) - A(0.5);
+  // NaN fails every comparison; rows <= S keeps the integer casts in range.
+  const bool inside = (h_im > A(-1)) & (w_im > A(-1)) & (h_im < static_cast<A>(lv.rows)) &
+                      (w_im < static_cast<A>(lv.width));
+  const A fh = std::floor(inside ? h_im : A(0)), fw = std::floor(inside ? w_im : A(0));
+  const int64_t y0 = static_cast<int64_t>(fh), x0 = static_cast<int64_t>(fw);
+  const A lh = h_im - fh, lw = w_im - fw, hh = A(1) - lh, hw = A(1) - lw;
+  const bool top = inside & (y0 >= 0), bottom = inside & (y0 + 1 < lv.rows);
+  const bool left = x0 >= 0, right = x0 + 1 < lv.width;
+  const int64_t at = first + (y0 * lv.width + x0) * pixel;
+  offs[n] = at;
+  wts[n] = scale * (hh * hw);
+  n += top & left;
+  offs[n] = at + pixel;
+  wts[n] = scale * (hh * lw);
+  n += top & right;
+  offs[n] = at + lv.width * pixel;
+  wts[n] = scale * (lh * hw);
+  n += bottom & left;
+  offs[n] = at + (lv.width + 1) * pixel;
+  wts[n] = scale * (lh * lw);
+  n += bottom & right;
+  return n;
+}
+
 // Output rows [begin, end) of (batch, query); offs and wts hold the taps of
 // one head (at least 4 * L * P each).
 template <typename T>
@@ -234,19 +269,8 @@ void forward_rows_vec(const T* value, const MsdaLevel* levels, const T* loc, con
         const int64_t first = (b * d.spatial + lv.start) * pixel + h * C;
         for (int64_t p = 0; p < d.points; ++p) {
           const int64_t s = l * d.points + p;
-          const MsdaTaps<A> t = msda_taps<A>(lv, static_cast<A>(lrow[2 * s]),
-                                             static_cast<A>(lrow[2 * s + 1]));
-          if (!t.any) {
-            continue;
-          }
-          const A a = static_cast<A>(arow[s]);
-          for (int k = 0; k < 4; ++k) {
-            if (t.pos[k] >= 0) {
-              offs[n] = first + t.pos[k] * pixel;
-              wts[n] = a * t.weight[k];
-              ++n;
-            }
-          }
+          n = append_corners<A>(lv, static_cast<A>(lrow[2 * s]), static_cast<A>(lrow[2 * s + 1]),
+                                static_cast<A>(arow[s]), first, pixel, offs, wts, n);
         }
       }
       T* o = out + row * C;
@@ -291,6 +315,9 @@ constexpr int64_t kAhead = 4;
 inline void prefetch(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
 #if defined(__GNUC__) || defined(__clang__)
+  if (bytes <= 0) {
+    return;
+  }
   for (int64_t i = 0; i < bytes; i += 64) {
     __builtin_prefetch(c + i);
   }
@@ -316,6 +343,11 @@ void backward_tasks_vec(const T* grad, const T* value, const MsdaLevel* levels, 
   std::vector<A> acc_buf(widened ? most * d.channels : 0), g_buf(widened ? d.channels : 0);
   std::vector<A> scratch(d.points * (4 * W + 4 + 1));
   std::vector<MsdaTaps<A>> taps(d.points);
+  std::vector<int64_t> corners(d.points * 8);
+  int64_t* corner_pos = corners.data();                // (P * 4): level-relative positions
+  int64_t* corner_slot = corner_pos + d.points * 4;    // (P * 4): p * 4 + k
+  std::vector<A> corner_coefs(d.points * 4);
+  A* corner_coef = corner_coefs.data();                // attention times bilinear weight
   A* acc = acc_buf.data();
   A* gbuf = g_buf.data();
   A* dots = scratch.data();               // (P, 4, W)
@@ -374,55 +406,49 @@ void backward_tasks_vec(const T* grad, const T* value, const MsdaLevel* levels, 
       }
       std::fill(dots, dots + 4 * d.points * W, A(0));
       std::fill(tails, tails + 4 * d.points, A(0));
+      // The corners inside, listed without branching on the data.
+      int64_t n = 0;
+      for (int64_t p = 0; p < d.points; ++p) {
+        const MsdaTaps<A>& t = taps[p];
+        for (int k = 0; k < 4; ++k) {
+          corner_pos[n] = t.pos[k];
+          corner_slot[n] = p * 4 + k;
+          corner_coef[n] = scale[p] * t.weight[k];
+          n += t.pos[k] >= 0;
+        }
+      }
       int64_t c = 0;
       for (; c + 4 * W <= C; c += 4 * W) {
         const V g0 = V::loadu(g + c), g1 = V::loadu(g + c + W), g2 = V::loadu(g + c + 2 * W),
                 g3 = V::loadu(g + c + 3 * W);
-        for (int64_t p = 0; p < d.points; ++p) {
-          const MsdaTaps<A>& t = taps[p];
-          for (int k = 0; k < 4; ++k) {
-            if (t.pos[k] < 0) {
-              continue;
-            }
-            const T* v = value + first + t.pos[k] * pixel + c;
-            A* gvk = gv + t.pos[k] * gv_stride + c;
-            A* dk = dots + (p * 4 + k) * W;
-            const V d01 = at::vec::fmadd(g1, load_acc(v + W), g0 * load_acc(v));
-            const V d23 = at::vec::fmadd(g3, load_acc(v + 3 * W), g2 * load_acc(v + 2 * W));
-            (V::loadu(dk) + (d01 + d23)).store(dk);
-            const V coef(scale[p] * t.weight[k]);
-            at::vec::fmadd(coef, g0, V::loadu(gvk)).store(gvk);
-            at::vec::fmadd(coef, g1, V::loadu(gvk + W)).store(gvk + W);
-            at::vec::fmadd(coef, g2, V::loadu(gvk + 2 * W)).store(gvk + 2 * W);
-            at::vec::fmadd(coef, g3, V::loadu(gvk + 3 * W)).store(gvk + 3 * W);
-          }
+        for (int64_t i = 0; i < n; ++i) {
+          const T* v = value + first + corner_pos[i] * pixel + c;
+          A* gvk = gv + corner_pos[i] * gv_stride + c;
+          A* dk = dots + corner_slot[i] * W;
+          const V d01 = at::vec::fmadd(g1, load_acc(v + W), g0 * load_acc(v));
+          const V d23 = at::vec::fmadd(g3, load_acc(v + 3 * W), g2 * load_acc(v + 2 * W));
+          (V::loadu(dk) + (d01 + d23)).store(dk);
+          const V coef(corner_coef[i]);
+          at::vec::fmadd(coef, g0, V::loadu(gvk)).store(gvk);
+          at::vec::fmadd(coef, g1, V::loadu(gvk + W)).store(gvk + W);
+          at::vec::fmadd(coef, g2, V::loadu(gvk + 2 * W)).store(gvk + 2 * W);
+          at::vec::fmadd(coef, g3, V::loadu(gvk + 3 * W)).store(gvk + 3 * W);
         }
       }
       for (; c + W <= C; c += W) {
         const V g0 = V::loadu(g + c);
-        for (int64_t p = 0; p < d.points; ++p) {
-          const MsdaTaps<A>& t = taps[p];
-          for (int k = 0; k < 4; ++k) {
-            if (t.pos[k] < 0) {
-              continue;
-            }
-            A* gvk = gv + t.pos[k] * gv_stride + c;
-            A* dk = dots + (p * 4 + k) * W;
-            at::vec::fmadd(g0, load_acc(value + first + t.pos[k] * pixel + c), V::loadu(dk))
-                .store(dk);
-            at::vec::fmadd(V(scale[p] * t.weight[k]), g0, V::loadu(gvk)).store(gvk);
-          }
+        for (int64_t i = 0; i < n; ++i) {
+          A* gvk = gv + corner_pos[i] * gv_stride + c;
+          A* dk = dots + corner_slot[i] * W;
+          at::vec::fmadd(g0, load_acc(value + first + corner_pos[i] * pixel + c), V::loadu(dk))
+              .store(dk);
+          at::vec::fmadd(V(corner_coef[i]), g0, V::loadu(gvk)).store(gvk);
         }
       }
       for (; c < C; ++c) {
-        for (int64_t p = 0; p < d.points; ++p) {
-          const MsdaTaps<A>& t = taps[p];
-          for (int k = 0; k < 4; ++k) {
-            if (t.pos[k] >= 0) {
-              tails[p * 4 + k] += g[c] * static_cast<A>(value[first + t.pos[k] * pixel + c]);
-              gv[t.pos[k] * gv_stride + c] += scale[p] * t.weight[k] * g[c];
-            }
-          }
+        for (int64_t i = 0; i < n; ++i) {
+          tails[corner_slot[i]] += g[c] * static_cast<A>(value[first + corner_pos[i] * pixel + c]);
+          gv[corner_pos[i] * gv_stride + c] += corner_coef[i] * g[c];
         }
       }
       // Per sample: the sums over corners of (weight, d/dw, d/dh) times
@@ -438,10 +464,8 @@ void backward_tasks_vec(const T* grad, const T* value, const MsdaLevel* levels, 
         msda_tap_slopes(t, dh, dw);
         V va(A(0)), vx(A(0)), vy(A(0));
         A ta = A(0), tx = A(0), ty = A(0);
+        // Corners outside add exact zeros: weight, slopes, dot and tail 0.
         for (int k = 0; k < 4; ++k) {
-          if (t.pos[k] < 0) {
-            continue;
-          }
           const V dot = V::loadu(dots + (p * 4 + k) * W);
           const A tail = tails[p * 4 + k];
           va = at::vec::fmadd(V(t.weight[k]), dot, va);
