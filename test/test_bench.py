@@ -98,6 +98,25 @@ def test_a_wrong_result_is_a_mismatch():
     assert "1 mismatches" in report.summary_line([row])
 
 
+def test_low_precision_rows_can_be_checked_against_the_reference_in_float32():
+    """A reference that is off only in bfloat16 (as grid_sample and a sum in
+    bfloat16 are, beyond the row's tolerance): with check_in_float32 the row
+    checks torchops against the reference in float32 and notes the timed
+    eager variant's own error."""
+    def reference(x):
+        return references.d_sigmoid(x) + (x.dtype == torch.bfloat16)
+    sizes = {"cpu": [Size("2^10", {"n": 1024}, torch.bfloat16, quick=True)]}
+    plain = Case(name="ds", op="d_sigmoid", inputs=inputs.vector, sizes=sizes,
+                 reference=reference, compile=False)
+    assert run([plain], ["cpu"], _quiet())[0][0].check.startswith("MISMATCH vs eager")
+    row = run([Case(name="ds", op="d_sigmoid", inputs=inputs.vector, sizes=sizes,
+                    reference=reference, compile=False, check_in_float32=True)],
+              ["cpu"], _quiet())[0][0]
+    assert row.check == "ok" and set(row.results) == {"torchops", "eager"}
+    assert any(n.startswith("eager (bfloat16) vs reference (float32): relative error")
+               for n in row.notes), row.notes
+
+
 def test_compiled_variant_and_compile_only(monkeypatch):
     """The compiled variant is timed and checked like the others, and
     --compile-only makes its one call without timing anything.  (torch.compile

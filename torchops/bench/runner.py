@@ -276,6 +276,27 @@ def _compare(ours: list, theirs: list, dtype: torch.dtype,
     return None
 
 
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+FLOAT32_CHECK = "reference (float32)"
+
+
+def _in_float32(fn: Callable, dtype: torch.dtype) -> Callable:
+    """fn with its float16 and bfloat16 tensor arguments widened to float32
+    and its floating outputs rounded to `dtype` (differentiable both ways)."""
+    def up(a):
+        if isinstance(a, (tuple, list)):
+            return type(a)(up(t) for t in a)
+        return a.float() if isinstance(a, torch.Tensor) and a.dtype in LOW_PRECISION else a
+
+    def down(o):
+        if isinstance(o, (tuple, list)):
+            return type(o)(down(t) for t in o)
+        return o.to(dtype) if isinstance(o, torch.Tensor) and o.is_floating_point() else o
+
+    return lambda *args, **kwargs: down(fn(*[up(a) for a in args],
+                                           **{k: up(v) for k, v in kwargs.items()}))
+
+
 def _variants(case: Case, row: Row, opts: Options) -> dict[str, Callable]:
     out: dict[str, Callable] = {"torchops": case.torchops_fn()}
     row.names["torchops"] = f"torch.ops.torchops.{case.op}"
@@ -357,6 +378,12 @@ def _run_row(case: Case, device: str, size: Size, row: Row, opts: Options,
     if case.reference is not None and not case.eager and not opts.compile_only:
         checks["reference"] = _write_back(case, case.reference) if case.in_place \
             else case.reference
+    # A float32 check runs first: torchops is compared with it, the
+    # low-precision eager and compiled variants are measured against it.
+    exact = None
+    if (case.check_in_float32 and size.dtype in LOW_PRECISION and case.reference is not None
+            and not opts.compile_only):
+        checks = {FLOAT32_CHECK: _in_float32(case.reference, size.dtype), **checks}
     with _deterministic(case.deterministic):
         for name, fn in checks.items():
             try:
@@ -375,8 +402,18 @@ def _run_row(case: Case, device: str, size: Size, row: Row, opts: Options,
                 del first, out
                 # Compared at once and dropped (only torchops's result is
                 # kept): an optimizer step's states take tens of GB.
-                if name == "torchops":
+                if name == FLOAT32_CHECK:
+                    exact = got
+                elif name == "torchops":
                     ours = got
+                    if exact is not None:
+                        compared += 1
+                        if d := _compare(ours, exact, size.dtype):
+                            bad.append(f"vs {FLOAT32_CHECK}: {d}")
+                elif exact is not None and name in ("eager", "compiled"):
+                    d = _compare(got, exact, size.dtype)
+                    row.notes.append(f"{name} ({str(size.dtype).removeprefix('torch.')}) vs "
+                                     f"{FLOAT32_CHECK}: {d or 'within tolerance'}")
                 elif name not in row.bounds and ours is not None:
                     compared += 1
                     if d := _compare(ours, got, size.dtype, case.in_place):
