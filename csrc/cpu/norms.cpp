@@ -69,8 +69,7 @@ TORCHOPS_CPU_MULTIVERSION void float_to_half(const float* s, _Float16* d, int64_
   }
 }
 
-// Sum of (a[i] - shift) * (b[i] - shift) (b null: of a[i] - shift), in
-// kLanes partial sums added in order.
+// The kLanes partial sums of a row reduction, added in order.
 template <typename T>
 inline T lane_total(const T (&acc)[kLanes]) {
   T total = 0;
@@ -103,16 +102,6 @@ TORCHOPS_CPU_MULTIVERSION float row_sq_sum(const float* a, float shift, int64_t 
     const float d = a[i] - shift;
     acc[i % kLanes] += d * d;
   }
-  return lane_total(acc);
-}
-
-TORCHOPS_CPU_MULTIVERSION float row_dot(const float* a, const float* b, int64_t n) {
-  float acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
-  }
-  for (; i < n; ++i) acc[i % kLanes] += a[i] * b[i];
   return lane_total(acc);
 }
 
@@ -180,6 +169,26 @@ TORCHOPS_CPU_MULTIVERSION void row_dx(const float* __restrict__ gw,
   for (int64_t i = 0; i < n; ++i) dx[i] = rstd * (gw[i] - c2 - xhat[i] * c1);
 }
 
+// out[i] = sum over blocks of part[blk * D + i], for i in [c0, c1), in block
+// order (so the bits do not depend on how the columns are split).
+TORCHOPS_CPU_MULTIVERSION void add_row(const float* __restrict__ src, float* __restrict__ dst,
+                                       int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+void add_row(const double* src, double* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+template <typename acc_t>
+void sum_block_rows(const acc_t* part, int64_t blocks, int64_t D, int64_t c0, int64_t c1,
+                    acc_t* out) {
+  std::fill(out + c0, out + c1, acc_t(0));
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    add_row(part + blk * D + c0, out + c0, c1 - c0);
+  }
+}
+
 // --- the same, double (float64 inputs: exactness over speed) ------------------------------
 
 double row_sum(const double* a, int64_t n) {
@@ -191,12 +200,6 @@ double row_sum(const double* a, int64_t n) {
 double row_sq_sum(const double* a, double shift, int64_t n) {
   double acc[kLanes] = {};
   for (int64_t i = 0; i < n; ++i) acc[i % kLanes] += (a[i] - shift) * (a[i] - shift);
-  return lane_total(acc);
-}
-
-double row_dot(const double* a, const double* b, int64_t n) {
-  double acc[kLanes] = {};
-  for (int64_t i = 0; i < n; ++i) acc[i % kLanes] += a[i] * b[i];
   return lane_total(acc);
 }
 
@@ -381,16 +384,12 @@ struct CpuKernels {
       return;
     }
     // The blocks' partial sums, in block order, column ranges in parallel.
+    // Each block's row is added whole (a vector loop over contiguous
+    // columns): walking one column down the blocks would stride by D, which
+    // keeps the sum scalar and maps every block onto the same L1 set.
     parallel_range(D, [&](int64_t c0, int64_t c1) {
-      for (int64_t i = c0; i < c1; ++i) {
-        acc_t sw = 0, sb = 0;
-        for (int64_t blk = 0; blk < blocks; ++blk) {
-          if (a.dweight != nullptr) sw += part_w[blk * D + i];
-          if (a.dbias != nullptr) sb += part_b[blk * D + i];
-        }
-        if (a.dweight != nullptr) a.dweight[i] = sw;
-        if (a.dbias != nullptr) a.dbias[i] = sb;
-      }
+      if (a.dweight != nullptr) sum_block_rows(part_w.data(), blocks, D, c0, c1, a.dweight);
+      if (a.dbias != nullptr) sum_block_rows(part_b.data(), blocks, D, c0, c1, a.dbias);
     }, 4096);
   }
 };
