@@ -126,10 +126,12 @@ TORCHOPS_CPU_MULTIVERSION void row_add(const float* a, const float* b, float* y,
 }
 
 // The backward's first pass over a row, in one loop: xhat = (x - mean) *
-// rstd and gw = g * w (kept for the second), pw += g * xhat, pb += g, and
-// the sums of gw * xhat and gw (kLanes partial sums each).  Absent weights
-// are ones and absent partial sums a scratch row, so the loop has no branch.
-TORCHOPS_CPU_MULTIVERSION void row_backward_sums(
+// rstd and gw = g * w (kept for the second), pw += g * xhat, pb += g (when
+// the bias gradient is wanted: kBias), and the sums of gw * xhat and gw
+// (kLanes partial sums each).  Absent weights are ones and an unwanted
+// weight gradient a scratch row, so the loop has no branch.
+template <bool kBias>
+inline __attribute__((always_inline)) void row_backward_sums_impl(
     const float* __restrict__ x, const float* __restrict__ g, const float* __restrict__ w,
     float mean, float rstd, float* __restrict__ xhat, float* __restrict__ gw,
     float* __restrict__ pw, float* __restrict__ pb, int64_t n, float* s1, float* s2) {
@@ -143,7 +145,7 @@ TORCHOPS_CPU_MULTIVERSION void row_backward_sums(
       xhat[i + j] = xh;
       gw[i + j] = gwv;
       pw[i + j] += g[i + j] * xh;
-      pb[i + j] += g[i + j];
+      if constexpr (kBias) pb[i + j] += g[i + j];
       a1[j] += gwv * xh;
       a2[j] += gwv;
     }
@@ -154,12 +156,23 @@ TORCHOPS_CPU_MULTIVERSION void row_backward_sums(
     xhat[i] = xh;
     gw[i] = gwv;
     pw[i] += g[i] * xh;
-    pb[i] += g[i];
+    if constexpr (kBias) pb[i] += g[i];
     a1[i % kLanes] += gwv * xh;
     a2[i % kLanes] += gwv;
   }
   *s1 = lane_total(a1);
   *s2 = lane_total(a2);
+}
+
+TORCHOPS_CPU_MULTIVERSION void row_backward_sums(
+    const float* __restrict__ x, const float* __restrict__ g, const float* __restrict__ w,
+    float mean, float rstd, float* __restrict__ xhat, float* __restrict__ gw,
+    float* __restrict__ pw, float* __restrict__ pb, int64_t n, float* s1, float* s2) {
+  if (pb != nullptr) {
+    row_backward_sums_impl<true>(x, g, w, mean, rstd, xhat, gw, pw, pb, n, s1, s2);
+  } else {
+    row_backward_sums_impl<false>(x, g, w, mean, rstd, xhat, gw, pw, pb, n, s1, s2);
+  }
 }
 
 // dx = rstd * (gw - c2 - xhat * c1); dx is a buffer of its own.
@@ -226,7 +239,7 @@ void row_backward_sums(const double* x, const double* g, const double* w, double
     xhat[i] = (x[i] - mean) * rstd;
     gw[i] = g[i] * w[i];
     pw[i] += g[i] * xhat[i];
-    pb[i] += g[i];
+    if (pb != nullptr) pb[i] += g[i];
     a1[i % kLanes] += gw[i] * xhat[i];
     a2[i % kLanes] += gw[i];
   }
@@ -351,15 +364,16 @@ struct CpuKernels {
     std::vector<acc_t> part_w(a.dweight != nullptr ? blocks * D : 0, acc_t(0));
     std::vector<acc_t> part_b(a.dbias != nullptr ? blocks * D : 0, acc_t(0));
     const acc_t inv_d = acc_t(1) / static_cast<acc_t>(D);
-    for_blocks<acc_t>(a.rows, D, blocks, 6, [&](int64_t blk, int64_t r0, int64_t r1,
+    for_blocks<acc_t>(a.rows, D, blocks, 5, [&](int64_t blk, int64_t r0, int64_t r1,
                                                 acc_t* buf) {
       acc_t* xbuf = buf;
       acc_t* gbuf = buf + D;
       acc_t* xhat = buf + 2 * D;
       acc_t* gw = buf + 3 * D;
-      // A parameter gradient nobody asked for accumulates into scratch.
+      // An unwanted weight gradient accumulates into scratch; an unwanted
+      // bias gradient (always, for rms_norm) is skipped.
       acc_t* pw = part_w.empty() ? buf + 4 * D : part_w.data() + blk * D;
-      acc_t* pb = part_b.empty() ? buf + 5 * D : part_b.data() + blk * D;
+      acc_t* pb = part_b.empty() ? nullptr : part_b.data() + blk * D;
       for (int64_t row = r0; row < r1; ++row) {
         const int64_t off = row * D;
         const acc_t mean = a.mean != nullptr ? a.mean[row] : acc_t(0);
