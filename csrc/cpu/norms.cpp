@@ -202,6 +202,74 @@ void sum_block_rows(const acc_t* part, int64_t blocks, int64_t D, int64_t c0, in
   }
 }
 
+// --- half rows: fused conversions ----------------------------------------------------------
+//
+// A bfloat16 (stored as uint16_t) or float16 (_Float16) row is brought to
+// float once (the reductions above then run on floats), and the loops that
+// produce half values round them as they go instead of through another
+// float buffer: the same arithmetic in the same order (the same bits) with
+// two passes over the row fewer.
+
+inline float half_value(const uint16_t* s, int64_t i) {
+  const uint32_t u = static_cast<uint32_t>(s[i]) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+inline float half_value(const _Float16* s, int64_t i) { return static_cast<float>(s[i]); }
+
+// f rounded to the half type (bfloat16: to nearest even, NaN kept, as
+// float_to_bf16), and back to float.
+inline float store_half(float f, uint16_t* d, int64_t i) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t h = (u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : (rounded & 0xffffu);
+  d[i] = static_cast<uint16_t>(h);
+  const uint32_t back = h << 16;
+  float r;
+  std::memcpy(&r, &back, sizeof r);
+  return r;
+}
+
+inline float store_half(float f, _Float16* d, int64_t i) {
+  const _Float16 h = static_cast<_Float16>(f);
+  d[i] = h;
+  return static_cast<float>(h);
+}
+
+// y = (x - mean) * rstd [* w] [+ b] rounded to the half type (row_affine,
+// then the rounding).
+template <typename H>
+TORCHOPS_CPU_MULTIVERSION void half_row_affine(const float* __restrict__ x, float mean,
+                                               float rstd, const float* __restrict__ w,
+                                               const float* __restrict__ b, H* __restrict__ y,
+                                               int64_t n) {
+  if (w != nullptr && b != nullptr) {
+    for (int64_t i = 0; i < n; ++i) store_half((x[i] - mean) * rstd * w[i] + b[i], y, i);
+  } else if (w != nullptr) {
+    for (int64_t i = 0; i < n; ++i) store_half((x[i] - mean) * rstd * w[i], y, i);
+  } else if (b != nullptr) {
+    for (int64_t i = 0; i < n; ++i) store_half((x[i] - mean) * rstd + b[i], y, i);
+  } else {
+    for (int64_t i = 0; i < n; ++i) store_half((x[i] - mean) * rstd, y, i);
+  }
+}
+
+// sum = x + r rounded to the half type, and sumf = that sum as float.
+template <typename H>
+TORCHOPS_CPU_MULTIVERSION void half_row_add(const H* __restrict__ x, const H* __restrict__ r,
+                                            H* __restrict__ sum, float* __restrict__ sumf,
+                                            int64_t n) {
+  for (int64_t i = 0; i < n; ++i) sumf[i] = store_half(half_value(x, i) + half_value(r, i), sum, i);
+}
+
+// The storage type of the half loops: uint16_t for bfloat16, _Float16 for
+// float16.
+template <typename scalar_t>
+using half_bits_t = std::conditional_t<std::is_same_v<scalar_t, at::BFloat16>, uint16_t, _Float16>;
+
 // --- the same, double (float64 inputs: exactness over speed) ------------------------------
 
 double row_sum(const double* a, int64_t n) {
@@ -327,6 +395,29 @@ struct CpuKernels {
       acc_t* ybuf = buf + 2 * D;
       for (int64_t row = r0; row < r1; ++row) {
         const int64_t off = row * D;
+        if constexpr (std::is_same_v<scalar_t, at::BFloat16> ||
+                      std::is_same_v<scalar_t, at::Half>) {
+          using H = half_bits_t<scalar_t>;
+          const float* xs = xbuf;
+          if (a.residual != nullptr) {
+            // The sum is rounded to the input dtype, and normalised as rounded.
+            half_row_add(reinterpret_cast<const H*>(a.x + off),
+                         reinterpret_cast<const H*>(a.residual + off),
+                         reinterpret_cast<H*>(a.sum + off), xbuf, D);
+          } else {
+            xs = as_acc(a.x + off, xbuf, D);
+          }
+          float mean = 0;
+          if constexpr (kind == NormKind::kLayerNorm) {
+            mean = row_sum(xs, D) * inv_d;
+          }
+          const float var = row_sq_sum(xs, mean, D) * inv_d;
+          const float rstd = 1.0f / std::sqrt(var + a.eps);
+          if (a.mean != nullptr) a.mean[row] = mean;
+          if (a.rstd != nullptr) a.rstd[row] = rstd;
+          half_row_affine(xs, mean, rstd, wp, bp, reinterpret_cast<H*>(a.y + off), D);
+          continue;
+        }
         const acc_t* xs = as_acc(a.x + off, xbuf, D);
         if (a.residual != nullptr) {
           row_add(xs, as_acc(a.residual + off, rbuf, D), xbuf, D);
