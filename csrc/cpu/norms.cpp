@@ -3,13 +3,16 @@
 // Rows are split into at most kMaxBlocks blocks, a number fixed by the sizes
 // alone, and the blocks run on at::parallel_for's threads.  Each row is
 // brought to the accumulation type in a per-thread buffer (float32 rows are
-// read in place), normalised there and converted back.  The loops over a row
+// read in place) and normalised there; a half forward rounds each output as
+// its affine loop writes it (and the residual sum as it adds it), so its
+// row makes no extra float pass.  The loops over a row
 // are compiled for AVX2 and for the baseline (TORCHOPS_CPU_MULTIVERSION) and
 // written so the compiler vectorises them: sums keep kLanes independent
 // partial sums, added in a fixed order at the end; bfloat16 converts by bit
 // shifts (rounding to nearest even), float16 through _Float16 (F16C).  The
 // weight and bias gradients are summed per block, then over the blocks in
-// order: the same bits at any thread count.
+// order (each block's row added whole, so the sum vectorises): the same
+// bits at any thread count.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
