@@ -111,8 +111,11 @@ struct VecIO {
     Vec v[kParts];
   };
 
-  // n <= kStep elements; the lanes past n are zeros.
-  static Lanes load(const scalar_t* p, int64_t n) {
+  // n <= kStep elements; the lanes past n are zeros.  Always inlined: an
+  // out-of-line copy returns its vectors through memory and clears the
+  // upper halves (vzeroupper) on every call, which costs the half types
+  // more than their arithmetic.
+  C10_ALWAYS_INLINE static Lanes load(const scalar_t* p, int64_t n) {
     const Raw raw = n == kStep ? Raw::loadu(p) : Raw::loadu(p, n);
     if constexpr (kReduced) {
       auto [lo, hi] = at::vec::convert_to_float<scalar_t>(raw);
@@ -122,7 +125,7 @@ struct VecIO {
     }
   }
 
-  static void store(scalar_t* p, const Lanes& l, int64_t n) {
+  C10_ALWAYS_INLINE static void store(scalar_t* p, const Lanes& l, int64_t n) {
     Raw raw;
     if constexpr (kReduced) {
       raw = at::vec::convert_from_float<scalar_t>(l.v[0], l.v[1]);

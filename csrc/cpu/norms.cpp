@@ -3,13 +3,16 @@
 // Rows are split into at most kMaxBlocks blocks, a number fixed by the sizes
 // alone, and the blocks run on at::parallel_for's threads.  Each row is
 // brought to the accumulation type in a per-thread buffer (float32 rows are
-// read in place), normalised there and converted back.  The loops over a row
+// read in place) and normalised there; a half forward rounds each output as
+// its affine loop writes it (and the residual sum as it adds it), so its
+// row makes no extra float pass.  The loops over a row
 // are compiled for AVX2 and for the baseline (TORCHOPS_CPU_MULTIVERSION) and
 // written so the compiler vectorises them: sums keep kLanes independent
 // partial sums, added in a fixed order at the end; bfloat16 converts by bit
 // shifts (rounding to nearest even), float16 through _Float16 (F16C).  The
 // weight and bias gradients are summed per block, then over the blocks in
-// order: the same bits at any thread count.
+// order (each block's row added whole, so the sum vectorises): the same
+// bits at any thread count.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
@@ -69,8 +72,7 @@ TORCHOPS_CPU_MULTIVERSION void float_to_half(const float* s, _Float16* d, int64_
   }
 }
 
-// Sum of (a[i] - shift) * (b[i] - shift) (b null: of a[i] - shift), in
-// kLanes partial sums added in order.
+// The kLanes partial sums of a row reduction, added in order.
 template <typename T>
 inline T lane_total(const T (&acc)[kLanes]) {
   T total = 0;
@@ -106,16 +108,6 @@ TORCHOPS_CPU_MULTIVERSION float row_sq_sum(const float* a, float shift, int64_t 
   return lane_total(acc);
 }
 
-TORCHOPS_CPU_MULTIVERSION float row_dot(const float* a, const float* b, int64_t n) {
-  float acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
-  }
-  for (; i < n; ++i) acc[i % kLanes] += a[i] * b[i];
-  return lane_total(acc);
-}
-
 // y = (x - mean) * rstd [* w] [+ b]
 TORCHOPS_CPU_MULTIVERSION void row_affine(const float* __restrict__ x, float mean, float rstd,
                                           const float* __restrict__ w,
@@ -137,10 +129,12 @@ TORCHOPS_CPU_MULTIVERSION void row_add(const float* a, const float* b, float* y,
 }
 
 // The backward's first pass over a row, in one loop: xhat = (x - mean) *
-// rstd and gw = g * w (kept for the second), pw += g * xhat, pb += g, and
-// the sums of gw * xhat and gw (kLanes partial sums each).  Absent weights
-// are ones and absent partial sums a scratch row, so the loop has no branch.
-TORCHOPS_CPU_MULTIVERSION void row_backward_sums(
+// rstd and gw = g * w (kept for the second), pw += g * xhat, pb += g (when
+// the bias gradient is wanted: kBias), and the sums of gw * xhat and gw
+// (kLanes partial sums each).  Absent weights are ones and an unwanted
+// weight gradient a scratch row, so the loop has no branch.
+template <bool kBias>
+inline __attribute__((always_inline)) void row_backward_sums_impl(
     const float* __restrict__ x, const float* __restrict__ g, const float* __restrict__ w,
     float mean, float rstd, float* __restrict__ xhat, float* __restrict__ gw,
     float* __restrict__ pw, float* __restrict__ pb, int64_t n, float* s1, float* s2) {
@@ -154,7 +148,7 @@ TORCHOPS_CPU_MULTIVERSION void row_backward_sums(
       xhat[i + j] = xh;
       gw[i + j] = gwv;
       pw[i + j] += g[i + j] * xh;
-      pb[i + j] += g[i + j];
+      if constexpr (kBias) pb[i + j] += g[i + j];
       a1[j] += gwv * xh;
       a2[j] += gwv;
     }
@@ -165,12 +159,23 @@ TORCHOPS_CPU_MULTIVERSION void row_backward_sums(
     xhat[i] = xh;
     gw[i] = gwv;
     pw[i] += g[i] * xh;
-    pb[i] += g[i];
+    if constexpr (kBias) pb[i] += g[i];
     a1[i % kLanes] += gwv * xh;
     a2[i % kLanes] += gwv;
   }
   *s1 = lane_total(a1);
   *s2 = lane_total(a2);
+}
+
+TORCHOPS_CPU_MULTIVERSION void row_backward_sums(
+    const float* __restrict__ x, const float* __restrict__ g, const float* __restrict__ w,
+    float mean, float rstd, float* __restrict__ xhat, float* __restrict__ gw,
+    float* __restrict__ pw, float* __restrict__ pb, int64_t n, float* s1, float* s2) {
+  if (pb != nullptr) {
+    row_backward_sums_impl<true>(x, g, w, mean, rstd, xhat, gw, pw, pb, n, s1, s2);
+  } else {
+    row_backward_sums_impl<false>(x, g, w, mean, rstd, xhat, gw, pw, pb, n, s1, s2);
+  }
 }
 
 // dx = rstd * (gw - c2 - xhat * c1); dx is a buffer of its own.
@@ -179,6 +184,94 @@ TORCHOPS_CPU_MULTIVERSION void row_dx(const float* __restrict__ gw,
                                       float c2, float* __restrict__ dx, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dx[i] = rstd * (gw[i] - c2 - xhat[i] * c1);
 }
+
+// out[i] = sum over blocks of part[blk * D + i], for i in [c0, c1), in block
+// order (so the bits do not depend on how the columns are split).
+TORCHOPS_CPU_MULTIVERSION void add_row(const float* __restrict__ src, float* __restrict__ dst,
+                                       int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+void add_row(const double* src, double* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+template <typename acc_t>
+void sum_block_rows(const acc_t* part, int64_t blocks, int64_t D, int64_t c0, int64_t c1,
+                    acc_t* out) {
+  std::fill(out + c0, out + c1, acc_t(0));
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    add_row(part + blk * D + c0, out + c0, c1 - c0);
+  }
+}
+
+// --- half rows: fused conversions ----------------------------------------------------------
+//
+// A bfloat16 (stored as uint16_t) or float16 (_Float16) row is brought to
+// float once (the reductions above then run on floats), and the loops that
+// produce half values round them as they go instead of through another
+// float buffer: the same arithmetic in the same order (the same bits) with
+// two passes over the row fewer.
+
+inline float half_value(const uint16_t* s, int64_t i) {
+  const uint32_t u = static_cast<uint32_t>(s[i]) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+inline float half_value(const _Float16* s, int64_t i) { return static_cast<float>(s[i]); }
+
+// f rounded to the half type (bfloat16: to nearest even, NaN kept, as
+// float_to_bf16), and back to float.
+inline float store_half(float f, uint16_t* d, int64_t i) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t h = (u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : (rounded & 0xffffu);
+  d[i] = static_cast<uint16_t>(h);
+  const uint32_t back = h << 16;
+  float r;
+  std::memcpy(&r, &back, sizeof r);
+  return r;
+}
+
+inline float store_half(float f, _Float16* d, int64_t i) {
+  const _Float16 h = static_cast<_Float16>(f);
+  d[i] = h;
+  return static_cast<float>(h);
+}
+
+// y = (x - mean) * rstd [* w] [+ b] rounded to the half type (row_affine,
+// then the rounding).
+template <typename H>
+TORCHOPS_CPU_MULTIVERSION void half_row_affine(const float* __restrict__ x, float mean,
+                                               float rstd, const float* __restrict__ w,
+                                               const float* __restrict__ b, H* __restrict__ y,
+                                               int64_t n) {
+  if (w != nullptr && b != nullptr) {
+    for (int64_t i = 0; i < n; ++i) store_half((x[i] - mean) * rstd * w[i] + b[i], y, i);
+  } else if (w != nullptr) {
+    for (int64_t i = 0; i < n; ++i) store_half((x[i] - mean) * rstd * w[i], y, i);
+  } else if (b != nullptr) {
+    for (int64_t i = 0; i < n; ++i) store_half((x[i] - mean) * rstd + b[i], y, i);
+  } else {
+    for (int64_t i = 0; i < n; ++i) store_half((x[i] - mean) * rstd, y, i);
+  }
+}
+
+// sum = x + r rounded to the half type, and sumf = that sum as float.
+template <typename H>
+TORCHOPS_CPU_MULTIVERSION void half_row_add(const H* __restrict__ x, const H* __restrict__ r,
+                                            H* __restrict__ sum, float* __restrict__ sumf,
+                                            int64_t n) {
+  for (int64_t i = 0; i < n; ++i) sumf[i] = store_half(half_value(x, i) + half_value(r, i), sum, i);
+}
+
+// The storage type of the half loops: uint16_t for bfloat16, _Float16 for
+// float16.
+template <typename scalar_t>
+using half_bits_t = std::conditional_t<std::is_same_v<scalar_t, at::BFloat16>, uint16_t, _Float16>;
 
 // --- the same, double (float64 inputs: exactness over speed) ------------------------------
 
@@ -191,12 +284,6 @@ double row_sum(const double* a, int64_t n) {
 double row_sq_sum(const double* a, double shift, int64_t n) {
   double acc[kLanes] = {};
   for (int64_t i = 0; i < n; ++i) acc[i % kLanes] += (a[i] - shift) * (a[i] - shift);
-  return lane_total(acc);
-}
-
-double row_dot(const double* a, const double* b, int64_t n) {
-  double acc[kLanes] = {};
-  for (int64_t i = 0; i < n; ++i) acc[i % kLanes] += a[i] * b[i];
   return lane_total(acc);
 }
 
@@ -223,7 +310,7 @@ void row_backward_sums(const double* x, const double* g, const double* w, double
     xhat[i] = (x[i] - mean) * rstd;
     gw[i] = g[i] * w[i];
     pw[i] += g[i] * xhat[i];
-    pb[i] += g[i];
+    if (pb != nullptr) pb[i] += g[i];
     a1[i % kLanes] += gw[i] * xhat[i];
     a2[i % kLanes] += gw[i];
   }
@@ -311,6 +398,29 @@ struct CpuKernels {
       acc_t* ybuf = buf + 2 * D;
       for (int64_t row = r0; row < r1; ++row) {
         const int64_t off = row * D;
+        if constexpr (std::is_same_v<scalar_t, at::BFloat16> ||
+                      std::is_same_v<scalar_t, at::Half>) {
+          using H = half_bits_t<scalar_t>;
+          const float* xs = xbuf;
+          if (a.residual != nullptr) {
+            // The sum is rounded to the input dtype, and normalised as rounded.
+            half_row_add(reinterpret_cast<const H*>(a.x + off),
+                         reinterpret_cast<const H*>(a.residual + off),
+                         reinterpret_cast<H*>(a.sum + off), xbuf, D);
+          } else {
+            xs = as_acc(a.x + off, xbuf, D);
+          }
+          float mean = 0;
+          if constexpr (kind == NormKind::kLayerNorm) {
+            mean = row_sum(xs, D) * inv_d;
+          }
+          const float var = row_sq_sum(xs, mean, D) * inv_d;
+          const float rstd = 1.0f / std::sqrt(var + a.eps);
+          if (a.mean != nullptr) a.mean[row] = mean;
+          if (a.rstd != nullptr) a.rstd[row] = rstd;
+          half_row_affine(xs, mean, rstd, wp, bp, reinterpret_cast<H*>(a.y + off), D);
+          continue;
+        }
         const acc_t* xs = as_acc(a.x + off, xbuf, D);
         if (a.residual != nullptr) {
           row_add(xs, as_acc(a.residual + off, rbuf, D), xbuf, D);
@@ -348,15 +458,16 @@ struct CpuKernels {
     std::vector<acc_t> part_w(a.dweight != nullptr ? blocks * D : 0, acc_t(0));
     std::vector<acc_t> part_b(a.dbias != nullptr ? blocks * D : 0, acc_t(0));
     const acc_t inv_d = acc_t(1) / static_cast<acc_t>(D);
-    for_blocks<acc_t>(a.rows, D, blocks, 6, [&](int64_t blk, int64_t r0, int64_t r1,
+    for_blocks<acc_t>(a.rows, D, blocks, 5, [&](int64_t blk, int64_t r0, int64_t r1,
                                                 acc_t* buf) {
       acc_t* xbuf = buf;
       acc_t* gbuf = buf + D;
       acc_t* xhat = buf + 2 * D;
       acc_t* gw = buf + 3 * D;
-      // A parameter gradient nobody asked for accumulates into scratch.
+      // An unwanted weight gradient accumulates into scratch; an unwanted
+      // bias gradient (always, for rms_norm) is skipped.
       acc_t* pw = part_w.empty() ? buf + 4 * D : part_w.data() + blk * D;
-      acc_t* pb = part_b.empty() ? buf + 5 * D : part_b.data() + blk * D;
+      acc_t* pb = part_b.empty() ? nullptr : part_b.data() + blk * D;
       for (int64_t row = r0; row < r1; ++row) {
         const int64_t off = row * D;
         const acc_t mean = a.mean != nullptr ? a.mean[row] : acc_t(0);
@@ -381,16 +492,12 @@ struct CpuKernels {
       return;
     }
     // The blocks' partial sums, in block order, column ranges in parallel.
+    // Each block's row is added whole (a vector loop over contiguous
+    // columns): walking one column down the blocks would stride by D, which
+    // keeps the sum scalar and maps every block onto the same L1 set.
     parallel_range(D, [&](int64_t c0, int64_t c1) {
-      for (int64_t i = c0; i < c1; ++i) {
-        acc_t sw = 0, sb = 0;
-        for (int64_t blk = 0; blk < blocks; ++blk) {
-          if (a.dweight != nullptr) sw += part_w[blk * D + i];
-          if (a.dbias != nullptr) sb += part_b[blk * D + i];
-        }
-        if (a.dweight != nullptr) a.dweight[i] = sw;
-        if (a.dbias != nullptr) a.dbias[i] = sb;
-      }
+      if (a.dweight != nullptr) sum_block_rows(part_w.data(), blocks, D, c0, c1, a.dweight);
+      if (a.dbias != nullptr) sum_block_rows(part_b.data(), blocks, D, c0, c1, a.dbias);
     }, 4096);
   }
 };

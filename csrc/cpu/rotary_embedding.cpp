@@ -161,36 +161,68 @@ inline bool is_a(int64_t j, int64_t h, bool interleaved) {
   return interleaved ? j % 2 == 0 : j < h;
 }
 
+// ss from the sin values v of a row (v[j] for entry j of the rotary dim):
+// ss[j] = -v[j] on an "a" entry, +v[j] on a "b" entry; `transpose` gives
+// the backward's ss[p(j)] instead.  Straight loops, so they vectorise.
+template <typename acc_t>
+void signed_sin(const acc_t* __restrict__ v, int64_t h, bool interleaved,
+                bool transpose, acc_t* __restrict__ ss) {
+  if (interleaved) {
+    for (int64_t i = 0; i < h; ++i) {
+      ss[2 * i] = transpose ? v[2 * i + 1] : -v[2 * i];
+      ss[2 * i + 1] = transpose ? -v[2 * i] : v[2 * i + 1];
+    }
+  } else if (transpose) {
+    for (int64_t j = 0; j < h; ++j) {
+      ss[j] = v[j + h];
+      ss[j + h] = -v[j];
+    }
+  } else {
+    for (int64_t j = 0; j < h; ++j) {
+      ss[j] = -v[j];
+      ss[j + h] = v[j + h];
+    }
+  }
+}
+
 // The coefficients c, ss of row (b, s) of a functional call; `transpose`
-// gives the backward's ss[p(j)].
+// gives the backward's ss[p(j)].  tmp: rd scratch values.
 template <typename scalar_t, typename acc_t>
 void hf_coefficients(const RotaryArgs<scalar_t>& a, int64_t b, int64_t s,
-                     bool transpose, acc_t* c, acc_t* ss) {
+                     bool transpose, acc_t* c, acc_t* ss, acc_t* tmp) {
   const int64_t rd = a.g.rd, h = rd / 2;
   const int64_t bc = a.g.Bc == 1 ? 0 : b;
   const scalar_t* cr = a.cos + bc * a.cv.sb + s * a.cv.ss;
   const scalar_t* sr = a.sin + bc * a.sv.sb + s * a.sv.ss;
   load(cr, a.cv.sd, rd, c);
-  for (int64_t j = 0; j < rd; ++j) {
-    const int64_t src =
-        transpose ? (a.interleaved ? (j ^ 1) : (j < h ? j + h : j - h)) : j;
-    const acc_t v = static_cast<acc_t>(sr[src * a.sv.sd]);
-    ss[j] = is_a(src, h, a.interleaved) ? -v : v;
-  }
+  load(sr, a.sv.sd, rd, tmp);
+  signed_sin(tmp, h, a.interleaved, transpose, ss);
 }
 
 // The coefficients of a cache row (the in-place op): cos_a = cos_b = cos[i].
 template <typename scalar_t, typename acc_t>
 void cache_coefficients(const RotaryArgs<scalar_t>& a, int64_t pos, acc_t* c,
-                        acc_t* ss) {
+                        acc_t* ss, acc_t* tmp) {
   const int64_t rd = a.g.rd, h = rd / 2;
   const scalar_t* cr = a.cos + pos * a.cv.ss;
   const scalar_t* sr = a.sin + pos * a.cv.ss;
-  for (int64_t j = 0; j < rd; ++j) {
-    const int64_t i = a.interleaved ? j / 2 : (j < h ? j : j - h);
-    const acc_t v = static_cast<acc_t>(sr[i * a.cv.sd]);
-    c[j] = static_cast<acc_t>(cr[i * a.cv.sd]);
-    ss[j] = is_a(j, h, a.interleaved) ? -v : v;
+  // The cache holds h values of each; spread them over the rd entries.
+  load(cr, a.cv.sd, h, tmp);
+  load(sr, a.cv.sd, h, tmp + h);
+  if (a.interleaved) {
+    for (int64_t i = 0; i < h; ++i) {
+      c[2 * i] = tmp[i];
+      c[2 * i + 1] = tmp[i];
+      ss[2 * i] = -tmp[h + i];
+      ss[2 * i + 1] = tmp[h + i];
+    }
+  } else {
+    for (int64_t i = 0; i < h; ++i) {
+      c[i] = tmp[i];
+      c[i + h] = tmp[i];
+      ss[i] = -tmp[h + i];
+      ss[i + h] = tmp[h + i];
+    }
   }
 }
 
@@ -267,9 +299,9 @@ struct CpuKernels {
       for (int64_t row = begin; row < end; ++row) {
         const int64_t b = row / g.S, s = row % g.S;
         if (a.pos != nullptr) {
-          cache_coefficients(a, a.pos[b * a.pb + s * a.ps], c, ss);
+          cache_coefficients(a, a.pos[b * a.pb + s * a.ps], c, ss, xbuf);
         } else {
-          hf_coefficients(a, b, s, /*transpose=*/false, c, ss);
+          hf_coefficients(a, b, s, /*transpose=*/false, c, ss, xbuf);
         }
         rotate_row(a, a.x, a.xv, b, s, c, ss, xbuf, obuf);
       }
@@ -293,7 +325,7 @@ struct CpuKernels {
       acc_t* acc_s = acc_c + rd;
       for (int64_t grp = begin; grp < end; ++grp) {
         const int64_t bc = grp / g.S, s = grp % g.S;
-        hf_coefficients(a, bc, s, /*transpose=*/true, c, ss);
+        hf_coefficients(a, bc, s, /*transpose=*/true, c, ss, xbuf);
         std::fill(acc_c, acc_c + 2 * rd, acc_t(0));
         for (int64_t i = 0; i < batches; ++i) {
           const int64_t b = shared ? i : bc;
