@@ -96,13 +96,8 @@ void nms_into(const at::Tensor& boxes, const at::Tensor& scores,
                             : single_launch(std::false_type{})) {
           return;
         }
-        // bfloat16 keys sort as float32 (exactly): ATen's CUDA sort of
-        // bfloat16 orders NaN and signed zeros unlike the CPU's sort, which
-        // the single launch and the CPU kernel follow.
-        const at::Tensor keys =
-            scores.scalar_type() == at::kBFloat16 ? scores.to(at::kFloat) : scores;
         const at::Tensor order = std::get<1>(
-            at::sort(keys, /*stable=*/true, /*dim=*/0, /*descending=*/true));
+            at::sort(scores, /*stable=*/true, /*dim=*/0, /*descending=*/true));
         const int64_t* order_p = order.const_data_ptr<int64_t>();
         // Sorted boxes in the op math type; the allocator's alignment (at
         // least 256 bytes) satisfies Box<T>'s.
