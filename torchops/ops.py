@@ -274,7 +274,8 @@ def nms_padded(boxes: Tensor, scores: Tensor, iou_threshold: float,
     indices by decreasing score (the result of :func:`nms`) in its first
     ``num_kept`` entries and -1 after them; ``num_kept`` is a 0-dim int64
     tensor on the boxes' device.  On CUDA nothing is read back to the host,
-    so a call can be captured in a CUDA graph; up to 2048 boxes it is a
+    so a call can be captured in a CUDA graph; while the suppression mask
+    fits in shared memory (about 1,700 boxes where a block has 227 KB) it is a
     single kernel launch.  ``keep[:num_kept]`` (which reads the count) gives
     :func:`nms`'s result.  Dtypes, devices and autocast as for :func:`nms`.
     """

@@ -219,6 +219,43 @@ __device__ void or_kept_rows(const u64* __restrict__ mask, int64_t rb,
   }
 }
 
+// Block s of step 3, by one warp: the greedy within the block over the
+// candidates `cand` (diag_lo, diag_hi: this lane's rows, lane and lane + 32,
+// of the diagonal tile).  A candidate that no earlier candidate suppresses
+// is kept (every box that could suppress it is gone); candidates a newly
+// kept box suppresses are dropped.  The lowest candidate is always kept, so
+// this terminates.  The kept rows go straight to keep[count, ...) as
+// order[s * 64 + row], in score order, and are listed in rows_out; returns
+// them as bits.
+template <typename OrderT>
+__device__ u64 keep_block(u64 cand, u64 diag_lo, u64 diag_hi, int64_t s,
+                          const OrderT* order, int64_t* keep, int64_t count,
+                          unsigned char* rows_out) {
+  const int lane = threadIdx.x % 32;
+  u64 kept = 0;
+  while (cand != 0) {
+    const bool in_lo = (cand >> lane) & 1;
+    const bool in_hi = (cand >> (lane + 32)) & 1;
+    const u64 free = ballot64(in_lo && (diag_lo & cand) == 0,
+                              in_hi && (diag_hi & cand) == 0);
+    const u64 dropped = ballot64(in_lo && (diag_lo & free) != 0,
+                                 in_hi && (diag_hi & free) != 0);
+    kept |= free;
+    cand &= ~(free | dropped);
+  }
+  if ((kept >> lane) & 1) {
+    const int slot = __popcll(kept & ((u64(1) << lane) - 1));
+    keep[count + slot] = static_cast<int64_t>(order[s * kBits + lane]);
+    rows_out[slot] = static_cast<unsigned char>(lane);
+  }
+  if ((kept >> (lane + 32)) & 1) {
+    const int slot = __popcll(kept & ((u64(1) << (lane + 32)) - 1));
+    keep[count + slot] = static_cast<int64_t>(order[s * kBits + lane + 32]);
+    rows_out[slot] = static_cast<unsigned char>(lane + 32);
+  }
+  return kept;
+}
+
 // Step 3 by one block of kWarps warps (see the top of the file): the kept
 // rows order[p] of the kept positions p go to keep[0, count), by decreasing
 // score; *num_keep = count; with `pad`, keep[count, n) = -1.  `removed`
@@ -274,33 +311,9 @@ __device__ void resolve_nms(const u64* __restrict__ mask, int64_t n, int64_t nb,
       const u64 rem = removed[s] | warp_or(v, 32);
       const int64_t rows = min_of<int64_t>(kBits, n - s * kBits);
       const u64 valid = rows == kBits ? ~u64(0) : ((u64(1) << rows) - 1);
-      u64 cand = ~rem & valid;
-      // Greedy within the block.  A candidate that no earlier candidate
-      // suppresses is kept (every box that could suppress it is gone);
-      // candidates a newly kept box suppresses are dropped.  The lowest
-      // candidate is always kept, so this terminates.
-      u64 kept = 0;
-      while (cand != 0) {
-        const bool in_lo = (cand >> lane) & 1;
-        const bool in_hi = (cand >> (lane + 32)) & 1;
-        const u64 free = ballot64(in_lo && (diag_lo & cand) == 0,
-                                  in_hi && (diag_hi & cand) == 0);
-        const u64 dropped = ballot64(in_lo && (diag_lo & free) != 0,
-                                     in_hi && (diag_hi & free) != 0);
-        kept |= free;
-        cand &= ~(free | dropped);
-      }
-      // Kept indices go straight to the output, in score order.
-      if ((kept >> lane) & 1) {
-        const int slot = __popcll(kept & ((u64(1) << lane) - 1));
-        keep[count + slot] = static_cast<int64_t>(order[s * kBits + lane]);
-        kept_rows[cur][slot] = static_cast<unsigned char>(lane);
-      }
-      if ((kept >> (lane + 32)) & 1) {
-        const int slot = __popcll(kept & ((u64(1) << (lane + 32)) - 1));
-        keep[count + slot] = static_cast<int64_t>(order[s * kBits + lane + 32]);
-        kept_rows[cur][slot] = static_cast<unsigned char>(lane + 32);
-      }
+      const u64 cand = ~rem & valid;
+      const u64 kept = keep_block(cand, diag_lo, diag_hi, s, order, keep,
+                                  count, kept_rows[cur]);
       count += __popcll(kept);
       if (lane == 0) {
         kept_mask[cur] = kept;
@@ -312,9 +325,8 @@ __device__ void resolve_nms(const u64* __restrict__ mask, int64_t n, int64_t nb,
     } else if (s > 0) {
       const int k = __popcll(kept_mask[prev]);
       if (k > 0) {
-        or_kept_rows<kWarps>(mask, s - 1, s + 1, nb, k,
-                                        kept_rows[prev], removed, warp - 1,
-                                        lane);
+        or_kept_rows<kWarps>(mask, s - 1, s + 1, nb, k, kept_rows[prev],
+                             removed, warp - 1, lane);
       }
     }
     __syncthreads();
@@ -396,29 +408,9 @@ __device__ void resolve_strips(const u64* mask, int n, int nb,
     const u64 rem = __shfl_sync(kFullMask, removed, s);
     const int rows = min_of(kBits, n - s * kBits);
     const u64 valid = rows == kBits ? ~u64(0) : ((u64(1) << rows) - 1);
-    u64 cand = ~rem & valid;
-    // Greedy within the block, as resolve_nms's.
-    u64 kept = 0;
-    while (cand != 0) {
-      const bool in_lo = (cand >> lane) & 1;
-      const bool in_hi = (cand >> (lane + 32)) & 1;
-      const u64 free = ballot64(in_lo && (diag_lo & cand) == 0,
-                                in_hi && (diag_hi & cand) == 0);
-      const u64 dropped = ballot64(in_lo && (diag_lo & free) != 0,
-                                   in_hi && (diag_hi & free) != 0);
-      kept |= free;
-      cand &= ~(free | dropped);
-    }
-    if ((kept >> lane) & 1) {
-      const int slot = __popcll(kept & ((u64(1) << lane) - 1));
-      keep[count + slot] = static_cast<int64_t>(order[s * kBits + lane]);
-      kept_rows[slot] = static_cast<unsigned char>(lane);
-    }
-    if ((kept >> (lane + 32)) & 1) {
-      const int slot = __popcll(kept & ((u64(1) << (lane + 32)) - 1));
-      keep[count + slot] = static_cast<int64_t>(order[s * kBits + lane + 32]);
-      kept_rows[slot] = static_cast<unsigned char>(lane + 32);
-    }
+    const u64 cand = ~rem & valid;
+    const u64 kept = keep_block(cand, diag_lo, diag_hi, s, order, keep, count,
+                                kept_rows);
     const int k = __popcll(kept);
     count += k;
     __syncwarp();
