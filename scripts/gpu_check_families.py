@@ -23,7 +23,7 @@ import sys
 # setmaxnreg kernels)
 FAMILIES: dict[str, tuple[tuple[str, ...], str, bool]] = {
     "basic": (("matmul", "d_sigmoid"), "test/test_matmul.py", True),
-    "boxes": (("nms", "batched_nms", "box_iou"), "test/test_boxes.py", False),
+    "boxes": (("nms", "batched_nms", "nms_padded", "box_iou"), "test/test_boxes.py", False),
     "roi": (("roi_align", "roi_pool", "deform_roi_pool"), "test/test_roi.py", False),
     "losses": (("sigmoid_focal_loss", "fused_linear_cross_entropy"),
                "test/test_losses.py test/test_linear_cross_entropy.py", False),

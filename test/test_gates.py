@@ -337,6 +337,7 @@ torchops::multi_tensor_l2norm(Tensor[] tensors, bool per_tensor=False) -> (Tenso
 torchops::multi_tensor_scale_(Tensor(a!)[] tensors, float scale) -> ()  [pt2_compliant_tag]
 torchops::multi_tensor_scale_.tensor(Tensor(a!)[] tensors, Tensor scale) -> ()  [pt2_compliant_tag]
 torchops::nms(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor  [pt2_compliant_tag]
+torchops::nms_padded(Tensor boxes, Tensor scores, float iou_threshold, Tensor? idxs=None) -> (Tensor, Tensor)  [pt2_compliant_tag]
 torchops::nms_rotated(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor  [pt2_compliant_tag]
 torchops::rms_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None) -> Tensor  [pt2_compliant_tag]
 torchops::roi_align(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width, int sampling_ratio, bool aligned) -> Tensor  [pt2_compliant_tag]
